@@ -1,0 +1,244 @@
+"""The agent's one YAML config: identity, listener, rack inventory, sources, secrets.
+
+Validated in full at load (pydantic), so a bad file is refused with the path
+of the bad field before anything runs, and a reload that fails keeps the
+running config. Secrets are never in the YAML itself, only the paths of the
+files that hold them; their values are `SecretStr` and print as `**********`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+DEFAULT_CONFIG_PATH = Path("/etc/supernode-agent/agent.yaml")
+
+Mode = Literal["observe", "dry-run", "enforce"]
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the field path and what was expected."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Identity(Strict):
+    rack: str = Field(min_length=1, description="Rack name, as in the scrape config's target labels.")
+    node: str = Field(min_length=1, description="This node's name, as the scheduler knows it.")
+    role: str = Field(default="compute", description="compute, switch, management...")
+    mode: Mode = Field(default="observe", description="Remediation mode; a fresh install observes.")
+    state_dir: Path = Field(default=Path("/var/lib/supernode-agent"), description="Journal and runtime state.")
+
+
+class Tls(Strict):
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = Field(default=None, description="Require client certificates signed by this CA.")
+
+
+class Listen(Strict):
+    address: str = Field(default="127.0.0.1", description="Explicit bind address; never a library default.")
+    port: int = Field(default=9877, ge=0, le=65535)
+    tls: Tls | None = None
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body accepted.")
+
+    @field_validator("address")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"expected an IP address, got {v!r}") from None
+        return v
+
+
+class SecretRef(Strict):
+    file: Path = Field(description="File whose content (stripped) is the secret.")
+
+
+class GpuInventory(Strict):
+    count: int = Field(default=0, ge=0, description="GPUs expected on this node; fewer seen means GPU lost.")
+    nvlinks_per_gpu: int = Field(default=18, ge=0, le=18)
+
+
+class Port(Strict):
+    name: str = Field(min_length=1, description="Interface name (eth) or device/port (ib: mlx5_0/1).")
+    kind: Literal["ib", "eth"] = "eth"
+    isolatable: bool = Field(default=False, description="Remediation may take this port down (redundant path).")
+    netdev: str | None = Field(default=None, description="Netdev name for DOM reads of an IB port.")
+
+
+class ModbusDevice(Strict):
+    name: str = Field(min_length=1)
+    profile: str = Field(min_length=1, description="Profile name under exporters/profiles/modbus/.")
+    host: str = "127.0.0.1"
+    port: int = Field(default=502, ge=1, le=65535)
+    unit: int | None = Field(default=None, ge=0, le=255, description="Overrides the profile's unit id.")
+
+
+class LeakZone(Strict):
+    name: str = Field(min_length=1)
+    nodes: list[str] = Field(default_factory=list, description="Nodes whose hardware this zone's leak endangers.")
+    gpus: list[int] | None = Field(default=None, description="GPUs of those nodes in the zone (default: all).")
+    valve: str | None = Field(default=None, description="cdu:point of the zone isolation valve.")
+
+
+class Pdu(Strict):
+    name: str = Field(min_length=1)
+    profile: str = Field(min_length=1, description="Profile name under exporters/profiles/snmp/.")
+    host: str = "127.0.0.1"
+    port: int = Field(default=161, ge=1, le=65535)
+    version: Literal["2c", "3"] = "2c"
+    community_secret: str | None = Field(default=None, description="Name in `secrets` holding the community.")
+    v3_user: str | None = None
+    v3_auth_secret: str | None = None
+    v3_priv_secret: str | None = None
+    outlets: dict[str, str] = Field(default_factory=dict, description="Outlet id -> node it feeds.")
+
+
+class Inventory(Strict):
+    nodes: list[str] = Field(default_factory=list, description="All nodes of the rack (this one included).")
+    gpus: GpuInventory = GpuInventory()
+    ports: list[Port] = Field(default_factory=list)
+    cdus: list[ModbusDevice] = Field(default_factory=list)
+    leak_controllers: list[ModbusDevice] = Field(default_factory=list)
+    leak_zones: list[LeakZone] = Field(default_factory=list)
+    pdus: list[Pdu] = Field(default_factory=list)
+    power_budget_watts: float | None = Field(default=None, gt=0, description="Rack power budget.")
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> "Inventory":
+        for what, items in (("ports", self.ports), ("cdus", self.cdus), ("leak_zones", self.leak_zones),
+                            ("pdus", self.pdus), ("leak_controllers", self.leak_controllers)):
+            seen: set[str] = set()
+            for item in items:
+                if item.name in seen:
+                    raise ValueError(f"{what}: name {item.name!r} appears twice")
+                seen.add(item.name)
+        for zone in self.leak_zones:
+            unknown = [n for n in zone.nodes if self.nodes and n not in self.nodes]
+            if unknown:
+                raise ValueError(f"leak_zones.{zone.name}.nodes: {unknown} not in inventory.nodes")
+        return self
+
+
+class SourceSettings(Strict):
+    enabled: bool = True
+    interval: float = Field(default=5.0, gt=0, le=3600, description="Seconds between polls.")
+    timeout: float = Field(default=2.0, gt=0, le=600, description="Seconds one poll may take.")
+    max_backoff: float = Field(default=60.0, gt=0, description="Longest pause after repeated failures.")
+
+    @model_validator(mode="after")
+    def _timeout_fits(self) -> "SourceSettings":
+        if self.timeout > self.interval * 4:
+            raise ValueError(f"timeout {self.timeout}s is more than 4 intervals ({self.interval}s)")
+        return self
+
+
+class NvmlSettings(SourceSettings):
+    backend: Literal["nvml", "sim"] = Field(default="nvml", description="Real NVML or the simulator's twin.")
+    sim_url: str | None = Field(default=None, description="Simulator URL when backend is sim.")
+    xid_events: bool = True
+
+
+class Sources(Strict):
+    nvml: NvmlSettings = NvmlSettings()
+    links: SourceSettings = SourceSettings(interval=5.0, timeout=2.0)
+    dom: SourceSettings = SourceSettings(interval=30.0, timeout=10.0)
+    cdu: SourceSettings = SourceSettings(interval=5.0, timeout=2.0)
+    leak: SourceSettings = SourceSettings(interval=0.5, timeout=0.4)
+    pdu: SourceSettings = SourceSettings(interval=5.0, timeout=3.0)
+    stale_after_intervals: float = Field(default=2.0, ge=1.0, description="Drop a source's readings after this many missed intervals.")
+    sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")
+
+
+class Config(Strict):
+    agent: Identity
+    listen: Listen = Listen()
+    inventory: Inventory = Inventory()
+    sources: Sources = Sources()
+    secrets: dict[str, SecretRef] = Field(default_factory=dict)
+    remediation: dict[str, Any] = Field(default_factory=dict, description="Detectors, playbooks and guardrails.")
+
+    def dump(self) -> dict[str, Any]:
+        """A JSON-safe dump; secret values are never in it (only their file paths)."""
+        return self.model_dump(mode="json")
+
+
+class LoadedConfig:
+    """A validated config plus its secrets, read from their files."""
+
+    def __init__(self, config: Config, secrets: dict[str, SecretStr], path: Path | None):
+        self.config = config
+        self.secrets = secrets
+        self.path = path
+
+    def secret(self, name: str) -> SecretStr:
+        try:
+            return self.secrets[name]
+        except KeyError:
+            raise ConfigError(f"secrets.{name}: not defined") from None
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check spelling)"
+        elif e["type"] == "missing":
+            msg = "required field missing"
+        inp = e.get("input")
+        got = "" if e["type"] in ("missing",) or isinstance(inp, dict) else f" (got {inp!r})"
+        lines.append(f"  {path}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def _read_secrets(config: Config) -> dict[str, SecretStr]:
+    secrets: dict[str, SecretStr] = {}
+    for name, ref in config.secrets.items():
+        try:
+            value = ref.file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"secrets.{name}.file: cannot read {ref.file}: {exc.strerror}") from None
+        if not value:
+            raise ConfigError(f"secrets.{name}.file: {ref.file} is empty")
+        secrets[name] = SecretStr(value)
+    for pdu in config.inventory.pdus:
+        for attr in ("community_secret", "v3_auth_secret", "v3_priv_secret"):
+            ref_name = getattr(pdu, attr)
+            if ref_name is not None and ref_name not in secrets:
+                raise ConfigError(f"inventory.pdus.{pdu.name}.{attr}: secret {ref_name!r} not in secrets")
+    return secrets
+
+
+def parse_config(data: Any, source: str = "<config>", path: Path | None = None) -> LoadedConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+    return LoadedConfig(config, _read_secrets(config), path)
+
+
+def load_config(path: Path | str) -> LoadedConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse_config(data, str(path), path)

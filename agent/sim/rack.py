@@ -1,0 +1,230 @@
+"""A small physical model of a liquid-cooled rack, the simulator's single source of truth.
+
+GPU power follows workload and power limits; GPU temperature follows power
+and the coolant supply temperature and flow; the CDU's secondary loop
+carries the rack's heat (return = supply + P / (flow * rho * cp)); the PDUs
+see GPU power plus a base load per node. Device simulators (NVML twin, Modbus
+CDU, SNMP PDU, sysfs links) only read and write this model, so a power cap
+set over NVML really lowers the return temperature a CDU reports.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+
+PG25_DENSITY = 1020.0  # kg/m^3 at ~30 C
+PG25_HEAT_CAPACITY = 3900.0  # J/(kg K)
+
+
+@dataclass
+class GpuState:
+    node: str
+    index: int
+    uuid: str
+    serial: str
+    pci_bus_id: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    workload: float = 0.85  # fraction of the power limit the job would draw
+    power_limit_mw: int = 700_000
+    default_limit_mw: int = 700_000
+    min_limit_mw: int = 200_000
+    max_limit_mw: int = 700_000
+    idle_w: float = 70.0
+    power_w: float = 70.0
+    temp_c: float = 35.0
+    mem_temp_c: float = 38.0
+    energy_mj: float = 0.0
+    slowdown_c: int = 87
+    shutdown_c: int = 92
+    gpu_max_c: int = 85
+    mem_max_c: int = 95
+    memory_total: int = 80 * 1024**3
+    sm_clock_mhz: int = 1980
+    mem_clock_mhz: int = 2619
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    pcie_replays: int = 0
+    remapped_correctable: int = 0
+    remapped_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    recovery_action: int = 0
+    lost: bool = False
+    hang_seconds: float = 0.0  # calls on this GPU block this long (simulates a wedged driver)
+    unsupported: set[str] = field(default_factory=set)  # pynvml function/field names answering NotSupported
+    thermal_extra_c: float = 0.0  # injected: extra heat (blocked cold plate)
+    nvlink_count: int = 18
+    nvlink_up: list[bool] = field(default_factory=list)
+    # per link: replay, recovery, crc_flit, crc_data, ecc_data (NVML_NVLINK_ERROR_* order)
+    nvlink_errors: list[list[int]] = field(default_factory=list)
+    nvlink_error_rate: dict[int, float] = field(default_factory=dict)  # link -> errors/s (crc_flit)
+    nvlink_tx_kib: list[float] = field(default_factory=list)
+    nvlink_rx_kib: list[float] = field(default_factory=list)
+    xids: list[tuple[int, int]] = field(default_factory=list)  # (sequence, xid)
+
+    def __post_init__(self) -> None:
+        if not self.nvlink_up:
+            self.nvlink_up = [True] * self.nvlink_count
+            self.nvlink_errors = [[0, 0, 0, 0, 0] for _ in range(self.nvlink_count)]
+            self.nvlink_tx_kib = [0.0] * self.nvlink_count
+            self.nvlink_rx_kib = [0.0] * self.nvlink_count
+
+    @property
+    def hw_thermal_slowdown(self) -> bool:
+        return self.temp_c >= self.slowdown_c
+
+    @property
+    def sw_power_cap(self) -> bool:
+        return self.workload * self.default_limit_mw / 1000 > self.power_limit_mw / 1000 * 0.98
+
+
+@dataclass
+class CoolantState:
+    """Secondary (rack) loop of the CDU, plus the facility (primary) side and the room."""
+
+    primary_supply_c: float = 18.0
+    secondary_supply_setpoint_c: float = 25.0
+    secondary_supply_c: float = 25.0
+    secondary_return_c: float = 30.0
+    primary_return_c: float = 26.0
+    nominal_flow_lpm: float = 300.0
+    flow_factor: float = 1.0  # injected flow drop (0.6 = 40 % drop)
+    pump_speed: list[float] = field(default_factory=lambda: [0.7, 0.7])  # ratio per pump
+    pump_running: list[bool] = field(default_factory=lambda: [True, True])
+    supply_hot_extra_c: float = 0.0
+    reservoir_level: float = 0.82
+    ambient_c: float = 24.0
+    humidity_pct: float = 45.0
+    supply_pressure_pa: float = 250_000.0
+    return_pressure_pa: float = 150_000.0
+    filter_dp_pa: float = 20_000.0
+    leak_zones: dict[str, str] = field(default_factory=dict)  # zone -> "dry" | "wet" | "cable_break" | "contamination"
+    valve_open: dict[str, bool] = field(default_factory=dict)  # zone -> valve open
+
+    @property
+    def flow_lpm(self) -> float:
+        running = [s for s, on in zip(self.pump_speed, self.pump_running) if on]
+        if not running:
+            return 0.0
+        # Flow grows with the mean running pump speed; one pump can carry ~60 % of the load.
+        share = sum(running) / len(self.pump_speed) / 0.7
+        return self.nominal_flow_lpm * min(share, 1.6) * self.flow_factor
+
+
+@dataclass
+class NodeState:
+    name: str
+    base_load_w: float = 900.0  # CPUs, NICs, fans of the tray
+    gpus: list[GpuState] = field(default_factory=list)
+
+    @property
+    def power_w(self) -> float:
+        return self.base_load_w + sum(g.power_w for g in self.gpus if not g.lost)
+
+
+class RackModel:
+    """The rack's state and its physics; every mutation goes through `lock`.
+
+    Devices may read fields directly under `lock`; `step(dt)` advances time.
+    """
+
+    def __init__(self, rack: str = "r01", nodes: int = 2, gpus_per_node: int = 4, nvlinks: int = 18,
+                 seed: int = 1, leak_zones: dict[str, list[str]] | None = None):
+        self.lock = threading.RLock()
+        self.rack = rack
+        self.rng = random.Random(seed)
+        self.time = 0.0
+        self.xid_seq = 0
+        self.nodes: dict[str, NodeState] = {}
+        for n in range(nodes):
+            name = f"node{n + 1:02d}"
+            node = NodeState(name)
+            for i in range(gpus_per_node):
+                uid = f"GPU-{seed:02x}{n:02x}{i:02x}00-5eed-4c0d-9a1e-{n:06x}{i:06x}"
+                node.gpus.append(GpuState(node=name, index=i, uuid=uid, serial=f"165{seed:03d}{n:03d}{i:04d}",
+                                          pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", nvlink_count=nvlinks))
+            self.nodes[name] = node
+        zones = leak_zones if leak_zones is not None else {"zone-a": list(self.nodes)}
+        self.zone_nodes = zones
+        self.coolant = CoolantState(leak_zones={z: "dry" for z in zones}, valve_open={z: True for z in zones})
+        self.base_time = 0.0
+        self.step(0.0)
+
+    # -- queries -----------------------------------------------------------------
+
+    def gpu(self, node: str, index: int) -> GpuState:
+        return self.nodes[node].gpus[index]
+
+    def node_power_w(self, node: str) -> float:
+        with self.lock:
+            return self.nodes[node].power_w
+
+    def rack_power_w(self) -> float:
+        with self.lock:
+            return sum(n.power_w for n in self.nodes.values())
+
+    def heat_w(self) -> float:
+        """Heat into the secondary loop: GPU power (the cold plates carry the GPUs only)."""
+        with self.lock:
+            return sum(g.power_w for n in self.nodes.values() for g in n.gpus if not g.lost)
+
+    # -- physics -----------------------------------------------------------------
+
+    def step(self, dt: float) -> None:
+        with self.lock:
+            self.time += dt
+            c = self.coolant
+            flow_m3s = c.flow_lpm / 60000.0
+            c.secondary_supply_c = c.secondary_supply_setpoint_c + c.supply_hot_extra_c
+            heat = self.heat_w()
+            if flow_m3s > 1e-6:
+                delta = heat / (flow_m3s * PG25_DENSITY * PG25_HEAT_CAPACITY)
+            else:
+                delta = 40.0
+            c.secondary_return_c = c.secondary_supply_c + min(delta, 40.0)
+            c.primary_return_c = c.primary_supply_c + 0.8 * (c.secondary_return_c - c.primary_supply_c) * 0.5
+            c.supply_pressure_pa = 150_000.0 + 100_000.0 * (c.flow_lpm / c.nominal_flow_lpm) if c.nominal_flow_lpm else 150_000.0
+            flow_ratio = c.flow_lpm / c.nominal_flow_lpm if c.nominal_flow_lpm else 0.0
+            for node in self.nodes.values():
+                for g in node.gpus:
+                    self._step_gpu(g, dt, c.secondary_supply_c, flow_ratio)
+
+    def _step_gpu(self, g: GpuState, dt: float, supply_c: float, flow_ratio: float) -> None:
+        if g.lost:
+            g.power_w = 0.0
+            return
+        demand = g.idle_w + g.workload * (g.default_limit_mw / 1000 - g.idle_w)
+        target_power = min(demand, g.power_limit_mw / 1000)
+        # First-order response: power settles within a few seconds of a new limit.
+        alpha = 1.0 if dt <= 0 else min(1.0, dt / 1.0)
+        g.power_w += (target_power - g.power_w) * alpha
+        g.power_w = max(g.power_w, 0.0)
+        g.energy_mj += g.power_w * dt * 1000.0
+        # Cold plate: thermal resistance grows as flow falls.
+        r_th = 0.06 / max(flow_ratio, 0.15) ** 0.8
+        target_temp = supply_c + g.power_w * r_th + g.thermal_extra_c
+        g.temp_c += (target_temp - g.temp_c) * (1.0 if dt <= 0 else min(1.0, dt / 3.0))
+        g.mem_temp_c = g.temp_c + 4.0
+        util = g.power_w / (g.default_limit_mw / 1000)
+        for link in range(g.nvlink_count):
+            if g.nvlink_up[link]:
+                g.nvlink_tx_kib[link] += 25_000_000 * util * dt / 1024
+                g.nvlink_rx_kib[link] += 25_000_000 * util * dt / 1024
+        for link, rate in g.nvlink_error_rate.items():
+            g.nvlink_errors[link][2] += int(rate * dt + self.rng.random())
+            g.nvlink_errors[link][0] += int(rate * dt / 4)
+
+    # -- mutations used by devices and fault injection ----------------------------
+
+    def set_power_limit(self, node: str, index: int, limit_mw: int) -> None:
+        with self.lock:
+            g = self.gpu(node, index)
+            g.power_limit_mw = int(limit_mw)
+
+    def raise_xid(self, node: str, index: int, xid: int) -> int:
+        with self.lock:
+            self.xid_seq += 1
+            self.gpu(node, index).xids.append((self.xid_seq, xid))
+            return self.xid_seq

@@ -1,0 +1,168 @@
+"""The snapshot store: latest readings per (source, device), with the staleness rule applied.
+
+Collectors write here; `/metrics`, the detectors and the API read here and
+only here, so they agree. A source that has not succeeded for
+`stale_after_intervals` of its interval has its readings dropped from every
+view: old values are never served as fresh.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from exporters.model import Quality, Reading
+
+
+@dataclass(slots=True)
+class SourceState:
+    """Bookkeeping for one (source, device): feeds the per-source `up`, duration and error metrics."""
+
+    source: str
+    device: str
+    interval: float
+    stale_after: float
+    readings: list[Reading] = field(default_factory=list)
+    up: bool = False
+    last_success: float | None = None
+    last_attempt: float | None = None
+    last_duration: float | None = None
+    errors: Counter = field(default_factory=Counter)
+    last_error: str | None = None
+    # Readings once marked unsupported stay listed (quality gauge), never re-polled as errors.
+    unsupported: dict[str, Reading] = field(default_factory=dict)
+
+    def fresh(self, now: float) -> bool:
+        return self.last_success is not None and now - self.last_success <= self.stale_after
+
+    def as_dict(self, now: float) -> dict:
+        return {
+            "source": self.source,
+            "device": self.device,
+            "up": self.up,
+            "fresh": self.fresh(now),
+            "interval_seconds": self.interval,
+            "last_success": self.last_success,
+            "last_attempt": self.last_attempt,
+            "last_duration_seconds": self.last_duration,
+            "errors": dict(self.errors),
+            "last_error": self.last_error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An immutable view of every fresh reading at one moment; what detectors evaluate."""
+
+    taken_at: float
+    readings: tuple[Reading, ...]
+    sources: tuple[SourceState, ...]
+
+    def select(self, metric: str, **labels: str) -> Iterator[Reading]:
+        for r in self.readings:
+            if r.spec.name == metric and all(r.labels.get(k) == v for k, v in labels.items()):
+                yield r
+
+    def value(self, metric: str, **labels: str) -> float | None:
+        """The value of the one OK reading that matches, or None (missing or not OK)."""
+        for r in self.select(metric, **labels):
+            if r.ok:
+                return r.value
+        return None
+
+    def source_up(self, source: str, device: str | None = None) -> bool:
+        return any(s.up and s.fresh(self.taken_at) for s in self.sources
+                   if s.source == source and (device is None or s.device == device))
+
+
+Listener = Callable[[Snapshot, str], None]
+
+
+class SnapshotStore:
+    """Thread-safe store; `publish` replaces one source's readings and notifies listeners.
+
+    Listeners (the detectors) are called synchronously right after a source
+    publishes, so a leak reading reaches a detector without waiting for any
+    scrape or timer.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self._lock = threading.Lock()
+        self._states: dict[tuple[str, str], SourceState] = {}
+        self._listeners: list[Listener] = []
+        self._clock = clock
+
+    def register(self, source: str, device: str, interval: float, stale_after_intervals: float) -> SourceState:
+        with self._lock:
+            state = self._states.get((source, device))
+            if state is None:
+                state = SourceState(source, device, interval, interval * stale_after_intervals)
+                self._states[(source, device)] = state
+            else:
+                state.interval = interval
+                state.stale_after = interval * stale_after_intervals
+            return state
+
+    def unregister(self, source: str, device: str) -> None:
+        with self._lock:
+            self._states.pop((source, device), None)
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def publish(self, source: str, device: str, readings: Iterable[Reading], duration: float,
+                partial_errors: dict[str, int] | None = None) -> None:
+        now = self._clock()
+        with self._lock:
+            state = self._states[(source, device)]
+            kept: list[Reading] = []
+            for r in readings:
+                if r.quality is Quality.UNSUPPORTED:
+                    state.unsupported.setdefault(r.reading_id(), r)
+                else:
+                    kept.append(r)
+            state.readings = kept
+            state.up = True
+            state.last_success = now
+            state.last_attempt = now
+            state.last_duration = duration
+            state.last_error = None
+            for kind, n in (partial_errors or {}).items():
+                state.errors[kind] += n
+        self._notify(f"{source}/{device}")
+
+    def fail(self, source: str, device: str, kind: str, message: str, duration: float) -> None:
+        now = self._clock()
+        with self._lock:
+            state = self._states[(source, device)]
+            state.up = False
+            state.last_attempt = now
+            state.last_duration = duration
+            state.errors[kind] += 1
+            state.last_error = message
+        self._notify(f"{source}/{device}")
+
+    def _notify(self, origin: str) -> None:
+        if not self._listeners:
+            return
+        snap = self.snapshot()
+        for listener in list(self._listeners):
+            listener(snap, origin)
+
+    def states(self) -> list[SourceState]:
+        with self._lock:
+            return list(self._states.values())
+
+    def snapshot(self) -> Snapshot:
+        now = self._clock()
+        with self._lock:
+            readings: list[Reading] = []
+            states: list[SourceState] = []
+            for state in self._states.values():
+                if state.fresh(now):
+                    readings.extend(state.readings)
+                states.append(state)
+        return Snapshot(now, tuple(readings), tuple(states))

@@ -1,0 +1,128 @@
+"""The shared reading model: the one vocabulary exporters, the agent and remediation speak.
+
+Exporters turn device replies into `Reading`s; the agent stores them in a
+`Snapshot`; `/metrics`, the detectors and the API all read that snapshot, so
+what a dashboard shows and what a playbook acts on are the same numbers.
+This module must stay free of any import from `agent` (layering rule).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+
+class Quality(str, enum.Enum):
+    """How far a reading can be trusted; anything but OK never drives an action."""
+
+    OK = "ok"
+    STALE = "stale"
+    SENSOR_FAULT = "sensor_fault"
+    UNSUPPORTED = "unsupported"
+
+
+class Kind(str, enum.Enum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """Name, type and HELP of one metric family; declared once next to the code that fills it.
+
+    `name` is the full exposition name (counters include `_total`, info
+    metrics include `_info`), so what is written here is what Prometheus sees.
+    """
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind is Kind.COUNTER and not self.name.endswith("_total"):
+            raise ValueError(f"counter {self.name} must end in _total")
+        if self.kind is Kind.INFO and not self.name.endswith("_info"):
+            raise ValueError(f"info metric {self.name} must end in _info")
+
+
+def gauge(name: str, help: str, labels: Iterable[str] = (), unit: str = "") -> MetricSpec:
+    return MetricSpec(name, Kind.GAUGE, help, tuple(labels), unit)
+
+
+def counter(name: str, help: str, labels: Iterable[str] = (), unit: str = "") -> MetricSpec:
+    return MetricSpec(name, Kind.COUNTER, help, tuple(labels), unit)
+
+
+def info(name: str, help: str, labels: Iterable[str] = ()) -> MetricSpec:
+    return MetricSpec(name, Kind.INFO, help, tuple(labels))
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One value of one series at one time, with its quality.
+
+    A reading whose quality is not OK keeps its (possibly garbage) raw value
+    for the API and the journal, but is never exported as a sample: the
+    exposition shows `supernode_reading_quality` for it instead.
+    """
+
+    spec: MetricSpec
+    value: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    quality: Quality = Quality.OK
+    timestamp: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def label(self, key: str, default: str = "") -> str:
+        return self.labels.get(key, default)
+
+    @property
+    def ok(self) -> bool:
+        return self.quality is Quality.OK
+
+    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """Identity of the series (name plus sorted labels)."""
+        return self.spec.name, tuple(sorted(self.labels.items()))
+
+    def reading_id(self) -> str:
+        """A short human id used in `supernode_reading_quality{reading=...}`."""
+        parts = [self.spec.name.removeprefix("supernode_")]
+        parts += [f"{k}={v}" for k, v in sorted(self.labels.items())]
+        return ",".join(parts)
+
+    def as_dict(self) -> dict:
+        return {
+            "metric": self.spec.name,
+            "value": self.value,
+            "labels": dict(self.labels),
+            "quality": self.quality.value,
+            "timestamp": self.timestamp,
+        }
+
+
+class SourceError(Exception):
+    """A poll failed as a whole. `kind` feeds `supernode_source_errors_total{kind}`.
+
+    Kinds in use: timeout, connection, protocol, decode, auth, driver, config.
+    """
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(slots=True)
+class PollResult:
+    """What one poll of one source device returned."""
+
+    readings: list[Reading]
+    # Errors that did not fail the whole poll (one field, one register block).
+    partial_errors: dict[str, int] = field(default_factory=dict)
