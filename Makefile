@@ -1,0 +1,45 @@
+# supernode-agent: the two commands are `make demo` and `make test`; both set themselves up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEB_PACKAGES := snmp prometheus prometheus-alertmanager prometheus-snmp-exporter slurm-wlm munge \
+                iproute2 mbpoll ethtool systemd
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv peers dashboards bench clean lint
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages of the real peers the tests talk to. Their maintainer scripts must not
+# start daemons on 0.0.0.0: policy-rc.d forbids it while we install.
+peers:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  created=""; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; created=1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
+	  [ -n "$$created" ] && rm -f /usr/sbin/policy-rc.d; exit $$rc; \
+	fi
+
+demo: $(STAMP)
+	$(VENV)/bin/supernode-agent demo $(DEMO_ARGS)
+
+test: $(STAMP) peers
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+dashboards: $(STAMP)
+	$(PY) -m dashboards.build
+
+bench: $(STAMP) peers
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,163 @@
+"""The daemon: wires config, sources, snapshot, HTTP and remediation; owns signals and shutdown.
+
+Reload (SIGHUP or POST /-/reload) is all-or-nothing: the new file is
+validated and its sources built before anything running is touched, so a
+bad file leaves the running config exactly as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import SecretStr
+
+from agent import __version__
+from agent.config import ConfigError, LoadedConfig, load_config
+from agent.exposition import build_registry
+from agent.http import RouteMount, build_app, start_server
+from agent.runtime import ScheduledSource, SourceScheduler
+from agent.sdnotify import Notifier
+from agent.snapshot import SnapshotStore
+from agent.sources import build_sources
+
+log = logging.getLogger("supernode.agent")
+
+SourceFactory = Callable[[LoadedConfig], list[ScheduledSource]]
+
+
+class Agent:
+    def __init__(self, loaded: LoadedConfig, source_factory: SourceFactory = build_sources,
+                 notifier: Notifier | None = None):
+        self.loaded = loaded
+        self.source_factory = source_factory
+        self.store = SnapshotStore()
+        self.scheduler = SourceScheduler(self.store)
+        self.notifier = notifier or Notifier()
+        self.route_mounts: list[RouteMount] = []
+        self.extra_collectors: list[Any] = []
+        self.remediation: Any = None
+        self.port: int | None = None
+        self.started_at = time.time()
+        self._runner = None
+        self._stop = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self._watchdog_task: asyncio.Task | None = None
+        self._setup_remediation()
+        self.registry = build_registry(self.store, self.identity, self.extra_collectors)
+
+    # -- identity and state ------------------------------------------------------
+
+    @property
+    def admin_token(self) -> SecretStr | None:
+        return self.loaded.secrets.get("admin_token")
+
+    def identity(self) -> dict[str, str]:
+        a = self.loaded.config.agent
+        mode = a.mode
+        if self.remediation is not None and hasattr(self.remediation, "mode"):
+            mode = self.remediation.mode
+        return {"rack": a.rack, "node": a.node, "role": a.role, "version": __version__, "mode": mode}
+
+    def sources_not_polled(self) -> list[str]:
+        return [job_id for job_id, r in self.scheduler.runners.items() if r.polls == 0]
+
+    def state_dict(self) -> dict[str, Any]:
+        snap = self.store.snapshot()
+        readings = [r.as_dict() for r in snap.readings]
+        return {
+            "agent": self.identity(),
+            "taken_at": snap.taken_at,
+            "sources": [s.as_dict(snap.taken_at) for s in self.store.states()],
+            "readings": readings,
+            "config": self.loaded.config.dump(),
+        }
+
+    # -- remediation hook-up -------------------------------------------------------
+
+    def _setup_remediation(self) -> None:
+        try:
+            from agent.remediation.wiring import attach  # type: ignore[import-not-found]
+        except ImportError:
+            return
+        attach(self)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.remediation is not None and hasattr(self.remediation, "start"):
+            await self.remediation.start()  # journal reconciliation runs before any source
+        sources = self.source_factory(self.loaded)
+        self.scheduler.start()
+        await self.scheduler.replace(sources, self.loaded.config.sources.stale_after_intervals)
+        self._runner, self.port = await start_server(build_app(self), self.loaded.config.listen)
+        log.info("agent started", extra={"listen": f"{self.loaded.config.listen.address}:{self.port}",
+                                         "sources": len(sources), "mode": self.identity()["mode"],
+                                         "node": self.loaded.config.agent.node})
+        self.notifier.ready()
+        if self.notifier.watchdog_interval:
+            self._watchdog_task = asyncio.create_task(self._watchdog(self.notifier.watchdog_interval))
+
+    async def _watchdog(self, every: float) -> None:
+        # Pinged from the event loop itself: a wedged loop stops the pings and systemd restarts us.
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(every)
+
+    async def reload(self) -> tuple[bool, str]:
+        async with self._reload_lock:
+            path = self.loaded.path
+            if path is None:
+                return False, "config was not loaded from a file"
+            try:
+                new = load_config(path)
+                sources = self.source_factory(new)
+            except ConfigError as exc:
+                log.error("reload refused, keeping running config", extra={"error": str(exc)})
+                return False, str(exc)
+            except Exception as exc:
+                log.error("reload refused, keeping running config", extra={"error": repr(exc)})
+                return False, f"{type(exc).__name__}: {exc}"
+            self.loaded = new
+            await self.scheduler.replace(sources, new.config.sources.stale_after_intervals)
+            if self.remediation is not None and hasattr(self.remediation, "reconfigure"):
+                self.remediation.reconfigure(new)
+            log.info("config reloaded", extra={"path": str(path), "sources": len(sources)})
+            return True, "reloaded"
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def stop(self) -> None:
+        self.notifier.stopping()
+        if self._watchdog_task:
+            self._watchdog_task.cancel()
+        await self.scheduler.shutdown()
+        if self.remediation is not None and hasattr(self.remediation, "stop"):
+            await asyncio.wait_for(self.remediation.stop(), 3.0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        log.info("agent stopped")
+
+    async def run_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        loop.add_signal_handler(signal.SIGINT, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        await self.start()
+        await self._stop.wait()
+        try:
+            await asyncio.wait_for(self.stop(), 4.5)  # systemd's stop must never hit its timeout
+        except asyncio.TimeoutError:
+            log.error("clean stop took too long; exiting anyway")
+
+
+def run(config_path: Path) -> int:
+    loaded = load_config(config_path)
+    agent = Agent(loaded)
+    asyncio.run(agent.run_until_stopped())
+    return 0

@@ -1,0 +1,145 @@
+"""`supernode-agent demo`: a simulated rack and one real agent process per node, in enforce mode.
+
+The agents are the same daemon an operator runs, started as subprocesses
+with generated configs that point at the simulator's devices; only NVML is
+replaced (by the twin), because there is no GPU here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.sim.server import Simulator
+
+
+def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str = "enforce") -> dict[str, Any]:
+    """The config of one demo agent: its identity, the rack inventory and the simulator's endpoints."""
+    model = sim.model
+    gpus = len(model.nodes[node].gpus)
+    cfg: dict[str, Any] = {
+        "agent": {"rack": model.rack, "node": node, "role": "compute", "mode": mode,
+                  "state_dir": str(workdir / node / "state")},
+        "listen": {"address": "127.0.0.1", "port": port},
+        "inventory": {"nodes": list(model.nodes), "gpus": {"count": gpus,
+                                                            "nvlinks_per_gpu": model.nodes[node].gpus[0].nvlink_count}},
+        "sources": {"nvml": {"backend": "sim", "sim_url": sim.url, "interval": 1.0, "timeout": 1.0}},
+        "secrets": {"admin_token": {"file": str(workdir / "admin.token")},
+                    "webhook_token": {"file": str(workdir / "webhook.token")}},
+    }
+    from agent.sim.device_set import demo_inventory
+
+    demo_inventory(sim, node, cfg)
+    return cfg
+
+
+def _write_tokens(workdir: Path) -> None:
+    for name in ("admin.token", "webhook.token"):
+        path = workdir / name
+        path.write_text(secrets.token_urlsafe(24) + "\n")
+        path.chmod(0o600)
+
+
+def _wait_ready(url: str, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="supernode-demo-"))
+    _write_tokens(workdir)
+    sim = Simulator(nodes=nodes, gpus=gpus, workdir=workdir / "sim")
+    url = await sim.start()
+    procs: list[tuple[str, subprocess.Popen, int]] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for i, node in enumerate(sim.model.nodes):
+            port = base_port + i if base_port else _free_port()
+            cfg_path = workdir / node / "agent.yaml"
+            cfg_path.parent.mkdir(parents=True, exist_ok=True)
+            cfg_path.write_text(yaml.safe_dump(agent_config(sim, node, port, workdir), sort_keys=False))
+            log = open(workdir / node / "agent.log", "ab")
+            proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(cfg_path), "run"],
+                                    stdout=log, stderr=log, start_new_session=True)
+            procs.append((node, proc, port))
+        deadline = time.monotonic() + 20
+        for node, proc, port in procs:
+            ok = await asyncio.to_thread(_wait_ready, f"http://127.0.0.1:{port}/healthz", deadline)
+            if not ok:
+                print(f"agent for {node} did not start; see {workdir / node / 'agent.log'}", file=sys.stderr)
+                return 1
+        for node, _, port in procs:
+            print(f"metrics: http://127.0.0.1:{port}/metrics   ({node})")
+        print(f"sim: {url}")
+        first_port = procs[0][2]
+        print(f"webhook: http://127.0.0.1:{first_port}/api/v1/alerts")
+        print(f"webhook-token: {workdir / 'webhook.token'}")
+        print(f"admin-token: {workdir / 'admin.token'}")
+        print(f"logs and configs: {workdir}")
+        print(TRY_THIS.format(port=first_port, node=next(iter(sim.model.nodes)), token=workdir / "admin.token"),
+              flush=True)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=duration)
+        except asyncio.TimeoutError:
+            pass
+        return 0
+    finally:
+        for _, proc, _ in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for node, proc, _ in procs:
+            try:
+                await asyncio.to_thread(proc.wait, 6)
+            except subprocess.TimeoutExpired:
+                print(f"agent for {node} did not stop in time; killing it", file=sys.stderr)
+                proc.kill()
+        await sim.stop()
+        print("demo stopped", flush=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+TRY_THIS = """
+try this:
+  curl -s http://127.0.0.1:{port}/metrics | grep supernode_gpu_power_watts
+  supernode-agent sim inject thermal --node {node} --gpu 0        # GPU 0 heats into HW slowdown
+  supernode-agent sim inject xid --node {node} --gpu 1 --code 79   # GPU fallen off the bus
+  supernode-agent sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
+  supernode-agent sim faults                                       # every fault kind
+  supernode-agent sim clear
+Ctrl-C stops the simulator and every agent."""
+
+
+def run_demo(nodes: int = 2, gpus: int = 4, duration: float | None = None, base_port: int = 0) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    from agent.logs import setup_logging
+
+    setup_logging("warning")
+    return asyncio.run(_demo(nodes, gpus, duration, base_port))

@@ -1,0 +1,107 @@
+"""The agent's HTTP surface: /metrics, health, state API, reload; remediation mounts its routes here.
+
+Bound to the configured address only. Anything that changes state needs the
+admin token (bearer, compared in constant time); reads are open because they
+carry no secrets and Prometheus must scrape without credentials.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import ssl
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import SecretStr
+
+from agent.config import Listen
+
+if TYPE_CHECKING:
+    from agent.daemon import Agent
+
+
+def bearer_ok(request: web.Request, token: SecretStr | None) -> bool:
+    if token is None:
+        return False
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode())
+
+
+def require_admin(request: web.Request, token: SecretStr | None) -> web.Response | None:
+    """None when authorised, else the 401/403 response to return."""
+    if token is None:
+        return web.json_response({"error": "no admin token configured (secrets.admin_token)"}, status=403)
+    if not bearer_ok(request, token):
+        return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                 headers={"WWW-Authenticate": "Bearer"})
+    return None
+
+
+def ssl_context(listen: Listen) -> ssl.SSLContext | None:
+    if listen.tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(listen.tls.cert_file), str(listen.tls.key_file))
+    if listen.tls.client_ca_file is not None:
+        ctx.load_verify_locations(str(listen.tls.client_ca_file))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def build_app(agent: "Agent") -> web.Application:
+    app = web.Application(client_max_size=agent.loaded.config.listen.max_body_bytes)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(agent.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        pending = agent.sources_not_polled()
+        if pending:
+            return web.json_response({"ready": False, "waiting_for": pending}, status=503)
+        return web.json_response({"ready": True})
+
+    async def state(_: web.Request) -> web.Response:
+        return web.json_response(agent.state_dict(), dumps=lambda o: json.dumps(o, default=str))
+
+    async def reload(request: web.Request) -> web.Response:
+        denied = require_admin(request, agent.admin_token)
+        if denied is not None:
+            return denied
+        ok, message = await agent.reload()
+        return web.json_response({"reloaded": ok, "message": message}, status=200 if ok else 400)
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/api/v1/state", state)
+    app.router.add_post("/-/reload", reload)
+    for mount in agent.route_mounts:
+        mount(app)
+    return app
+
+
+RouteMount = Callable[[web.Application], None]
+
+
+async def start_server(app: web.Application, listen: Listen) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host=listen.address, port=listen.port, ssl_context=ssl_context(listen),
+                       reuse_address=True)
+    await site.start()
+    server = site._server
+    port = server.sockets[0].getsockname()[1] if server and server.sockets else listen.port
+    return runner, port
+
+
+__all__ = ["build_app", "start_server", "bearer_ok", "require_admin", "RouteMount", "Awaitable"]

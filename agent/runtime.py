@@ -1,0 +1,135 @@
+"""Runs each source on its own apscheduler job: own interval, timeout and backoff, never overlapping itself.
+
+One failing device never delays another: each poll runs as its own asyncio
+task bounded by its timeout, and blocking drivers run on their own threads
+(exporters.base.BlockingCaller). A failing source logs once until it
+recovers, so a dead CDU does not flood the journal every half second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from agent.config import SourceSettings
+from agent.snapshot import SnapshotStore
+from exporters.base import Source
+from exporters.model import SourceError
+
+log = logging.getLogger("supernode.runtime")
+
+
+@dataclass
+class ScheduledSource:
+    source: Source
+    settings: SourceSettings
+
+
+class SourceRunner:
+    """Polls one source into the store, with exponential backoff after consecutive failures."""
+
+    def __init__(self, source: Source, settings: SourceSettings, store: SnapshotStore, stale_after_intervals: float):
+        self.source = source
+        self.settings = settings
+        self.store = store
+        store.register(source.name, source.device, settings.interval, stale_after_intervals)
+        self.failures = 0
+        self.next_allowed = 0.0
+        self.polls = 0
+
+    @property
+    def job_id(self) -> str:
+        return f"{self.source.name}/{self.source.device}"
+
+    def _backoff(self) -> float:
+        if self.failures < 2:
+            return 0.0
+        return min(self.settings.interval * 2 ** (self.failures - 1), self.settings.max_backoff)
+
+    async def run_once(self) -> None:
+        now = time.monotonic()
+        if now < self.next_allowed:
+            return
+        start = time.perf_counter()
+        src = self.source
+        try:
+            result = await asyncio.wait_for(src.poll(), self.settings.timeout)
+        except asyncio.TimeoutError:
+            self._failed("timeout", f"poll exceeded {self.settings.timeout}s", start)
+        except SourceError as exc:
+            self._failed(exc.kind, str(exc), start)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in a collector must not kill the scheduler
+            log.exception("source poll crashed", extra={"source": src.name, "device": src.device})
+            self._failed("internal", f"{type(exc).__name__}: {exc}", start)
+        else:
+            duration = time.perf_counter() - start
+            if self.failures:
+                log.info("source recovered", extra={"source": src.name, "device": src.device,
+                                                    "after_failures": self.failures})
+            self.failures = 0
+            self.next_allowed = 0.0
+            self.store.publish(src.name, src.device, result.readings, duration, result.partial_errors)
+        finally:
+            self.polls += 1
+
+    def _failed(self, kind: str, message: str, start: float) -> None:
+        duration = time.perf_counter() - start
+        self.failures += 1
+        src = self.source
+        if self.failures == 1:
+            log.warning("source failed", extra={"source": src.name, "device": src.device, "kind": kind,
+                                                "error": message})
+        self.store.fail(src.name, src.device, kind, message, duration)
+        self.next_allowed = time.monotonic() + self._backoff()
+
+
+class SourceScheduler:
+    """The set of runners on one AsyncIOScheduler; `replace` swaps them all on reload."""
+
+    def __init__(self, store: SnapshotStore):
+        self.store = store
+        self.scheduler = AsyncIOScheduler(job_defaults={"max_instances": 1, "coalesce": True,
+                                                        "misfire_grace_time": None})
+        self.runners: dict[str, SourceRunner] = {}
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def _add(self, runner: SourceRunner) -> None:
+        self.runners[runner.job_id] = runner
+        self.scheduler.add_job(runner.run_once, "interval", seconds=runner.settings.interval, id=runner.job_id,
+                               next_run_time=dt.datetime.now(dt.timezone.utc), replace_existing=True)
+
+    async def replace(self, sources: list[ScheduledSource], stale_after_intervals: float) -> None:
+        old = self.runners
+        self.runners = {}
+        for job_id in list(old):
+            if self.scheduler.get_job(job_id):
+                self.scheduler.remove_job(job_id)
+        new_ids = {f"{s.source.name}/{s.source.device}" for s in sources}
+        for job_id, runner in old.items():
+            if job_id not in new_ids:
+                self.store.unregister(runner.source.name, runner.source.device)
+            await _close_quietly(runner.source)
+        for s in sources:
+            self._add(SourceRunner(s.source, s.settings, self.store, stale_after_intervals))
+
+    async def shutdown(self) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        for runner in self.runners.values():
+            await _close_quietly(runner.source)
+
+
+async def _close_quietly(source: Source) -> None:
+    try:
+        await asyncio.wait_for(source.close(), 2.0)
+    except Exception:  # closing a dead device must not block shutdown or reload
+        log.debug("source close failed", extra={"source": source.name, "device": source.device})
