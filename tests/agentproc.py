@@ -1,0 +1,117 @@
+"""Start a real agent process for tests and stop it by its PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from tests.helpers import REPO, free_port, wait_for
+
+
+class AgentProcess:
+    def __init__(self, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None):
+        self.workdir = workdir
+        self.config = config
+        self.port = config["listen"]["port"]
+        self.config_path = workdir / "agent.yaml"
+        self.log_path = workdir / "agent.log"
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def write_config(self, config: dict[str, Any] | str) -> None:
+        text = config if isinstance(config, str) else yaml.safe_dump(config)
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.config_path)
+
+    def start(self) -> "AgentProcess":
+        self.write_config(self.config)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(self.config_path), "run"],
+                                     stdout=self._log, stderr=self._log, env=env, cwd=REPO)
+        wait_for(lambda: self.get("/healthz")[0] == 200 or self.proc.poll() is not None, 20, what="agent /healthz")
+        assert self.proc.poll() is None, f"agent exited: {self.log()}"
+        return self
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
+        return self.request("GET", path, token=token)
+
+    def request(self, method: str, path: str, body: Any = None, token: str | None = None,
+                raw: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+        except OSError:
+            return 0, b""
+
+    def metrics(self) -> str:
+        status, body = self.get("/metrics")
+        assert status == 200, status
+        return body.decode()
+
+    def state(self) -> dict[str, Any]:
+        status, body = self.get("/api/v1/state")
+        assert status == 200
+        return json.loads(body)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+def base_config(tmp_path: Path, token: str = "admin-token-for-tests", **sections: Any) -> dict[str, Any]:
+    (tmp_path / "admin.token").write_text(token + "\n")
+    cfg: dict[str, Any] = {
+        "agent": {"rack": "r01", "node": "node01", "state_dir": str(tmp_path / "state")},
+        "listen": {"address": "127.0.0.1", "port": free_port()},
+        "secrets": {"admin_token": {"file": str(tmp_path / "admin.token")}},
+        "sources": {"nvml": {"enabled": False}},
+    }
+    cfg.update(sections)
+    return cfg
+
+
+@contextmanager
+def running_agent(config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None) -> Iterator[AgentProcess]:
+    agent = AgentProcess(config, workdir, env).start()
+    try:
+        yield agent
+    finally:
+        agent.stop()

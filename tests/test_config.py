@@ -1,0 +1,119 @@
+"""Config validation: each kind of bad input names its field; secrets never leak; examples are valid."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent.config import ConfigError, load_config, parse_config
+from tests.helpers import REPO
+
+SECRET = "s3cr3t-value-that-must-never-print"
+
+
+def minimal(tmp_path: Path, **over) -> dict:
+    tok = tmp_path / "admin.token"
+    tok.write_text(SECRET + "\n")
+    cfg = {"agent": {"rack": "r01", "node": "node01", "state_dir": str(tmp_path / "state")},
+           "listen": {"address": "127.0.0.1", "port": 0},
+           "secrets": {"admin_token": {"file": str(tok)}}}
+    for k, v in over.items():
+        cfg[k] = v
+    return cfg
+
+
+def error_of(data, tmp_path: Path) -> str:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, "agent.yaml")
+    return str(exc.value)
+
+
+def test_minimal_config_loads_with_observe_default(tmp_path):
+    loaded = parse_config(minimal(tmp_path))
+    assert loaded.config.agent.mode == "observe"
+    assert loaded.secret("admin_token").get_secret_value() == SECRET
+
+
+@pytest.mark.parametrize("mutate, path, expect", [
+    (lambda c: c["agent"].pop("rack"), "agent.rack", "required field missing"),
+    (lambda c: c["agent"].update(mode="yolo"), "agent.mode", "observe"),
+    (lambda c: c["listen"].update(address="0.0.0.0.1"), "listen.address", "expected an IP address"),
+    (lambda c: c["listen"].update(port=70000), "listen.port", "less than or equal to 65535"),
+    (lambda c: c.update(inventory={"gpus": {"count": "eight"}}), "inventory.gpus.count", "valid integer"),
+    (lambda c: c.update(inventory={"gpu": {"count": 8}}), "inventory.gpu", "unknown field"),
+    (lambda c: c.update(sources={"leak": {"interval": 0.5, "timeout": 5}}), "sources.leak", "more than 4 intervals"),
+    (lambda c: c.update(sources={"cdu": {"interval": -1}}), "sources.cdu.interval", "greater than 0"),
+    (lambda c: c.update(inventory={"ports": [{"name": "eth0"}, {"name": "eth0"}]}), "inventory", "appears twice"),
+    (lambda c: c.update(inventory={"nodes": ["node01"], "leak_zones": [{"name": "z", "nodes": ["node09"]}]}),
+     "inventory", "not in inventory.nodes"),
+    (lambda c: c.update(inventory={"ports": [{"name": "ib0", "kind": "fc"}]}), "inventory.ports.0.kind", "'ib' or 'eth'"),
+])
+def test_bad_field_is_named(tmp_path, mutate, path, expect):
+    cfg = minimal(tmp_path)
+    mutate(cfg)
+    msg = error_of(cfg, tmp_path)
+    assert path in msg, msg
+    assert expect in msg, msg
+
+
+def test_secret_file_missing_is_named(tmp_path):
+    cfg = minimal(tmp_path)
+    cfg["secrets"]["webhook_token"] = {"file": str(tmp_path / "nope")}
+    msg = error_of(cfg, tmp_path)
+    assert "secrets.webhook_token.file" in msg and "nope" in msg
+
+
+def test_pdu_secret_reference_must_exist(tmp_path):
+    cfg = minimal(tmp_path, inventory={"pdus": [{"name": "p1", "profile": "raritan-pdu2",
+                                                 "community_secret": "missing"}]})
+    assert "inventory.pdus.p1.community_secret" in error_of(cfg, tmp_path)
+
+
+def test_not_yaml_and_not_mapping(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agent: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(bad)
+
+
+def test_check_config_cli_exit_codes_and_redacted_dump(tmp_path):
+    good = tmp_path / "agent.yaml"
+    good.write_text(yaml.safe_dump(minimal(tmp_path)))
+    cli = [sys.executable, "-m", "agent.cli", "check-config"]
+    out = subprocess.run(cli + [str(good), "--dump"], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert SECRET not in out.stdout and SECRET not in out.stderr
+    dump = json.loads(out.stdout)
+    assert dump["secrets"]["admin_token"]["value"] == "<redacted>"
+    bad_cfg = minimal(tmp_path)
+    bad_cfg["inventory"] = {"gpus": {"count": -1}}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(bad_cfg))
+    out = subprocess.run(cli + [str(bad)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 1
+    assert "inventory.gpus.count" in out.stderr and "greater than or equal to 0" in out.stderr
+
+
+def test_secret_repr_is_redacted(tmp_path):
+    loaded = parse_config(minimal(tmp_path))
+    assert SECRET not in repr(loaded.secrets)
+    assert SECRET not in json.dumps(loaded.config.dump())
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_examples_validate(example, tmp_path):
+    data = yaml.safe_load(example.read_text())
+    # Point secret files at temp files: the examples name /etc paths that do not exist here.
+    for i, ref in enumerate((data.get("secrets") or {}).values()):
+        f = tmp_path / f"secret{i}"
+        f.write_text("x")
+        ref["file"] = str(f)
+    parse_config(data, example.name)

@@ -1,0 +1,78 @@
+"""The daemon as a process: health, reload (atomic), tokens, systemd notify, clean stop."""
+
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import socket
+import time
+
+from tests.agentproc import base_config, running_agent
+from tests.helpers import wait_for
+
+TOKEN = "admin-token-for-tests"
+
+
+def test_health_ready_and_metrics(tmp_path):
+    with running_agent(base_config(tmp_path), tmp_path) as agent:
+        assert agent.get("/healthz")[0] == 200
+        assert agent.get("/readyz")[0] == 200  # no sources: nothing to wait for
+        text = agent.metrics()
+        assert 'supernode_agent_info{mode="observe",node="node01",rack="r01",role="compute"' in text
+        state = agent.state()
+        assert state["agent"]["node"] == "node01"
+        assert TOKEN not in json.dumps(state)
+
+
+def test_reload_keeps_running_config_on_bad_file_and_applies_good_one(tmp_path):
+    cfg = base_config(tmp_path)
+    with running_agent(cfg, tmp_path) as agent:
+        agent.write_config("agent: {rack: r01}\n")  # node missing
+        agent.signal(signal.SIGHUP)
+        wait_for(lambda: "reload refused" in agent.log(), 10, what="refused reload logged")
+        assert "agent.node" in agent.log()
+        assert agent.state()["config"]["agent"]["node"] == "node01"
+        assert agent.get("/healthz")[0] == 200
+
+        # The API needs the admin token and reports the refusal with the field path.
+        status, body = agent.request("POST", "/-/reload")
+        assert status == 401
+        status, body = agent.request("POST", "/-/reload", token="wrong")
+        assert status == 401
+        status, body = agent.request("POST", "/-/reload", token=TOKEN)
+        assert status == 400 and b"agent.node" in body
+
+        good = copy.deepcopy(cfg)
+        good["agent"]["role"] = "gpu-tray"
+        agent.write_config(good)
+        status, body = agent.request("POST", "/-/reload", token=TOKEN)
+        assert status == 200, body
+        assert agent.state()["config"]["agent"]["role"] == "gpu-tray"
+        assert 'role="gpu-tray"' in agent.metrics()
+        assert TOKEN not in agent.log()
+
+
+def test_sigterm_stops_within_5s_and_notifies_systemd(tmp_path):
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(10)
+    try:
+        agent_ctx = running_agent(base_config(tmp_path), tmp_path,
+                                  env={"NOTIFY_SOCKET": str(sock_path), "WATCHDOG_USEC": "400000"})
+        with agent_ctx as agent:
+            messages = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not ({"READY=1", "WATCHDOG=1"} <= set(messages)):
+                messages.append(sock.recv(256).decode())
+            assert "READY=1" in messages and "WATCHDOG=1" in messages, messages
+            t0 = time.monotonic()
+            agent.signal(signal.SIGTERM)
+            rc = agent.proc.wait(5)
+            elapsed = time.monotonic() - t0
+            assert rc == 0, agent.log()
+            assert elapsed < 5.0
+            assert "agent stopped" in agent.log()
+    finally:
+        sock.close()
