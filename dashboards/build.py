@@ -1,0 +1,302 @@
+"""Grafana dashboards for supernode-agent, generated with grafanalib.
+
+`python -m dashboards.build` (what `make dashboards` runs) writes one JSON file
+per dashboard next to this module; the JSON is committed so users can import
+it without Python, and a test fails when it is out of date with this source.
+
+Every panel carries a Grafana unit id. Where Grafana has no unit for the
+exposed base unit, the query converts and says so: coolant flow is exported in
+m³/s (METRICS.md) and shown in L/min (`* 60000`, unit `flowlpm`), the unit
+an operator reads on a CDU front panel.
+
+Queries filter on `rack` and `node`, the target labels Prometheus attaches
+from the scrape config, so one Prometheus (or a federated / long-term store)
+serves any number of racks. Rack aggregates use the recording rules of
+alerts/recording.rules.yml.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from grafanalib.core import (Dashboard, GridPos, Stat, StateTimeline, Table, Target, Template, Templating,
+                             Time, TimeSeries)
+from grafanalib._gen import DashboardEncoder
+
+OUT_DIR = Path(__file__).resolve().parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RACK = 'rack=~"$rack"'
+NODE = 'rack=~"$rack", node=~"$node"'
+RATE = "$__rate_interval"
+WIDTH, HEIGHT = 12, 8
+
+
+def _targets(queries: list[tuple[str, str]]) -> list[Target]:
+    return [Target(expr=expr, legendFormat=legend, refId=chr(ord("A") + i), datasource=DS)
+            for i, (expr, legend) in enumerate(queries)]
+
+
+def ts(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> TimeSeries:
+    """A time series panel: the default for anything that changes over time."""
+    return TimeSeries(title=title, dataSource=DS, targets=_targets(queries), unit=unit,
+                      description=description or None)
+
+
+def stat(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> Stat:
+    """A single-value panel for counts an operator must see at a glance."""
+    return Stat(title=title, dataSource=DS, targets=_targets(queries), format=unit, reduceCalc="lastNotNull",
+                description=description or None)
+
+
+def states(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> StateTimeline:
+    """A state timeline (link/pump/leak matrices); grafanalib has no unit field here, so set it raw."""
+    return StateTimeline(title=title, dataSource=DS, targets=_targets(queries), description=description or None,
+                         extraJson={"fieldConfig": {"defaults": {"unit": unit}}})
+
+
+def table(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> Table:
+    """An instant table (open incidents)."""
+    targets = [Target(expr=expr, legendFormat=legend, refId=chr(ord("A") + i), datasource=DS, instant=True,
+                      format="table") for i, (expr, legend) in enumerate(queries)]
+    return Table(title=title, dataSource=DS, targets=targets, unit=unit, description=description or None)
+
+
+def _layout(panels: list) -> list:
+    """Two panels per row, in the order given."""
+    for i, panel in enumerate(panels):
+        panel.gridPos = GridPos(h=HEIGHT, w=WIDTH, x=(i % 2) * WIDTH, y=(i // 2) * HEIGHT)
+    return panels
+
+
+def _templating() -> Templating:
+    return Templating(list=[
+        Template(name="datasource", label="Data source", type="datasource", query="prometheus"),
+        Template(name="rack", label="Rack", dataSource=DS, query="label_values(supernode_agent_info, rack)",
+                 includeAll=True, multi=True, default="$__all", allValue=".*", refresh=2),
+        Template(name="node", label="Node", dataSource=DS,
+                 query='label_values(supernode_agent_info{rack=~"$rack"}, node)',
+                 includeAll=True, multi=True, default="$__all", allValue=".*", refresh=2),
+    ])
+
+
+def dashboard(uid: str, title: str, panels: list) -> Dashboard:
+    return Dashboard(title=title, uid=uid, tags=["supernode"], templating=_templating(), panels=_layout(panels),
+                     time=Time("now-6h", "now"), refresh="30s", timezone="browser").auto_panel_ids()
+
+
+def rack_overview() -> Dashboard:
+    return dashboard("supernode-rack", "Supernode / Rack overview", [
+        ts("Rack power vs budget", "watt", [
+            (f"rack:supernode_rack_power_watts:max{{{RACK}}}", "{{rack}} power"),
+            (f"rack:supernode_rack_power_budget_watts:max{{{RACK}}}", "{{rack}} budget")]),
+        ts("Heat removed vs power", "watt", [
+            (f"rack:supernode_cdu_heat_removed_watts:sum{{{RACK}}}", "{{rack}} heat removed"),
+            (f"rack:supernode_rack_power_watts:max{{{RACK}}}", "{{rack}} electrical power")],
+           "Heat carried away by the CDU(s) next to the rack's electrical power; a growing gap is heat going to the room."),
+        ts("Coolant temperatures", "celsius", [
+            (f"max by (rack, cdu, loop, point) (supernode_cdu_temperature_celsius{{{RACK}}})",
+             "{{cdu}} {{loop}} {{point}}")]),
+        ts("Coolant flow", "flowlpm", [
+            (f"max by (rack, cdu, loop) (supernode_cdu_flow_cubic_meters_per_second{{{RACK}}}) * 60000",
+             "{{cdu}} {{loop}}")], "Exported in m³/s, shown in L/min (× 60000)."),
+        states("Leak map by zone", "bool_yes_no", [
+            (f"rack:supernode_leak_detected:max{{{RACK}}}", "{{rack}} {{zone}}")], "Yes = a sensor in the zone is wet."),
+        table("Open incidents", "short", [
+            (f"sum by (rack, detector, severity) (supernode_incident_open{{{RACK}}}) > 0", "")]),
+        states("Sources up", "bool_yes_no", [
+            (f"supernode_source_up{{{NODE}}}", "{{node}} {{source}} {{device}}")]),
+        ts("Seconds since last successful poll", "s", [
+            (f"time() - supernode_source_last_success_timestamp_seconds{{{NODE}}}", "{{node}} {{source}} {{device}}")]),
+    ])
+
+
+def gpus() -> Dashboard:
+    gpu = "{{node}} gpu{{gpu}}"
+    return dashboard("supernode-gpus", "Supernode / GPUs", [
+        ts("GPU temperature", "celsius", [
+            (f'supernode_gpu_temperature_celsius{{{NODE}, sensor="gpu"}}', gpu),
+            (f'supernode_gpu_temperature_threshold_celsius{{{NODE}, threshold="slowdown"}}', gpu + " slowdown")]),
+        ts("Memory temperature", "celsius", [
+            (f'supernode_gpu_temperature_celsius{{{NODE}, sensor="memory"}}', gpu)]),
+        ts("GPU power and caps", "watt", [
+            (f"supernode_gpu_power_watts{{{NODE}}}", gpu),
+            (f'supernode_gpu_power_limit_watts{{{NODE}, limit="enforced"}}', gpu + " cap")]),
+        ts("GPUs with a clock-event reason active", "short", [
+            (f"sum by (reason) (supernode_gpu_clock_event_active{{{NODE}}})", "{{reason}}")],
+           "Number of GPUs whose clocks are held down, by NVML reason."),
+        ts("ECC errors", "cps", [
+            (f'sum by (node, gpu, type) (rate(supernode_gpu_ecc_errors_total{{{NODE}, scope="volatile"}}[{RATE}]))',
+             gpu + " {{type}}")]),
+        ts("Remapped rows", "short", [
+            (f"supernode_gpu_remapped_rows{{{NODE}}}", gpu + " {{kind}}"),
+            (f"supernode_gpu_remapped_rows_pending{{{NODE}}}", gpu + " pending")]),
+        ts("XID errors (per hour)", "short", [
+            (f"sum by (node, gpu, xid) (increase(supernode_gpu_xid_errors_total{{{NODE}}}[1h]))", gpu + " XID {{xid}}")]),
+        ts("GPU utilization", "percentunit", [
+            (f'supernode_gpu_utilization_ratio{{{NODE}, engine="gpu"}}', gpu)]),
+        ts("SM clock", "hertz", [
+            (f'supernode_gpu_clock_hertz{{{NODE}, clock="sm"}}', gpu)]),
+        ts("GPU memory used", "bytes", [
+            (f"supernode_gpu_memory_used_bytes{{{NODE}}}", gpu)]),
+        stat("GPUs up", "short", [
+            (f"sum(supernode_gpu_up{{{NODE}}})", "up"),
+            (f"count(supernode_gpu_up{{{NODE}}})", "expected")]),
+        ts("PCIe replays", "cps", [
+            (f"rate(supernode_gpu_pcie_replays_total{{{NODE}}}[{RATE}])", gpu)]),
+    ])
+
+
+def links() -> Dashboard:
+    lnk = "{{node}} gpu{{gpu}} link{{link}}"
+    return dashboard("supernode-links", "Supernode / NVLink and network", [
+        states("NVLink state", "bool_on_off", [(f"supernode_nvlink_up{{{NODE}}}", lnk)]),
+        ts("NVLink error rate", "cps", [
+            (f"sum by (node, gpu, link, type) (rate(supernode_nvlink_errors_total{{{NODE}}}[{RATE}]))",
+             lnk + " {{type}}")]),
+        ts("NVLink bit error rate", "sci", [
+            (f"supernode_nvlink_bit_error_rate{{{NODE}}}", lnk + " {{kind}}")]),
+        ts("NVLink throughput", "Bps", [
+            (f"sum by (node, gpu) (rate(supernode_nvlink_transmit_bytes_total{{{NODE}}}[{RATE}]))", "{{node}} gpu{{gpu}} tx"),
+            (f"sum by (node, gpu) (rate(supernode_nvlink_receive_bytes_total{{{NODE}}}[{RATE}]))", "{{node}} gpu{{gpu}} rx")]),
+        states("Network link state", "bool_on_off", [(f"supernode_link_up{{{NODE}}}", "{{node}} {{port}}")]),
+        ts("Network link error rate", "cps", [
+            (f"sum by (node, port, counter) (rate(supernode_link_errors_total{{{NODE}}}[{RATE}]))",
+             "{{node}} {{port}} {{counter}}")]),
+        ts("Optic rx power vs thresholds", "dBm", [
+            (f"supernode_optic_rx_power_dbm{{{NODE}}}", "{{node}} {{port}} lane{{lane}}"),
+            (f'supernode_optic_threshold_dbm{{{NODE}, kind=~"rx_low_warning|rx_low_alarm"}}',
+             "{{node}} {{port}} {{kind}}")]),
+        ts("Link flaps (per hour)", "short", [
+            (f"increase(supernode_link_flaps_total{{{NODE}}}[1h])", "{{node}} {{port}}")]),
+        ts("Optic temperature", "celsius", [(f"supernode_optic_temperature_celsius{{{NODE}}}", "{{node}} {{port}}")]),
+        ts("Optic tx bias", "amp", [(f"supernode_optic_tx_bias_amperes{{{NODE}}}", "{{node}} {{port}} lane{{lane}}")]),
+    ])
+
+
+def cooling() -> Dashboard:
+    cdu = "{{rack}} {{cdu}}"
+    return dashboard("supernode-cooling", "Supernode / Cooling", [
+        ts("Supply and return", "celsius", [
+            (f"max by (rack, cdu, loop, point) (supernode_cdu_temperature_celsius{{{RACK}}})",
+             cdu + " {{loop}} {{point}}")]),
+        ts("ΔT (return − supply)", "celsius", [
+            (f"cdu:supernode_cdu_temperature_delta_celsius:return_minus_supply{{{RACK}}}", cdu + " {{loop}}")]),
+        ts("Flow", "flowlpm", [
+            (f"cdu:supernode_cdu_flow_cubic_meters_per_second:max{{{RACK}}} * 60000", cdu + " {{loop}}")],
+           "Exported in m³/s, shown in L/min (× 60000)."),
+        ts("Secondary flow per kW of heat", "suffix:L/min/kW", [
+            (f'cdu:supernode_cdu_flow_cubic_meters_per_second:max{{{RACK}, loop="secondary"}} * 60000'
+             f" / on (rack, cdu) (max by (rack, cdu) (supernode_cdu_heat_removed_watts{{{RACK}}}) / 1000)", cdu)],
+           "L/min of secondary coolant per kW removed; falling values mean the loop runs hotter for the same load."),
+        ts("Pressures", "pressurepa", [
+            (f"max by (rack, cdu, loop, point) (supernode_cdu_pressure_pascals{{{RACK}}})", cdu + " {{loop}} {{point}}")]),
+        states("Pumps running", "bool_on_off", [
+            (f"max by (rack, cdu, pump) (supernode_cdu_pump_running{{{RACK}}})", cdu + " {{pump}}")]),
+        ts("Pump speed", "percentunit", [
+            (f"max by (rack, cdu, pump) (supernode_cdu_pump_speed_ratio{{{RACK}}})", cdu + " {{pump}}")]),
+        ts("Dew-point margin", "celsius", [
+            (f"min by (rack, cdu) (supernode_cdu_dew_point_margin_celsius{{{RACK}}})", cdu + " margin"),
+            (f"max by (rack, cdu) (supernode_cdu_dew_point_celsius{{{RACK}}})", cdu + " dew point")],
+           "Secondary supply minus dew point; condensation risk below 2 °C."),
+        ts("Reservoir level", "percentunit", [
+            (f"max by (rack, cdu) (supernode_cdu_reservoir_level_ratio{{{RACK}}})", cdu)]),
+        ts("Heat removed", "watt", [
+            (f"max by (rack, cdu) (supernode_cdu_heat_removed_watts{{{RACK}}})", cdu)]),
+    ])
+
+
+def power() -> Dashboard:
+    inlet = "{{rack}} {{pdu}} {{inlet}}"
+    return dashboard("supernode-power", "Supernode / Power", [
+        ts("Rack power vs budget", "watt", [
+            (f"rack:supernode_pdu_inlet_power_watts:sum{{{RACK}}}", "{{rack}} inlets"),
+            (f"rack:supernode_rack_power_budget_watts:max{{{RACK}}}", "{{rack}} budget")]),
+        ts("Inlet power", "watt", [
+            (f"max by (rack, pdu, inlet) (supernode_pdu_inlet_power_watts{{{RACK}}})", inlet)]),
+        ts("Inlet apparent power", "voltamp", [
+            (f"max by (rack, pdu, inlet) (supernode_pdu_inlet_apparent_power_volt_amperes{{{RACK}}})", inlet)]),
+        ts("Phase current vs breaker limit", "amp", [
+            (f"max by (rack, pdu, inlet, phase) (supernode_pdu_phase_current_amperes{{{RACK}}})", inlet + " {{phase}}"),
+            (f"max by (rack, pdu, inlet, phase) (supernode_pdu_phase_current_limit_amperes{{{RACK}}})",
+             inlet + " {{phase}} limit")]),
+        ts("Phase load (fraction of breaker)", "percentunit", [
+            (f"max by (rack, pdu, inlet, phase) (supernode_pdu_phase_current_amperes{{{RACK}}})"
+             f" / max by (rack, pdu, inlet, phase) (supernode_pdu_phase_current_limit_amperes{{{RACK}}})",
+             inlet + " {{phase}}")]),
+        ts("Phase voltage", "volt", [
+            (f"max by (rack, pdu, inlet, phase) (supernode_pdu_phase_voltage_volts{{{RACK}}})", inlet + " {{phase}}")]),
+        ts("Outlet power by node", "watt", [
+            (f"max by (rack, pdu, outlet) (supernode_pdu_outlet_power_watts{{{RACK}}})"
+             f" * on (rack, pdu, outlet) group_left (feeds) max by (rack, pdu, outlet, feeds) (supernode_pdu_outlet_info{{{RACK}}})",
+             "{{feeds}} ({{pdu}}/{{outlet}})")]),
+        ts("GPU power by node", "watt", [(f"node:supernode_gpu_power_watts:sum{{{NODE}}}", "{{node}}")]),
+        ts("Energy per hour", "joule", [
+            (f"sum by (rack) (increase(supernode_pdu_inlet_energy_joules_total{{{RACK}}}[1h]))", "{{rack}}")]),
+    ])
+
+
+def remediation() -> Dashboard:
+    return dashboard("supernode-remediation", "Supernode / Remediation", [
+        ts("Actions by result (per hour)", "short", [
+            (f"sum by (result) (increase(supernode_remediation_actions_total{{{NODE}}}[1h]))", "{{result}}")]),
+        ts("Blocked by guardrail (per hour)", "short", [
+            (f"sum by (guardrail) (increase(supernode_remediation_blocked_total{{{NODE}}}[1h]))", "{{guardrail}}")]),
+        ts("MTTR by detector", "s", [
+            (f"sum by (detector) (increase(supernode_incident_duration_seconds_sum{{{NODE}}}[6h]))"
+             f" / sum by (detector) (increase(supernode_incident_duration_seconds_count{{{NODE}}}[6h]))", "{{detector}}")],
+           "Mean time from incident open to resolved over the last 6 hours."),
+        stat("Approvals pending", "short", [
+            (f"sum(supernode_remediation_pending_approvals{{{NODE}}})", "pending")]),
+        stat("Circuit breaker open", "bool_yes_no", [
+            (f"max(supernode_remediation_circuit_breaker_open{{{NODE}}})", "open")]),
+        ts("Incidents opened by detector (per hour)", "short", [
+            (f"sum by (detector) (increase(supernode_incidents_total{{{NODE}}}[1h]))", "{{detector}}")]),
+        ts("Webhook requests", "reqps", [
+            (f"sum by (result) (rate(supernode_webhook_requests_total{{{NODE}}}[{RATE}]))", "{{result}}")]),
+        table("Open incidents", "short", [
+            (f"sum by (rack, node, detector, severity) (supernode_incident_open{{{NODE}}}) > 0", "")]),
+    ])
+
+
+DASHBOARDS = {
+    "rack-overview": rack_overview,
+    "gpus": gpus,
+    "nvlink-network": links,
+    "cooling": cooling,
+    "power": power,
+    "remediation": remediation,
+}
+
+
+def render(name: str) -> str:
+    """The JSON text of one dashboard, byte-stable (sorted keys) so the committed file can be compared."""
+    data = DASHBOARDS[name]().to_json_data()
+    return json.dumps(data, cls=DashboardEncoder, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+
+def path_of(name: str) -> Path:
+    return OUT_DIR / f"{name}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write every dashboard; `--check` only reports files that are out of date (exit 1)."""
+    args = sys.argv[1:] if argv is None else argv
+    stale = []
+    for name in DASHBOARDS:
+        text, path = render(name), path_of(name)
+        if "--check" in args:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("out of date (run `make dashboards`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Alert and recording rules, their promtool unit tests, and the Alertmanager example.
+
+Runs the real `promtool` and `amtool`; checks the conventions the issue asks
+for (CamelCase names, severity, summary/description/runbook_url with a
+shipped runbook, a firing and a quiet case per alert, remediation routing)
+and that every metric name is one of ../shared/METRICS.md.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.helpers import REPO, require_binary
+from tests.metric_names import catalogue, metric_names
+
+ALERTS = REPO / "alerts"
+RULE_FILES = [ALERTS / "recording.rules.yml", ALERTS / "supernode.rules.yml"]
+TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
+AM_EXAMPLE = ALERTS / "alertmanager.example.yml"
+RUNBOOK_BASE = "https://github.com/supernode-agent/supernode-agent/blob/main/"
+DETECTORS = {"leak", "leak_sensor_fault", "coolant_flow_low", "coolant_supply_hot", "condensation_risk",
+             "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
+             "rack_power_over_budget"}
+
+
+def _rules(kind: str) -> list[dict]:
+    return [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if kind in r]
+
+
+def _run(argv: list[str], cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_promtool_check_rules_passes():
+    promtool = require_binary("promtool")
+    res = _run([promtool, "check", "rules", *map(str, RULE_FILES)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("SUCCESS") == len(RULE_FILES)
+
+
+def test_promtool_unit_tests_pass():
+    promtool = require_binary("promtool")
+    assert TEST_FILES, "no promtool test files in alerts/tests"
+    res = _run([promtool, "test", "rules", *map(str, TEST_FILES)], cwd=ALERTS / "tests")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("SUCCESS") == len(TEST_FILES)
+
+
+def test_promtool_unit_tests_can_fail(tmp_path):
+    """The harness is live: the same test with a wrong expectation exits 1."""
+    promtool = require_binary("promtool")
+    src = ALERTS / "tests" / "detectors_test.yml"
+    (tmp_path / "tests").mkdir()
+    for f in RULE_FILES:
+        shutil.copy(f, tmp_path / f.name)
+    broken = src.read_text().replace("detector: nvlink_errors", "detector: something_else", 1)
+    assert broken != src.read_text()
+    (tmp_path / "tests" / src.name).write_text(broken)
+    res = _run([promtool, "test", "rules", src.name], cwd=tmp_path / "tests")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "SupernodeNvlinkErrors" in res.stdout + res.stderr
+
+
+def test_alert_conventions_and_runbooks():
+    alerts = _rules("alert")
+    assert len(alerts) >= 21
+    names = [a["alert"] for a in alerts]
+    assert len(set(names)) == len(names), "duplicate alert names"
+    for a in alerts:
+        name = a["alert"]
+        assert re.fullmatch(r"(?:[A-Z][a-z0-9]+)+", name), f"{name} is not CamelCase"
+        assert a["labels"]["severity"] in ("critical", "warning", "info"), name
+        ann = a["annotations"]
+        assert ann["summary"] and ann["description"], name
+        url = ann["runbook_url"]
+        assert url == f"{RUNBOOK_BASE}docs/runbooks/{name}.md", f"{name}: runbook_url {url}"
+        runbook = REPO / url.removeprefix(RUNBOOK_BASE)
+        assert runbook.exists(), f"{name}: {runbook} missing"
+        text = runbook.read_text()
+        assert text.startswith(f"# {name}"), runbook
+        for section in ("## What it means", "## What the agent does", "## What to check"):
+            assert section in text, f"{runbook}: missing {section!r}"
+
+
+def test_every_detector_has_an_alert_and_remediation_labels():
+    alerts = _rules("alert")
+    detectors = {a["labels"].get("detector") for a in alerts} - {None}
+    assert detectors == DETECTORS
+    routed = {a["alert"] for a in alerts if a["labels"].get("remediation") == "agent"}
+    # Alert-only detectors of PLAYBOOKS.md must not reach the agent's webhook.
+    assert "SupernodeLeakSensorFault" not in routed and "SupernodeCondensationRisk" not in routed
+    assert {"SupernodeNvlinkErrors", "SupernodeGpuXidCritical", "SupernodeRackPowerOverBudget"} <= routed
+    health = {"SupernodeSourceDown", "SupernodeDataStale", "SupernodeAgentDown", "SupernodeRemediationBlocked",
+              "SupernodeRemediationCircuitBreakerOpen", "SupernodeRemediationApprovalsPending",
+              "SupernodeGpuDriverDrift", "SupernodeGpuVbiosDrift", "SupernodeCduFirmwareDrift",
+              "SupernodePduFirmwareDrift"}
+    assert health <= {a["alert"] for a in alerts}
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case():
+    firing, quiet = set(), set()
+    for f in TEST_FILES:
+        for t in yaml.safe_load(f.read_text())["tests"]:
+            for case in t.get("alert_rule_test", []):
+                (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
+    names = {a["alert"] for a in _rules("alert")}
+    assert names - firing == set(), "alerts without a firing case"
+    assert names - quiet == set(), "alerts without a non-firing case"
+
+
+def test_recording_rule_names_follow_level_metric_operations():
+    for r in _rules("record"):
+        level, metric, ops = r["record"].split(":")
+        assert re.fullmatch(r"[a-z_]+", level) and metric.startswith("supernode_") and ops, r["record"]
+
+
+def test_metric_names_are_in_the_catalogue():
+    known = catalogue()
+    used = set()
+    for r in _rules("expr"):
+        used |= metric_names(r["expr"])
+    assert used, "no metric names found in rules"
+    assert used - known == set()
+
+
+def test_amtool_check_config_passes():
+    amtool = require_binary("amtool")
+    res = _run([amtool, "check-config", str(AM_EXAMPLE)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+def _route(amtool: str, labels: list[str], receivers: str) -> subprocess.CompletedProcess:
+    return _run([amtool, "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
+                 f"--verify.receivers={receivers}", *labels])
+
+
+def test_remediation_alerts_route_to_the_agent_webhook():
+    amtool = require_binary("amtool")
+    ok = _route(amtool, ["alertname=SupernodeNvlinkErrors", "remediation=agent", "severity=critical",
+                         "rack=r01", "node=n01"], "supernode-agent,operators-critical")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # An alert without remediation="agent" never reaches the agent.
+    no = _route(amtool, ["alertname=SupernodeGpuDriverDrift", "severity=warning", "rack=r01"], "supernode-agent")
+    assert no.returncode != 0 and "operators" in no.stdout
+
+
+def test_agent_receiver_settings():
+    cfg = yaml.safe_load(AM_EXAMPLE.read_text())
+    route = next(r for r in cfg["route"]["routes"] if r["receiver"] == "supernode-agent")
+    assert {"rack", "node"} <= set(route["group_by"])
+    receiver = next(r for r in cfg["receivers"] if r["name"] == "supernode-agent")
+    hook = receiver["webhook_configs"][0]
+    assert hook["url"] == "http://127.0.0.1:9877/api/v1/alerts"
+    assert hook["send_resolved"] is True
+    assert hook["http_config"]["authorization"]["credentials_file"]
+    assert "credentials" not in hook["http_config"]["authorization"], "secrets belong in a file"

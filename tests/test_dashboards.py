@@ -1,0 +1,208 @@
+"""Dashboards: committed JSON is current, units and template variables, every query valid and answering.
+
+Queries are parsed by the real promtool (as recording rules) and run against
+a real Prometheus scraping a small synthetic two-node rack served here; the
+check against the simulated demo rack belongs to the end-to-end test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import yaml
+
+from dashboards import build
+from tests.helpers import REPO, free_port, require_binary, wait_for
+from tests.metric_names import catalogue, metric_names
+from tests.peers import prometheus_server
+
+# Grafana unit ids used on purpose; anything else (or none) is a mistake.
+UNITS = {"watt", "voltamp", "amp", "volt", "joule", "celsius", "flowlpm", "pressurepa", "percentunit", "bytes",
+         "Bps", "hertz", "dBm", "s", "short", "cps", "reqps", "sci", "bool_on_off", "bool_yes_no",
+         "suffix:L/min/kW"}
+
+
+def _dashboards() -> dict[str, dict]:
+    return {name: json.loads(build.path_of(name).read_text()) for name in build.DASHBOARDS}
+
+
+def _queries() -> list[tuple[str, str, str]]:
+    return [(name, p["title"], t["expr"]) for name, d in _dashboards().items() for p in d["panels"]
+            for t in p["targets"]]
+
+
+def _concrete(expr: str) -> str:
+    """Template variables as Grafana would expand them for one rack and all nodes."""
+    return expr.replace("$__rate_interval", "10s").replace("$rack", "r01").replace("$node", ".*")
+
+
+def test_committed_json_is_up_to_date():
+    assert build.main(["--check"]) == 0, "run `make dashboards` and commit the JSON"
+    d = json.loads(build.render("power"))
+    d["title"] = "changed"
+    assert json.dumps(d, sort_keys=True, indent=2, ensure_ascii=False) + "\n" != build.path_of("power").read_text()
+
+
+def test_expected_dashboards_exist():
+    titles = {d["title"] for d in _dashboards().values()}
+    assert titles == {"Supernode / Rack overview", "Supernode / GPUs", "Supernode / NVLink and network",
+                      "Supernode / Cooling", "Supernode / Power", "Supernode / Remediation"}
+
+
+def test_every_panel_has_a_unit_and_the_datasource_variable():
+    for name, d in _dashboards().items():
+        assert d["panels"], name
+        for p in d["panels"]:
+            unit = p["fieldConfig"]["defaults"].get("unit")
+            assert unit in UNITS, f"{name}/{p['title']}: unit {unit!r}"
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, f"{name}/{p['title']}"
+            assert p["targets"], f"{name}/{p['title']} has no query"
+
+
+def test_template_variables():
+    for name, d in _dashboards().items():
+        variables = {v["name"]: v for v in d["templating"]["list"]}
+        assert list(variables) == ["datasource", "rack", "node"], name
+        assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+        assert "rack" in variables["rack"]["query"] and "$rack" in variables["node"]["query"]
+        assert variables["node"]["includeAll"] and variables["rack"]["multi"]
+
+
+def test_queries_filter_on_rack_and_use_catalogue_names():
+    known = catalogue()
+    for name, title, expr in _queries():
+        assert '"$rack"' in expr, f"{name}/{title} ignores the rack variable: {expr}"
+        assert metric_names(expr) - known == set(), f"{name}/{title}"
+
+
+def test_every_query_parses_with_promtool(tmp_path):
+    promtool = require_binary("promtool")
+    rules = [{"record": f"check:q{i}:x", "expr": _concrete(expr)} for i, (_, _, expr) in enumerate(_queries())]
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    res = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in res.stdout
+
+
+# --- a synthetic rack: every metric the dashboards read, counters growing ---
+
+GPU = {"gpu": "0", "uuid": "GPU-0"}
+SERIES: list[tuple[str, dict, float, float]] = [
+    # (name, labels, value at start, growth per second: counters grow)
+    ("supernode_agent_info", {"role": "node", "version": "0.1.0", "mode": "observe"}, 1, 0),
+    ("supernode_source_up", {"source": "nvml", "device": "nvml"}, 1, 0),
+    ("supernode_source_last_success_timestamp_seconds", {"source": "nvml", "device": "nvml"}, time.time(), 1),
+    ("supernode_rack_power_watts", {}, 98000, 0),
+    ("supernode_rack_power_budget_watts", {}, 120000, 0),
+    ("supernode_cdu_heat_removed_watts", {"cdu": "cdu1"}, 95000, 0),
+    ("supernode_cdu_temperature_celsius", {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, 30, 0),
+    ("supernode_cdu_temperature_celsius", {"cdu": "cdu1", "loop": "secondary", "point": "return"}, 40, 0),
+    ("supernode_cdu_flow_cubic_meters_per_second", {"cdu": "cdu1", "loop": "secondary"}, 0.0023, 0),
+    ("supernode_cdu_pressure_pascals", {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, 250000, 0),
+    ("supernode_cdu_pump_running", {"cdu": "cdu1", "pump": "p1"}, 1, 0),
+    ("supernode_cdu_pump_speed_ratio", {"cdu": "cdu1", "pump": "p1"}, 0.6, 0),
+    ("supernode_cdu_dew_point_margin_celsius", {"cdu": "cdu1"}, 12, 0),
+    ("supernode_cdu_dew_point_celsius", {"cdu": "cdu1"}, 18, 0),
+    ("supernode_cdu_reservoir_level_ratio", {"cdu": "cdu1"}, 0.8, 0),
+    ("supernode_leak_detected", {"zone": "z1", "sensor": "rope1"}, 0, 0),
+    ("supernode_incident_open", {"detector": "gpu_thermal", "severity": "warning"}, 1, 0),
+    ("supernode_incidents_total", {"detector": "gpu_thermal", "severity": "warning"}, 1, 0.01),
+    ("supernode_incident_duration_seconds_sum", {"detector": "gpu_thermal"}, 30, 1),
+    ("supernode_incident_duration_seconds_count", {"detector": "gpu_thermal"}, 1, 0.05),
+    ("supernode_gpu_up", GPU, 1, 0),
+    ("supernode_gpu_temperature_celsius", {**GPU, "sensor": "gpu"}, 65, 0),
+    ("supernode_gpu_temperature_celsius", {**GPU, "sensor": "memory"}, 70, 0),
+    ("supernode_gpu_temperature_threshold_celsius", {**GPU, "threshold": "slowdown"}, 87, 0),
+    ("supernode_gpu_power_watts", GPU, 900, 0),
+    ("supernode_gpu_power_limit_watts", {**GPU, "limit": "enforced"}, 1200, 0),
+    ("supernode_gpu_clock_event_active", {**GPU, "reason": "sw_power_cap"}, 0, 0),
+    ("supernode_gpu_ecc_errors_total", {**GPU, "type": "corrected", "scope": "volatile"}, 3, 0.1),
+    ("supernode_gpu_remapped_rows", {**GPU, "kind": "correctable"}, 1, 0),
+    ("supernode_gpu_remapped_rows_pending", GPU, 0, 0),
+    ("supernode_gpu_xid_errors_total", {**GPU, "xid": "13"}, 1, 0.1),
+    ("supernode_gpu_utilization_ratio", {**GPU, "engine": "gpu"}, 0.9, 0),
+    ("supernode_gpu_clock_hertz", {**GPU, "clock": "sm"}, 1.9e9, 0),
+    ("supernode_gpu_memory_used_bytes", GPU, 80e9, 0),
+    ("supernode_gpu_pcie_replays_total", GPU, 0, 0.1),
+    ("supernode_nvlink_up", {**GPU, "link": "0"}, 1, 0),
+    ("supernode_nvlink_errors_total", {**GPU, "link": "0", "type": "crc_flit"}, 0, 0.5),
+    ("supernode_nvlink_bit_error_rate", {**GPU, "link": "0", "kind": "effective"}, 1e-15, 0),
+    ("supernode_nvlink_transmit_bytes_total", {**GPU, "link": "0"}, 0, 1e9),
+    ("supernode_nvlink_receive_bytes_total", {**GPU, "link": "0"}, 0, 1e9),
+    ("supernode_link_up", {"port": "ib0", "kind": "ib"}, 1, 0),
+    ("supernode_link_errors_total", {"port": "ib0", "counter": "symbol_error"}, 0, 0.1),
+    ("supernode_link_flaps_total", {"port": "ib0"}, 0, 0.01),
+    ("supernode_optic_rx_power_dbm", {"port": "ib0", "lane": "0"}, -2.5, 0),
+    ("supernode_optic_threshold_dbm", {"port": "ib0", "kind": "rx_low_warning"}, -8, 0),
+    ("supernode_optic_temperature_celsius", {"port": "ib0"}, 45, 0),
+    ("supernode_optic_tx_bias_amperes", {"port": "ib0", "lane": "0"}, 0.008, 0),
+    ("supernode_pdu_inlet_power_watts", {"pdu": "pdu-a", "inlet": "I1"}, 49000, 0),
+    ("supernode_pdu_inlet_apparent_power_volt_amperes", {"pdu": "pdu-a", "inlet": "I1"}, 50000, 0),
+    ("supernode_pdu_inlet_energy_joules_total", {"pdu": "pdu-a", "inlet": "I1"}, 1e9, 49000),
+    ("supernode_pdu_phase_current_amperes", {"pdu": "pdu-a", "inlet": "I1", "phase": "L1"}, 40, 0),
+    ("supernode_pdu_phase_current_limit_amperes", {"pdu": "pdu-a", "inlet": "I1", "phase": "L1"}, 63, 0),
+    ("supernode_pdu_phase_voltage_volts", {"pdu": "pdu-a", "inlet": "I1", "phase": "L1"}, 230, 0),
+    ("supernode_pdu_outlet_power_watts", {"pdu": "pdu-a", "outlet": "1"}, 6000, 0),
+    ("supernode_pdu_outlet_info", {"pdu": "pdu-a", "outlet": "1", "feeds": "n01"}, 1, 0),
+    ("supernode_remediation_actions_total", {"playbook": "gpu-thermal", "action": "gpu_power_cap", "result": "done"}, 1, 0.05),
+    ("supernode_remediation_blocked_total", {"playbook": "gpu-thermal", "guardrail": "cooldown"}, 1, 0.05),
+    ("supernode_remediation_pending_approvals", {}, 1, 0),
+    ("supernode_remediation_circuit_breaker_open", {}, 0, 0),
+    ("supernode_webhook_requests_total", {"result": "accepted"}, 0, 0.2),
+]
+
+
+def _exposition(start: float) -> bytes:
+    now = time.time() - start
+    lines = []
+    for name, labels, value, growth in SERIES:
+        text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        lines.append(f"{name}{{{text}}} {value + growth * now:.17g}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    start = time.time()
+
+    def do_GET(self):  # noqa: N802 (http.server naming)
+        body = _exposition(self.start)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_every_query_returns_data_from_a_live_prometheus(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    target = f"127.0.0.1:{server.server_address[1]}"
+    # Two nodes of rack r01 (the same synthetic payload); rack/node are target labels as in production.
+    scrape = [{"job_name": "supernode-agent", "static_configs": [
+        {"targets": [target], "labels": {"rack": "r01", "node": "n01"}}]},
+        {"job_name": "supernode-agent-2", "static_configs": [
+            {"targets": [target], "labels": {"rack": "r01", "node": "n02"}}]}]
+    try:
+        with prometheus_server(tmp_path / "prom", scrape, rule_files=[REPO / "alerts" / "recording.rules.yml"]) as prom:
+            # Rates need two samples per series, recording rules one evaluation after that.
+            wait_for(lambda: prom.query("rate(supernode_nvlink_errors_total[10s]) > 0")
+                     and prom.query("rack:supernode_rack_power_budget:ratio"),
+                     timeout=20, interval=0.2, what="two scrapes and a rule evaluation")
+            empty = [f"{name}/{title}: {expr}" for name, title, expr in _queries()
+                     if not prom.query(_concrete(expr))]
+            assert empty == [], "queries without data:\n" + "\n".join(empty)
+            # The check bites: a query on a metric no one exports comes back empty.
+            assert prom.query('supernode_no_such_metric{rack=~"r01"}') == []
+    finally:
+        server.shutdown()
+        server.server_close()
