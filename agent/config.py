@@ -80,6 +80,8 @@ class ModbusDevice(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=502, ge=1, le=65535)
     unit: int | None = Field(default=None, ge=0, le=255, description="Overrides the profile's unit id.")
+    channels: dict[int, str] = Field(default_factory=dict,
+                                     description="Profile leak/valve channel -> leak zone name (inventory leak_zones).")
 
 
 class LeakZone(Strict):
@@ -99,6 +101,12 @@ class Pdu(Strict):
     v3_user: str | None = None
     v3_auth_secret: str | None = None
     v3_priv_secret: str | None = None
+    v3_auth_protocol: Literal["MD5", "SHA", "SHA224", "SHA256", "SHA384", "SHA512"] = "SHA"
+    v3_priv_protocol: Literal["DES", "AES", "AES192", "AES256"] = "AES"
+    v3_context: str = Field(default="", description="SNMPv3 context name (empty on most PDUs).")
+    request_timeout: float = Field(default=0.5, gt=0, le=30, description="Seconds to wait for one SNMP reply.")
+    retries: int = Field(default=1, ge=0, le=5, description="Resends of an unanswered SNMP request.")
+    max_repetitions: int = Field(default=10, ge=1, le=100, description="GETBULK max-repetitions.")
     outlets: dict[str, str] = Field(default_factory=dict, description="Outlet id -> node it feeds.")
 
 
@@ -147,10 +155,21 @@ class NvmlSettings(SourceSettings):
     xid_events: bool = True
 
 
+class DomSettings(SourceSettings):
+    """DOM is slow (about 0.1 s a module): its own slower schedule, so port state never waits on it."""
+
+    interval: float = Field(default=30.0, gt=0, le=3600, description="Seconds between polls.")
+    timeout: float = Field(default=10.0, gt=0, le=600, description="Seconds one poll may take.")
+    dom_dir: Path | None = Field(default=None, description="Read <dom_dir>/<netdev>.txt (ethtool -m text, e.g. the simulator's) instead of running ethtool.")
+    ethtool: str = Field(default="ethtool", min_length=1, description="ethtool binary for module EEPROM reads.")
+    concurrency: int = Field(default=4, ge=1, le=64, description="Modules read at the same time.")
+    module_timeout: float = Field(default=2.0, gt=0, le=60, description="Seconds one module read may take; a slower module is a partial error.")
+
+
 class Sources(Strict):
     nvml: NvmlSettings = NvmlSettings()
     links: SourceSettings = SourceSettings(interval=5.0, timeout=2.0)
-    dom: SourceSettings = SourceSettings(interval=30.0, timeout=10.0)
+    dom: DomSettings = DomSettings(interval=30.0, timeout=10.0)
     cdu: SourceSettings = SourceSettings(interval=5.0, timeout=2.0)
     leak: SourceSettings = SourceSettings(interval=0.5, timeout=0.4)
     pdu: SourceSettings = SourceSettings(interval=5.0, timeout=3.0)

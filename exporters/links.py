@@ -1,0 +1,282 @@
+"""Port state, counters and flaps of the node's scale-out ports, from sysfs.
+
+Ethernet/RoCE ports are read from `<root>/class/net/<if>/`, InfiniBand ports
+(`<dev>/<port>`) from `<root>/class/infiniband/<dev>/ports/<port>/`; the root
+is configurable so tests and the simulator point it at a tree of their own.
+Which files mean what (IB state codes, counter widths) is in
+profiles/links/sysfs.yaml.
+
+A port that goes down and comes back between two polls must still count as a
+flap, so flaps are the larger of the down transitions the agent saw and the
+kernel's own count of downs since the last poll (carrier_down_count, or half
+the carrier_changes delta, or the IB link_downed delta).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from exporters.base import BlockingCaller
+from exporters.links_profile import load_links_profile, require
+from exporters.model import PollResult, Quality, Reading, SourceError, counter, gauge
+from exporters.ports import PortSpec, as_port_specs
+
+LINK_UP = gauge("supernode_link_up", "Port is up (1): Ethernet operstate up, InfiniBand port state ACTIVE.",
+                ("port", "kind"))
+LINK_FLAPS = counter("supernode_link_flaps_total",
+                     "Transitions of the port to down, seen by the agent or counted by the kernel between polls.",
+                     ("port",))
+LINK_CARRIER_CHANGES = counter("supernode_link_carrier_changes_total",
+                               "Kernel carrier changes of an Ethernet port (a down and up adds 2).", ("port",))
+LINK_ERRORS = counter("supernode_link_errors_total",
+                      "Port error counters (IB PortCounters, Ethernet statistics), events.", ("port", "counter"))
+LINK_SATURATED = gauge("supernode_link_counter_saturated",
+                       "1 when an IB error counter sits at its maximum (it stops counting until reset).",
+                       ("port", "counter"))
+LINK_RX_BYTES = counter("supernode_link_receive_bytes_total", "Bytes received on the port, bytes.", ("port",),
+                        unit="bytes")
+LINK_TX_BYTES = counter("supernode_link_transmit_bytes_total", "Bytes transmitted on the port, bytes.", ("port",),
+                        unit="bytes")
+LINK_RX_PACKETS = counter("supernode_link_receive_packets_total", "Packets received on the port.", ("port",))
+LINK_TX_PACKETS = counter("supernode_link_transmit_packets_total", "Packets transmitted on the port.", ("port",))
+LINK_SPEED = gauge("supernode_link_speed_bits_per_second", "Negotiated port speed, bits per second.", ("port",),
+                   unit="bits_per_second")
+LINK_IB_STATE = gauge("supernode_link_ib_state",
+                      "IB logical port state code: 1 down, 2 init, 3 armed, 4 active, 5 active_defer.", ("port",))
+LINK_IB_PHYS_STATE = gauge("supernode_link_ib_phys_state",
+                           "IB physical port state code: 1 sleep, 2 polling, 3 disabled, 4 training, 5 link_up, "
+                           "6 link_error_recovery, 7 phy_test.", ("port",))
+
+TRAFFIC_SPECS = {"receive_bytes": LINK_RX_BYTES, "transmit_bytes": LINK_TX_BYTES,
+                 "receive_packets": LINK_RX_PACKETS, "transmit_packets": LINK_TX_PACKETS}
+METRICS = (LINK_UP, LINK_FLAPS, LINK_CARRIER_CHANGES, LINK_ERRORS, LINK_SATURATED, LINK_SPEED, LINK_IB_STATE,
+           LINK_IB_PHYS_STATE, *TRAFFIC_SPECS.values())
+
+_CODE = re.compile(r"^\s*(\d+)\s*:")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+
+
+@dataclass
+class PortSample:
+    """One read of one port's sysfs directory."""
+
+    port: PortSpec
+    present: bool = True
+    up: bool | None = None  # None: state unreadable
+    state: str = ""  # operstate text, or IB state name
+    ib_state: int | None = None
+    ib_phys_state: int | None = None
+    speed_bps: float | None = None
+    carrier_changes: int | None = None
+    down_count: int | None = None  # kernel count of downs: carrier_down_count / IB link_downed
+    errors: dict[str, int] = field(default_factory=dict)
+    saturated: dict[str, bool] = field(default_factory=dict)
+    traffic: dict[str, int] = field(default_factory=dict)  # metric -> value in base units
+    problems: list[str] = field(default_factory=list)
+
+
+def port_dir(sysfs_root: Path, port: PortSpec) -> Path:
+    if port.kind == "ib":
+        dev, _, num = port.name.partition("/")
+        return sysfs_root / "class" / "infiniband" / dev / "ports" / num
+    return sysfs_root / "class" / "net" / port.name
+
+
+def _read(path: Path) -> str | None:
+    """A sysfs attribute's text, or None when absent or refused (carrier/speed give EINVAL on a down link)."""
+    try:
+        with open(path, "r", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _read_int(path: Path, sample: PortSample, required: bool = False) -> int | None:
+    text = _read(path)
+    if text is None:
+        if required:
+            sample.problems.append(f"{path}: unreadable")
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        sample.problems.append(f"{path}: not an integer: {text[:40]!r}")
+        return None
+
+
+class SysfsReader:
+    """Reads port samples from a sysfs tree, as the profile describes it."""
+
+    def __init__(self, sysfs_root: Path | str):
+        self.root = Path(sysfs_root)
+        profile = load_links_profile("sysfs")
+        where = "profiles/links/sysfs.yaml"
+        self.ib_up = set(require(profile, "infiniband.up_states", list, where))
+        self.ib_states: dict[int, str] = require(profile, "infiniband.states", dict, where)
+        self.ib_counters: dict[str, int] = require(profile, "infiniband.error_counters", dict, where)
+        self.ib_down_counter: str = require(profile, "infiniband.down_counter", str, where)
+        self.ib_traffic: dict[str, dict] = require(profile, "infiniband.traffic", dict, where)
+        self.eth_up = set(require(profile, "ethernet.up_states", list, where))
+        self.eth_counters: list[str] = require(profile, "ethernet.error_counters", list, where)
+        self.eth_traffic: dict[str, dict] = require(profile, "ethernet.traffic", dict, where)
+
+    def read(self, port: PortSpec) -> PortSample:
+        sample = PortSample(port)
+        base = port_dir(self.root, port)
+        if not base.is_dir():
+            sample.present = False
+            sample.up = False
+            sample.problems.append(f"{base}: port not present")
+            return sample
+        if port.kind == "ib":
+            self._read_ib(base, sample)
+        else:
+            self._read_eth(base, sample)
+        return sample
+
+    def _read_ib(self, base: Path, s: PortSample) -> None:
+        for attr in ("state", "phys_state"):
+            text = _read(base / attr)
+            m = _CODE.match(text or "")
+            if not m:
+                s.problems.append(f"{base / attr}: unreadable or not '<code>: <name>': {text!r}")
+                continue
+            setattr(s, "ib_state" if attr == "state" else "ib_phys_state", int(m.group(1)))
+        if s.ib_state is not None:
+            s.up = s.ib_state in self.ib_up
+            s.state = self.ib_states.get(s.ib_state, str(s.ib_state))
+        m = _RATE.match(_read(base / "rate") or "")
+        if m:
+            s.speed_bps = float(m.group(1)) * 1e9
+        for name, width in self.ib_counters.items():
+            value = _read_int(base / "counters" / name, s)
+            if value is not None:
+                s.errors[name] = value
+                s.saturated[name] = value >= (1 << int(width)) - 1
+        s.down_count = s.errors.get(self.ib_down_counter)
+        self._read_traffic(base / "counters", self.ib_traffic, s)
+
+    def _read_eth(self, base: Path, s: PortSample) -> None:
+        operstate = _read(base / "operstate")
+        if operstate is None:
+            s.problems.append(f"{base / 'operstate'}: unreadable")
+        else:
+            s.state = operstate
+            s.up = operstate in self.eth_up
+        speed = _read(base / "speed")
+        if speed and speed.lstrip("-").isdigit() and int(speed) > 0:
+            s.speed_bps = int(speed) * 1e6
+        s.carrier_changes = _read_int(base / "carrier_changes", s)
+        s.down_count = _read_int(base / "carrier_down_count", s)
+        for name in self.eth_counters:
+            value = _read_int(base / "statistics" / name, s)
+            if value is not None:
+                s.errors[name] = value
+        self._read_traffic(base / "statistics", self.eth_traffic, s)
+
+    @staticmethod
+    def _read_traffic(directory: Path, table: dict[str, dict], s: PortSample) -> None:
+        for fname, entry in table.items():
+            value = _read_int(directory / fname, s)
+            if value is not None:
+                s.traffic[entry["metric"]] = value * int(entry.get("scale", 1))
+
+
+class FlapTracker:
+    """Counts transitions to down per port across polls, including those between two polls."""
+
+    def __init__(self) -> None:
+        self._prev: dict[str, PortSample] = {}
+        self.flaps: dict[str, int] = {}
+
+    @staticmethod
+    def _delta(now: int | None, before: int | None) -> int | None:
+        if now is None or before is None:
+            return None
+        return now - before if now >= before else 0  # a reset counter (driver reload) restarts: no events known
+
+    def update(self, s: PortSample) -> int:
+        """Record a sample; returns the flaps it adds (the first sample of a port only sets the baseline)."""
+        name = s.port.name
+        self.flaps.setdefault(name, 0)
+        prev = self._prev.get(name)
+        if s.up is None:  # unreadable state: keep the previous sample as the baseline
+            return 0
+        self._prev[name] = s
+        if prev is None or prev.up is None:
+            return 0
+        observed = 1 if prev.up and not s.up else 0
+        kernel = self._delta(s.down_count, prev.down_count)
+        if kernel is None:
+            changes = self._delta(s.carrier_changes, prev.carrier_changes)
+            if changes is not None:  # alternating changes starting from the previous state
+                kernel = (changes + 1) // 2 if prev.up else changes // 2
+        added = max(observed, kernel or 0)
+        self.flaps[name] += added
+        return added
+
+
+def sample_readings(s: PortSample, flaps: int) -> list[Reading]:
+    """The readings of one port sample plus its flap count."""
+    port, labels = s.port.name, {"port": s.port.name}
+    if s.up is None:
+        out = [Reading(LINK_UP, math.nan, {"port": port, "kind": s.port.kind}, quality=Quality.SENSOR_FAULT)]
+    else:
+        out = [Reading(LINK_UP, 1.0 if s.up else 0.0, {"port": port, "kind": s.port.kind})]
+    out.append(Reading(LINK_FLAPS, float(flaps), labels))
+    if s.carrier_changes is not None:
+        out.append(Reading(LINK_CARRIER_CHANGES, float(s.carrier_changes), labels))
+    if s.speed_bps is not None:
+        out.append(Reading(LINK_SPEED, s.speed_bps, labels))
+    if s.ib_state is not None:
+        out.append(Reading(LINK_IB_STATE, float(s.ib_state), labels))
+    if s.ib_phys_state is not None:
+        out.append(Reading(LINK_IB_PHYS_STATE, float(s.ib_phys_state), labels))
+    for name, value in s.errors.items():
+        out.append(Reading(LINK_ERRORS, float(value), {"port": port, "counter": name}))
+    for name, saturated in s.saturated.items():
+        out.append(Reading(LINK_SATURATED, 1.0 if saturated else 0.0, {"port": port, "counter": name}))
+    for metric, value in s.traffic.items():
+        out.append(Reading(TRAFFIC_SPECS[metric], float(value), labels))
+    return out
+
+
+class LinkSource:
+    """Source `links`: one poll reads every watched port's sysfs directory (in a worker thread)."""
+
+    def __init__(self, ports: Iterable[Any], sysfs_root: Path | str = Path("/sys"), name: str = "links",
+                 device: str = "ports", timeout: float = 2.0):
+        self.name = name
+        self.device = device
+        self.ports: list[PortSpec] = as_port_specs(ports)
+        self.reader = SysfsReader(sysfs_root)
+        self.tracker = FlapTracker()
+        self.timeout = timeout
+        self.last_problems: list[str] = []  # what the last poll could not read, for logs and probe
+        self._caller = BlockingCaller(f"{name}-{device}")
+
+    def _read_all(self) -> list[PortSample]:
+        return [self.reader.read(p) for p in self.ports]
+
+    async def poll(self) -> PollResult:
+        if not (self.reader.root / "class").is_dir():
+            raise SourceError("config", f"links: {self.reader.root / 'class'} does not exist (sysfs_root)")
+        samples = await self._caller.call(self._read_all, timeout=self.timeout)
+        readings: list[Reading] = []
+        errors: dict[str, int] = {}
+        self.last_problems = []
+        for s in samples:
+            self.tracker.update(s)
+            readings.extend(sample_readings(s, self.tracker.flaps[s.port.name]))
+            if s.problems:
+                kind = "driver" if not s.present or s.up is None else "decode"
+                errors[kind] = errors.get(kind, 0) + 1
+                self.last_problems.extend(s.problems)
+        return PollResult(readings, errors)
+
+    async def close(self) -> None:
+        self._caller.shutdown()
