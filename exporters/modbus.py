@@ -1,0 +1,334 @@
+"""Modbus collectors for CDUs and leak controllers, plus the probe and control-point writes.
+
+A `ModbusSource` polls one device through its profile: it reads the
+profile's register blocks over the shared gateway connection, decodes each
+point, and judges its quality. A sentinel, an out-of-range value or an
+unknown enum is `sensor_fault` (never a real zero flow or a real leak); a
+leak input whose cable is broken or contaminated reports the fault, and its
+leak reading becomes `sensor_fault`, never `supernode_leak_detected 1`.
+CDU sources add the derived readings (heat removed, dew point, margins).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from typing import Any, Callable, Iterable, Literal, Mapping
+
+from exporters import coolant as cool
+from exporters import modbus_metrics as mm
+from exporters.model import Kind, PollResult, Quality, Reading, SourceError
+from exporters.modbus_client import Gateway, GatewayStats, ModbusExceptionReply, gateway_for, release_gateway
+from exporters.modbus_codec import decode, encode
+from exporters.modbus_profile import Block, Point, Profile, ProfileError, load_profile, plan_blocks
+
+Subset = Literal["all", "leak", "cdu"]
+LEAK_METRICS = {mm.LEAK_DETECTED.name, mm.LEAK_FAULT.name, mm.LEAK_LOCATION.name}
+
+
+def _feeds_leak(p: Point) -> bool:
+    return p.metric in LEAK_METRICS or any(b.metric in LEAK_METRICS for b in (p.bits or {}).values())
+
+
+def has_leak_points(profile: Profile | str) -> bool:
+    """Whether a profile has leak inputs (then the agent adds a fast `subset="leak"` source for it)."""
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    return any(_feeds_leak(p) for p in prof.expanded())
+
+
+class ModbusSource:
+    """One Modbus device (CDU or leak controller) polled through its profile.
+
+    `name` is the source kind ("cdu" or "leak"), `device` the inventory name.
+    `channels` maps the profile's leak/valve channels to inventory leak zones;
+    an unmapped channel is labelled `<device>-ch<n>`. `subset="leak"` polls
+    only the points that feed leak metrics, so a CDU's leak inputs can run on
+    the fast leak schedule while the rest polls every few seconds (both share
+    the one connection to the gateway).
+    """
+
+    def __init__(self, name: str, device: str, profile: Profile | str, host: str = "127.0.0.1", port: int = 502,
+                 unit: int | None = None, timeout: float = 2.0, channels: Mapping[int, str] | None = None,
+                 subset: Subset = "all", coolant: cool.CoolantProperties = cool.PG25,
+                 rack_power_w: Callable[[], float | None] | None = None, busy_retries: int = 3,
+                 backoff_s: float = 0.05):
+        self.name = name
+        self.device = device
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.host, self.port, self.timeout = host, port, timeout
+        self.unit = self.profile.device.unit if unit is None else unit
+        self.channels = {int(k): v for k, v in (channels or {}).items()}
+        self.coolant = coolant
+        self.rack_power_w = rack_power_w
+        self.busy_retries, self.backoff_s = busy_retries, backoff_s
+        points = [p for p in self.profile.expanded() if p.metric is not None or p.bits]
+        if subset == "leak":
+            points = [p for p in points if _feeds_leak(p)]
+        elif subset == "cdu":
+            points = [p for p in points if not _feeds_leak(p)]
+        if not points:
+            raise ProfileError(f"profile {self.profile.name}: no points for subset {subset!r}")
+        self.subset = subset
+        self.blocks: list[Block] = plan_blocks(self.profile, points)
+        self.stats = GatewayStats()
+        self._gateway: Gateway | None = None
+
+    # -- Source protocol ----------------------------------------------------------
+
+    async def poll(self) -> PollResult:
+        gw = self._gw()
+        now = time.time()
+        readings: list[Reading] = []
+        partial: Counter = Counter()
+        failed = 0
+        last_exc: ModbusExceptionReply | None = None
+        for block in self.blocks:
+            try:
+                values = await gw.read(block.fc, block.start, block.count, self.unit,
+                                       gap_s=self.profile.device.gap_ms / 1000.0, busy_retries=self.busy_retries,
+                                       backoff_s=self.backoff_s, stats=self.stats)
+            except ModbusExceptionReply as exc:
+                failed += 1
+                last_exc = exc
+                partial[f"exception_{exc.code}"] += 1
+                continue
+            for p in block.points:
+                readings.extend(self._point_readings(p, block, values, now))
+        if failed == len(self.blocks) and last_exc is not None:
+            raise SourceError("protocol", f"{self.device}: every request refused; last: {last_exc}")
+        readings = _apply_leak_faults(readings)
+        if self.profile.kind == "cdu" and self.subset != "leak":
+            readings.append(Reading(mm.CDU_INFO, 1.0, {"cdu": self.device, "vendor": self.profile.vendor,
+                                                        "model": self.profile.model, "firmware": "unknown",
+                                                        "profile": self.profile.name}, timestamp=now))
+            readings.extend(derived_readings(self.device, readings, self.coolant,
+                                             self.rack_power_w() if self.rack_power_w else None, now))
+        readings.extend(self._counter_readings(now))
+        return PollResult(readings, dict(partial))
+
+    async def close(self) -> None:
+        if self._gateway is not None:
+            release_gateway(self._gateway)
+            self._gateway = None
+
+    # -- internals ------------------------------------------------------------------
+
+    def _gw(self) -> Gateway:
+        if self._gateway is None:
+            self._gateway = gateway_for(self.host, self.port, self.timeout)
+        return self._gateway
+
+    def _labels(self, metric: str, point: Point, extra: Mapping[str, str]) -> dict[str, str]:
+        spec = mm.ALL[metric]
+        labels = {**point.labels, **extra}
+        if "cdu" in spec.labels:
+            labels["cdu"] = self.device
+        if "zone" in spec.labels:
+            labels["zone"] = self.zone(point.channel)
+        if "device" in spec.labels:
+            labels["device"] = self.device
+        return labels
+
+    def zone(self, channel: int | None) -> str:
+        if channel is None:
+            return self.device
+        return self.channels.get(channel, f"{self.device}-ch{channel}")
+
+    def _point_readings(self, p: Point, block: Block, values: list[int], now: float) -> Iterable[Reading]:
+        off = p.address - block.start
+        raw: float = values[off] if p.type == "bit" else decode(values[off:off + p.width], p.type, p.order)
+        fault = p.is_sentinel(raw)
+        if p.bits:
+            word = int(raw) & 0xFFFF
+            for n, bit in sorted(p.bits.items()):
+                q = Quality.SENSOR_FAULT if fault else Quality.OK
+                yield Reading(mm.ALL[bit.metric], float((word >> n) & 1), self._labels(bit.metric, p, bit.labels), q, now)
+        if p.metric is None:
+            return
+        device_value = raw * p.scale + p.offset
+        if p.enum is not None and int(raw) not in p.enum:
+            fault = True
+        if p.range is not None and not fault and not (p.range[0] <= device_value <= p.range[1]):
+            fault = True
+        value = p.to_base(device_value) if not math.isnan(device_value) else device_value
+        yield Reading(mm.ALL[p.metric], value, self._labels(p.metric, p, {}),
+                      Quality.SENSOR_FAULT if fault else Quality.OK, now)
+
+    def _counter_readings(self, now: float) -> list[Reading]:
+        out = [Reading(mm.REQUESTS, float(self.stats.requests), {"device": self.device}, timestamp=now)]
+        for code, n in sorted(self.stats.exceptions.items()):
+            out.append(Reading(mm.EXCEPTIONS, float(n), {"device": self.device, "code": str(code)}, timestamp=now))
+        return out
+
+
+def _apply_leak_faults(readings: list[Reading]) -> list[Reading]:
+    """A leak input with an active cable-break/contamination/comm-loss fault cannot report a leak."""
+    faulty = {(r.label("zone"), r.label("sensor")) for r in readings
+              if r.spec is mm.LEAK_FAULT and (r.value >= 1 or not r.ok)}
+    out = []
+    for r in readings:
+        if r.spec is mm.LEAK_DETECTED and r.ok and (r.label("zone"), r.label("sensor")) in faulty:
+            r = Reading(r.spec, r.value, r.labels, Quality.SENSOR_FAULT, r.timestamp)
+        out.append(r)
+    return out
+
+
+def _find(readings: list[Reading], spec, **labels: str) -> float | None:
+    for r in readings:
+        if r.spec is spec and r.ok and all(r.label(k) == v for k, v in labels.items()):
+            return r.value
+    return None
+
+
+def derived_readings(cdu: str, readings: list[Reading], coolant: cool.CoolantProperties = cool.PG25,
+                     rack_power_w: float | None = None, now: float | None = None) -> list[Reading]:
+    """Heat removed, dew point (unless reported), dew-point margin, approach, flow per watt.
+
+    Only OK inputs are used: a derived value never hides a sensor fault
+    behind a plausible number; it is simply absent.
+    """
+    ts = time.time() if now is None else now
+    lab = {"cdu": cdu}
+    out: list[Reading] = []
+    flow = _find(readings, mm.FLOW, loop="secondary")
+    s_sup = _find(readings, mm.TEMPERATURE, loop="secondary", point="supply")
+    s_ret = _find(readings, mm.TEMPERATURE, loop="secondary", point="return")
+    p_sup = _find(readings, mm.TEMPERATURE, loop="primary", point="supply")
+    if flow is not None and s_sup is not None and s_ret is not None:
+        out.append(Reading(mm.HEAT_REMOVED, cool.heat_removed_w(flow, s_sup, s_ret, coolant), lab, timestamp=ts))
+    dew = _find(readings, mm.DEW_POINT)
+    if dew is None:
+        amb, rh = _find(readings, mm.AMBIENT_TEMP), _find(readings, mm.AMBIENT_HUMIDITY)
+        if amb is not None and rh is not None and 0 < rh <= 1:
+            dew = cool.dew_point_c(amb, rh)
+            out.append(Reading(mm.DEW_POINT, dew, lab, timestamp=ts))
+    if dew is not None and s_sup is not None:
+        out.append(Reading(mm.DEW_MARGIN, cool.dew_point_margin_c(s_sup, dew), lab, timestamp=ts))
+    if s_sup is not None and p_sup is not None:
+        out.append(Reading(mm.APPROACH, cool.approach_c(s_sup, p_sup), lab, timestamp=ts))
+    if flow is not None and rack_power_w is not None:
+        fpp = cool.flow_per_power(flow, rack_power_w)
+        if fpp is not None:
+            out.append(Reading(mm.FLOW_PER_POWER, fpp, lab, timestamp=ts))
+    return out
+
+
+def flow_per_power_reading(cdu: str, flow_m3s: float, rack_power_w: float, now: float | None = None) -> Reading | None:
+    """For the agent side: the flow-per-power reading once the PDUs report rack power."""
+    fpp = cool.flow_per_power(flow_m3s, rack_power_w)
+    if fpp is None:
+        return None
+    return Reading(mm.FLOW_PER_POWER, fpp, {"cdu": cdu}, timestamp=time.time() if now is None else now)
+
+
+# -- probe ---------------------------------------------------------------------------
+
+
+class ProbeError(Exception):
+    """The device did not answer, or the profile does not fit it; the message says which."""
+
+
+def _fmt_value(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render_text(source: str, device: str, readings: list[Reading]) -> str:
+    """Prometheus text exposition (0.0.4) of readings; non-OK ones as supernode_reading_quality."""
+    families: dict[str, list[Reading]] = {}
+    bad: list[Reading] = []
+    for r in readings:
+        (families.setdefault(r.name, []) if r.ok else bad).append(r)
+    lines: list[str] = []
+    for name in sorted(families):
+        spec = families[name][0].spec
+        lines.append(f"# HELP {name} {spec.help}")
+        lines.append(f"# TYPE {name} {'counter' if spec.kind is Kind.COUNTER else 'gauge'}")
+        for r in sorted(families[name], key=lambda r: r.key()):
+            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(r.labels.items()))
+            lines.append(f"{name}{{{lab}}} {_fmt_value(r.value)}" if lab else f"{name} {_fmt_value(r.value)}")
+    if bad:
+        lines.append("# HELP supernode_reading_quality 1 for readings that are not ok (stale, sensor_fault, unsupported).")
+        lines.append("# TYPE supernode_reading_quality gauge")
+        for r in sorted(bad, key=lambda r: r.reading_id()):
+            lines.append(f'supernode_reading_quality{{device="{_esc(device)}",quality="{r.quality.value}",'
+                         f'reading="{_esc(r.reading_id())}",source="{source}"}} 1')
+    return "\n".join(lines) + "\n"
+
+
+async def probe_modbus(profile_name: str, host: str, port: int, unit: int | None = None, timeout: float = 2.0,
+                       device: str | None = None, channels: Mapping[int, str] | None = None) -> str:
+    """Read one device once through a profile and return what the agent would export.
+
+    Raises ProbeError when the profile is unknown or invalid, the device does
+    not answer, refuses every request, or answers only with sentinels or
+    out-of-range values (the profile does not fit it).
+    """
+    try:
+        profile = load_profile(profile_name)
+    except ProfileError as exc:
+        raise ProbeError(str(exc)) from None
+    name = device or f"{host}:{port}"
+    src = ModbusSource(profile.kind, name, profile, host, port, unit, timeout, channels,
+                       busy_retries=1, backoff_s=0.05)
+    try:
+        result = await asyncio.wait_for(src.poll(), timeout * (2 + len(src.blocks)))
+    except SourceError as exc:
+        if exc.kind == "protocol":
+            raise ProbeError(f"{host}:{port} unit {src.unit}: profile {profile.name} does not fit: {exc}") from None
+        raise ProbeError(f"{host}:{port} unit {src.unit} ({profile.name}): {exc.kind}: {exc}") from None
+    except asyncio.TimeoutError:
+        raise ProbeError(f"{host}:{port} unit {src.unit} ({profile.name}): no answer in time") from None
+    finally:
+        await src.close()
+    polled = [r for r in result.readings if r.spec not in (mm.REQUESTS, mm.EXCEPTIONS, mm.CDU_INFO)]
+    if result.partial_errors:
+        errs = ", ".join(f"{k} x{v}" for k, v in sorted(result.partial_errors.items()))
+        raise ProbeError(f"{host}:{port} unit {src.unit}: profile {profile.name} does not fit: refused requests ({errs})")
+    if polled and not any(r.ok for r in polled):
+        raise ProbeError(f"{host}:{port} unit {src.unit}: profile {profile.name} does not fit: "
+                         f"every point is a sentinel or out of range")
+    return render_text(profile.kind, name, result.readings)
+
+
+# -- control points --------------------------------------------------------------------
+
+
+async def write_control_point(device_cfg: Any, point_name: str, value: float, timeout: float = 2.0) -> float:
+    """Write a control point (value in the point's device unit, within its allowed range) and read it back.
+
+    `device_cfg` has `profile`, `host`, `port` and `unit` (the inventory's
+    ModbusDevice). Returns the read-back value in the device unit; raises
+    ValueError for a point that is not writable or a value out of range, and
+    SourceError when the device refuses or does not answer.
+    """
+    profile = load_profile(device_cfg.profile)
+    p = profile.point(point_name)
+    if p.control is None:
+        raise ValueError(f"{profile.name}.{point_name}: not a control point")
+    if not p.control.min <= value <= p.control.max:
+        raise ValueError(f"{profile.name}.{point_name}: {value} outside the allowed range "
+                         f"[{p.control.min}, {p.control.max}] {p.unit}")
+    unit = profile.device.unit if getattr(device_cfg, "unit", None) is None else device_cfg.unit
+    raw = (value - p.offset) / p.scale
+    words = [1 if raw else 0] if p.type == "bit" else encode(raw, p.type, p.order)
+    gw = gateway_for(device_cfg.host, device_cfg.port, timeout)
+    try:
+        try:
+            await gw.write(p.table, p.address, words, unit)
+        except ModbusExceptionReply as exc:
+            raise SourceError("protocol", str(exc)) from None
+        back = await gw.read(Block(p.table, p.address, p.width, (p,)).fc, p.address, p.width, unit)
+    finally:
+        release_gateway(gw)
+    raw_back = back[0] if p.type == "bit" else decode(back, p.type, p.order)
+    return raw_back * p.scale + p.offset
