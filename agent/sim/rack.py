@@ -52,6 +52,8 @@ class GpuState:
     remap_failure: bool = False
     recovery_action: int = 0
     lost: bool = False
+    missing: bool = False  # fallen off the bus: not enumerated by NVML at all (nvmlDeviceGetCount drops it)
+    nvlink_version: int = 6  # NVML_NVLINK_VERSION_* (6 = NVLink4 as on H100, 7 = NVLink5: BER and symbol-error fields)
     hang_seconds: float = 0.0  # calls on this GPU block this long (simulates a wedged driver)
     unsupported: set[str] = field(default_factory=set)  # pynvml function/field names answering NotSupported
     thermal_extra_c: float = 0.0  # injected: extra heat (blocked cold plate)
@@ -118,9 +120,12 @@ class NodeState:
     name: str
     base_load_w: float = 900.0  # CPUs, NICs, fans of the tray
     gpus: list[GpuState] = field(default_factory=list)
+    powered: bool = True  # False when every PDU outlet feeding the node is off (simulated PDU)
 
     @property
     def power_w(self) -> float:
+        if not self.powered:
+            return 0.0
         return self.base_load_w + sum(g.power_w for g in self.gpus if not g.lost)
 
 
@@ -189,6 +194,10 @@ class RackModel:
             flow_ratio = c.flow_lpm / c.nominal_flow_lpm if c.nominal_flow_lpm else 0.0
             for node in self.nodes.values():
                 for g in node.gpus:
+                    if not node.powered:  # no power at the tray: GPUs draw nothing and cool to the coolant
+                        g.power_w = 0.0
+                        g.temp_c += (c.secondary_supply_c - g.temp_c) * (1.0 if dt <= 0 else min(1.0, dt / 3.0))
+                        continue
                     self._step_gpu(g, dt, c.secondary_supply_c, flow_ratio)
 
     def _step_gpu(self, g: GpuState, dt: float, supply_c: float, flow_ratio: float) -> None:

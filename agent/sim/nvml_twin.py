@@ -1,0 +1,484 @@
+"""An NVML twin: the pynvml functions the GPU exporter calls, answered by the simulator over HTTP.
+
+The agent runs in its own process, the simulated rack in another, as a
+real driver would be. The twin keeps pynvml's names, return types (real
+pynvml ctypes structs where pynvml returns them) and errors (the real
+`pynvml.NVMLError` subclasses, built with `pynvml.NVMLError(code)`), and
+passes every constant and class through to pynvml, so the exporter cannot
+tell it from the library except by what it can do.
+
+Cache policy: `nvmlDeviceGetCount()` (the first call of every collection
+cycle) fetches the node's whole GPU state in one request; other calls reuse
+it while it is younger than `cache_ttl` (0.5 s), and refetch when older, so
+callers that never enumerate (remediation reading a power limit) still see
+live values. A set call POSTs at once and drops the cache. One cycle of
+8 GPUs x 18 links is thus one HTTP round trip, not ~700.
+
+Faults come from the model: `lost` (GPU_IS_LOST on every call), `missing`
+(not enumerated), `hang_seconds` (the calling thread blocks that long, as
+with a wedged driver), `unsupported` (function or NVML_FI_* names that
+answer NotSupported).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import http.client
+import inspect
+import json
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable
+
+import pynvml
+from pynvml import NVMLError
+
+from agent.sim.nvml_api import PREFIX
+
+_ATTR = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+         pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal"}
+_UI, _ULL, _D = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_DOUBLE
+_NVLINK5 = pynvml.NVML_NVLINK_VERSION_5_0
+_LINK_BITS_PER_S = 8e11  # an NVLink5 link: 100 GB/s per direction (the BER the twin derives from the error rate)
+_SUPPORTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+                     | pynvml.nvmlEventTypeSingleBitEccError)
+
+
+def _field_names() -> dict[int, frozenset[str]]:
+    """NVML_FI_* names per field id, so `unsupported` can name fields as pynvml spells them."""
+    out: dict[int, set[str]] = collections.defaultdict(set)
+    for name in dir(pynvml):
+        if name.startswith("NVML_FI_"):
+            out[getattr(pynvml, name)].add(name)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+_FIELD_NAMES = _field_names()
+
+
+class TwinDevice:
+    """A device handle bound to one physical (model) GPU, as an NVML handle is."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<TwinDevice {self.index}>"
+
+
+class TwinEventData:
+    """What nvmlEventSetWait_v2 returns (the fields of c_nvmlEventData_t; `device` is a twin handle)."""
+
+    __slots__ = ("device", "eventType", "eventData", "gpuInstanceId", "computeInstanceId")
+
+    def __init__(self, device: TwinDevice, event_type: int, data: int):
+        self.device, self.eventType, self.eventData = device, event_type, data
+        self.gpuInstanceId = self.computeInstanceId = 0xFFFFFFFF
+
+
+class _EventSet:
+    __slots__ = ("masks", "after", "pending")
+
+    def __init__(self, after: int):
+        self.masks: dict[int, int] = {}
+        self.after = after
+        self.pending: collections.deque = collections.deque()
+
+
+class _State:
+    """One fetched node state: GPUs by model index, and the enumerated (present) ones in order."""
+
+    __slots__ = ("at", "by_index", "present", "driver", "cuda", "xid_seq")
+
+    def __init__(self, raw: dict[str, Any], at: float):
+        self.at = at
+        self.driver, self.cuda, self.xid_seq = raw["driver"], raw["cuda"], raw["xid_seq"]
+        for g in raw["gpus"]:
+            g["unsupported"] = frozenset(g["unsupported"])
+        self.by_index = {g["index"]: g for g in raw["gpus"]}
+        self.present = [g for g in raw["gpus"] if not g["missing"]]
+
+
+def _err(code: int) -> NVMLError:
+    return NVMLError(code)
+
+
+def _not_found(name: str) -> Callable[..., Any]:
+    def missing(*_: Any, **__: Any) -> Any:
+        raise _err(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    missing.__name__ = name
+    return missing
+
+
+class NvmlTwin:
+    """Drop-in for the `pynvml` module as the GPU exporter and remediation use it."""
+
+    def __init__(self, sim_url: str, node: str, cache_ttl: float = 0.5, http_timeout: float = 5.0):
+        u = urllib.parse.urlsplit(sim_url)
+        if u.scheme != "http" or not u.hostname:
+            raise ValueError(f"sim_url: expected http://HOST:PORT, got {sim_url!r}")
+        self._host, self._port = u.hostname, u.port or 80
+        self._base = f"{PREFIX}/{urllib.parse.quote(node)}"
+        self.node = node
+        self._ttl = cache_ttl
+        self._http_timeout = http_timeout
+        self._local = threading.local()  # one keep-alive connection per calling thread
+        self._state: _State | None = None
+        self._inits = 0
+        self._handles: dict[int, TwinDevice] = {}
+        self._release = threading.Event()  # set by nvmlShutdown: ends simulated hangs
+        self.requests = 0  # HTTP requests made (the benchmark reports it)
+
+    def __getattr__(self, name: str) -> Any:
+        """Constants, struct types and error classes are pynvml's own; functions not twinned are 'not found'."""
+        value = getattr(pynvml, name)
+        if inspect.isfunction(value):
+            return _not_found(name)
+        return value
+
+    # -- transport -----------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> Any:
+        timeout = timeout or self._http_timeout
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        for attempt in (0, 1):
+            conn = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._local.conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+            try:
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                conn.timeout = timeout
+                conn.request(method, self._base + path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self._local.conn = None
+                if attempt:
+                    raise _err(pynvml.NVML_ERROR_UNKNOWN) from None
+                continue
+            self.requests += 1
+            if resp.status != 200:
+                raise _err(pynvml.NVML_ERROR_UNKNOWN)
+            return json.loads(data)
+        raise _err(pynvml.NVML_ERROR_UNKNOWN)
+
+    def _node(self, fresh: bool = False) -> _State:
+        st = self._state
+        now = time.monotonic()
+        if fresh or st is None or now - st.at > self._ttl:
+            st = self._state = _State(self._request("GET", "/state"), now)
+        return st
+
+    def _dev(self, handle: TwinDevice, fn: str) -> dict[str, Any]:
+        """The GPU's state after the fault checks every NVML call goes through."""
+        if not self._inits:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        g = self._node().by_index.get(handle.index)
+        if g is not None and g["hang_s"] > 0:
+            self._release.wait(g["hang_s"])
+            g = self._node(fresh=True).by_index.get(handle.index)
+        if g is None or g["lost"] or g["missing"]:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if fn in g["unsupported"]:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g
+
+    # -- library and system ----------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        try:
+            self._node(fresh=True)
+        except NVMLError:
+            raise _err(pynvml.NVML_ERROR_DRIVER_NOT_LOADED) from None
+        self._release.clear()
+        self._inits += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        if not self._inits:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        self._inits -= 1
+        if not self._inits:
+            self._release.set()
+            conn = getattr(self._local, "conn", None)
+            if conn is not None:
+                conn.close()
+                self._local.conn = None
+
+    def _sys(self) -> _State:
+        if not self._inits:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self._node()
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self._sys().driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self._sys().cuda
+
+    nvmlSystemGetCudaDriverVersion_v2 = nvmlSystemGetCudaDriverVersion
+
+    def nvmlDeviceGetCount(self) -> int:
+        if not self._inits:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(self._node(fresh=True).present)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> TwinDevice:
+        present = self._sys().present
+        if not 0 <= index < len(present):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        model_index = present[index]["index"]
+        h = self._handles.get(model_index) or self._handles.setdefault(model_index, TwinDevice(model_index))
+        self._dev(h, "nvmlDeviceGetHandleByIndex")
+        return h
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> TwinDevice:
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for g in self._sys().present:
+            if g["uuid"] == uuid:
+                h = self._handles.setdefault(g["index"], TwinDevice(g["index"]))
+                self._dev(h, "nvmlDeviceGetHandleByUUID")
+                return h
+        raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # -- identity --------------------------------------------------------------------
+
+    def nvmlDeviceGetUUID(self, h: TwinDevice) -> str:
+        return self._dev(h, "nvmlDeviceGetUUID")["uuid"]
+
+    def nvmlDeviceGetName(self, h: TwinDevice) -> str:
+        return self._dev(h, "nvmlDeviceGetName")["name"]
+
+    def nvmlDeviceGetSerial(self, h: TwinDevice) -> str:
+        return self._dev(h, "nvmlDeviceGetSerial")["serial"]
+
+    def nvmlDeviceGetVbiosVersion(self, h: TwinDevice) -> str:
+        return self._dev(h, "nvmlDeviceGetVbiosVersion")["vbios"]
+
+    def nvmlDeviceGetPciInfo(self, h: TwinDevice) -> Any:
+        g = self._dev(h, "nvmlDeviceGetPciInfo")
+        info = pynvml.nvmlPciInfo_t()
+        bus = g["pci_bus_id"].encode()
+        info.busId = bus
+        info.busIdLegacy = bus
+        parts = g["pci_bus_id"].replace(".", ":").split(":")
+        info.domain, info.bus, info.device = int(parts[0], 16), int(parts[1], 16), int(parts[2], 16)
+        info.pciDeviceId = 0x233010DE
+        return info
+
+    nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
+
+    # -- thermal and power ---------------------------------------------------------------
+
+    def nvmlDeviceGetTemperature(self, h: TwinDevice, sensor: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetTemperature")
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return g["temp_c"]
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: TwinDevice, threshold: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetTemperatureThreshold")
+        if not 0 <= threshold < len(g["thresholds_c"]):
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g["thresholds_c"][threshold]
+
+    def nvmlDeviceGetPowerUsage(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetPowerUsage")["power_mw"]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetTotalEnergyConsumption")["energy_mj"]
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetPowerManagementLimit")["limit_mw"]
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: TwinDevice) -> list[int]:
+        g = self._dev(h, "nvmlDeviceGetPowerManagementLimitConstraints")
+        return [g["min_limit_mw"], g["max_limit_mw"]]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetPowerManagementDefaultLimit")["default_limit_mw"]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: TwinDevice) -> int:
+        g = self._dev(h, "nvmlDeviceGetEnforcedPowerLimit")
+        return min(g["limit_mw"], g["max_limit_mw"])
+
+    def nvmlDeviceSetPowerManagementLimit(self, h: TwinDevice, limit: int) -> None:
+        self._dev(h, "nvmlDeviceSetPowerManagementLimit")
+        reply = self._request("POST", f"/gpus/{h.index}/power-limit", {"limit_mw": int(limit)})
+        self._state = None
+        if reply.get("ret"):
+            raise _err(int(reply["ret"]))
+
+    # -- activity and health -------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, h: TwinDevice) -> Any:
+        g = self._dev(h, "nvmlDeviceGetUtilizationRates")
+        return pynvml.c_nvmlUtilization_t(gpu=g["util_gpu"], memory=g["util_mem"])
+
+    def nvmlDeviceGetMemoryInfo(self, h: TwinDevice, version: Any = None) -> Any:
+        g = self._dev(h, "nvmlDeviceGetMemoryInfo")
+        return pynvml.c_nvmlMemory_t(total=g["mem_total"], free=g["mem_total"] - g["mem_used"], used=g["mem_used"])
+
+    def nvmlDeviceGetClockInfo(self, h: TwinDevice, clock: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetClockInfo")
+        if clock in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return g["sm_mhz"]
+        if clock == pynvml.NVML_CLOCK_MEM:
+            return g["mem_mhz"]
+        raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetCurrentClocksEventReasons")["reasons"]
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    def nvmlDeviceGetTotalEccErrors(self, h: TwinDevice, error_type: int, counter_type: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetTotalEccErrors")
+        if error_type not in (0, 1) or counter_type not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return g["ecc"][error_type]
+
+    def nvmlDeviceGetRemappedRows(self, h: TwinDevice) -> tuple[int, int, int, int]:
+        return tuple(self._dev(h, "nvmlDeviceGetRemappedRows")["remap"])  # type: ignore[return-value]
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetPcieReplayCounter")["pcie_replays"]
+
+    # -- NVLink ------------------------------------------------------------------------
+
+    @staticmethod
+    def _link(g: dict[str, Any], link: int) -> None:
+        if not 0 <= link < len(g["nvlink_up"]):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def nvmlDeviceGetNvLinkState(self, h: TwinDevice, link: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetNvLinkState")
+        self._link(g, link)
+        return pynvml.NVML_FEATURE_ENABLED if g["nvlink_up"][link] else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkVersion(self, h: TwinDevice, link: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetNvLinkVersion")
+        self._link(g, link)
+        return g["nvlink_version"]
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: TwinDevice, link: int, counter: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetNvLinkErrorCounter")
+        self._link(g, link)
+        if not 0 <= counter < pynvml.NVML_NVLINK_ERROR_COUNT:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return g["nvlink_errors"][link][counter]
+
+    def nvmlDeviceGetFieldValues(self, h: TwinDevice, fieldIds: list) -> Any:
+        g = self._dev(h, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        now_us = int(time.time() * 1e6)
+        unsupported = g["unsupported"]
+        put = ctypes.Structure.__setattr__  # numeric fields: skip pynvml's Python-level str->bytes hook
+        for v, fid in zip(values, fieldIds):
+            fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
+            put(v, "fieldId", fid)
+            put(v, "scopeId", scope)
+            put(v, "timestamp", now_us)
+            names = _FIELD_NAMES.get(fid) if unsupported else None
+            if names is not None and not names.isdisjoint(unsupported):
+                put(v, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
+                continue
+            ret, vtype, value = _field(g, fid, scope)
+            put(v, "nvmlReturn", ret)
+            if ret == pynvml.NVML_SUCCESS:
+                put(v, "valueType", vtype)
+                setattr(ctypes.Structure.__getattribute__(v, "value"), _ATTR[vtype], value)
+        return values
+
+    # -- events ------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._sys()
+        return _EventSet(self._node(fresh=True).xid_seq)
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: TwinDevice) -> int:
+        self._dev(h, "nvmlDeviceGetSupportedEventTypes")
+        return _SUPPORTED_EVENTS
+
+    def nvmlDeviceRegisterEvents(self, h: TwinDevice, event_types: int, es: _EventSet) -> None:
+        self._dev(h, "nvmlDeviceRegisterEvents")
+        if event_types & ~_SUPPORTED_EVENTS:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        es.masks[h.index] = es.masks.get(h.index, 0) | event_types
+
+    def nvmlEventSetWait_v2(self, es: _EventSet, timeoutms: int) -> TwinEventData:
+        """Long-polls the simulator; raises NVMLError_Timeout when nothing came, as pynvml does."""
+        if not self._inits:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+        if not es.pending:
+            reply = self._request("GET", f"/events?after={es.after}&timeout_ms={int(timeoutms)}",
+                                  timeout=timeoutms / 1000 + self._http_timeout)
+            for e in reply["events"]:
+                es.after = max(es.after, e["seq"])
+                if es.masks.get(e["index"], 0) & pynvml.nvmlEventTypeXidCriticalError:
+                    es.pending.append(e)
+        if not es.pending:
+            raise _err(pynvml.NVML_ERROR_TIMEOUT)
+        e = es.pending.popleft()
+        handle = self._handles.setdefault(e["index"], TwinDevice(e["index"]))
+        return TwinEventData(handle, pynvml.nvmlEventTypeXidCriticalError, e["xid"])
+
+    nvmlEventSetWait = nvmlEventSetWait_v2
+
+    def nvmlEventSetFree(self, es: _EventSet) -> None:
+        es.masks.clear()
+        es.pending.clear()
+
+
+def _field(g: dict[str, Any], fid: int, scope: int) -> tuple[int, int, Any]:
+    """(nvmlReturn, valueType, value) of one field for one GPU state."""
+    getter = _DEVICE_FIELDS.get(fid)
+    if getter is not None:
+        return pynvml.NVML_SUCCESS, *getter(g)
+    getter = _LINK_FIELDS.get(fid)
+    if getter is None or (fid in _NVLINK5_FIELDS and g["nvlink_version"] < _NVLINK5):
+        return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
+    if not 0 <= scope < len(g["nvlink_up"]):
+        return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0, 0
+    return pynvml.NVML_SUCCESS, *getter(g, scope)
+
+
+def _rate(g: dict[str, Any], link: int) -> float:
+    return float(g["nvlink_error_rate"].get(str(link), 0.0))
+
+
+_DEVICE_FIELDS: dict[int, Callable[[dict], tuple[int, Any]]] = {
+    pynvml.NVML_FI_DEV_MEMORY_TEMP: lambda g: (_UI, g["mem_temp_c"]),
+    pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: lambda g: (_UI, g["recovery_action"]),
+    pynvml.NVML_FI_DEV_POWER_INSTANT: lambda g: (_UI, g["power_mw"]),
+    pynvml.NVML_FI_DEV_ENERGY: lambda g: (_ULL, g["energy_mj"]),
+}
+# Simulated NVLink5 counters are derived from the model's flit-CRC counts: ~4 symbol errors per flit error.
+_LINK_FIELDS: dict[int, Callable[[dict, int], tuple[int, Any]]] = {
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: lambda g, l: (_ULL, g["nvlink_errors"][l][0]),
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: lambda g, l: (_ULL, g["nvlink_errors"][l][1]),
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: lambda g, l: (_ULL, g["nvlink_errors"][l][2]),
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: lambda g, l: (_ULL, g["tx_kib"][l]),
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: lambda g, l: (_ULL, g["rx_kib"][l]),
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: lambda g, l: (_UI, int(g["nvlink_up"][l])),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: lambda g, l: (_ULL, 4 * g["nvlink_errors"][l][2]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: lambda g, l: (_ULL, g["nvlink_errors"][l][2]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS: lambda g, l: (_ULL, 0 if g["nvlink_up"][l] else 1),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: lambda g, l: (_D, 4 * _rate(g, l) / _LINK_BITS_PER_S),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: lambda g, l: (_D, _rate(g, l) / _LINK_BITS_PER_S),
+}
+_NVLINK5_FIELDS = frozenset({
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS, pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER,
+})

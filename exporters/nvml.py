@@ -1,0 +1,525 @@
+"""GPU and NVLink collector over NVML (nvidia-ml-py, or the simulator's twin with the same names).
+
+Why it is shaped this way:
+- A whole collection cycle is one blocking function run through
+  `BlockingCaller`: a wedged driver stalls only this source's thread, the
+  poll gives up after `call_timeout` (`SourceError("timeout")`, source down)
+  and no new cycle starts until the hung call returns.
+- `NotSupported` is answered once with an UNSUPPORTED reading and that
+  function (or field) is never asked again for that GPU: no error storm.
+- `GPU_IS_LOST`, or fewer GPUs than the inventory expects, yields
+  `supernode_gpu_up 0` and nothing else for that GPU: no stale values.
+- Per-link NVLink counters come in one `nvmlDeviceGetFieldValues` batch per
+  GPU and each entry's own return code is checked.
+- XIDs arrive on the NVML event stream, read by a dedicated thread.
+This module never imports `agent` (layering): `lib` is handed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import math
+import threading
+import time
+from typing import Any
+
+from exporters import nvml_metrics as M
+from exporters.base import BlockingCaller
+from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError
+from exporters.nvml_profile import LinkField, NvmlProfile, load_profile
+
+log = logging.getLogger("exporters.nvml")
+
+_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _text(v: Any) -> str:
+    """pynvml returns str on Python 3 for most calls, bytes for some struct fields."""
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def _numeric_getter(values: Any) -> Any:
+    """Attribute reader for numeric struct fields.
+
+    pynvml's structs override __getattribute__ in Python (to decode bytes),
+    which costs most of a cycle at ~700 field reads; numeric ctypes fields
+    need no decoding, so read them through ctypes' own C getter.
+    """
+    if len(values) and isinstance(values[0], ctypes.Structure):
+        return ctypes.Structure.__getattribute__
+    return getattr
+
+
+class _GpuCycle:
+    """Readings of one GPU in one cycle; `ask` applies the NotSupported-once rule."""
+
+    __slots__ = ("src", "uuid", "base", "out", "partial", "ts", "labels")
+
+    def __init__(self, src: "NvmlSource", uuid: str, base: dict[str, str], partial: dict[str, int], ts: float,
+                 labels: dict[tuple, dict[str, str]]):
+        self.src, self.uuid, self.base, self.partial, self.ts = src, uuid, base, partial, ts
+        self.out: list[Reading] = []
+        self.labels = labels  # label sets of this GPU, built once and reused every cycle (never mutated)
+
+    def ask(self, key: str, spec: MetricSpec, fn: Any, *args: Any) -> Any:
+        src = self.src
+        if (self.uuid, key) in src._unsupported:
+            return None
+        try:
+            return fn(*args)
+        except src._not_supported:
+            self.unsupported(key, spec)
+        except src._lost:
+            raise
+        except src._nvml_error as e:
+            self.error(key, e)
+        return None
+
+    def unsupported(self, key: str, spec: MetricSpec, labels: dict[str, str] | None = None) -> None:
+        self.src._unsupported.add((self.uuid, key))
+        self.out.append(Reading(spec, math.nan, labels or self.base, Quality.UNSUPPORTED, self.ts))
+
+    def error(self, key: str, e: Exception) -> None:
+        self.partial[key] = self.partial.get(key, 0) + 1
+        self.src._log_once(("err", self.uuid, key), "nvml call failed gpu=%s call=%s error=%r", self.base["gpu"], key, str(e))
+
+    def add(self, spec: MetricSpec, value: float, labels: dict[str, str] | None = None) -> None:
+        self.out.append(Reading(spec, float(value), labels or self.base, Quality.OK, self.ts))
+
+    def with_(self, *kv: str) -> dict[str, str]:
+        """Base labels plus extra key, value pairs: with_("link", "3", "type", "replay")."""
+        d = self.labels.get(kv)
+        if d is None:
+            d = self.labels[kv] = {**self.base, **dict(zip(kv[::2], kv[1::2]))}
+        return d
+
+
+class NvmlSource:
+    """The `nvml` source: every GPU of this node and its NVLinks, plus XIDs from the event stream."""
+
+    name = "nvml"
+
+    def __init__(self, lib: Any, node_inventory_gpu_count: int, nvlinks: int, call_timeout: float,
+                 xid_events: bool = True, device: str = "gpus", profile: NvmlProfile | None = None,
+                 event_wait_ms: int = 500):
+        self.device = device
+        self._lib = lib
+        self._expected = node_inventory_gpu_count
+        self._nvlinks = nvlinks
+        self._timeout = call_timeout
+        self._xid_events = xid_events
+        self._event_wait_ms = event_wait_ms
+        self._p = profile or load_profile()
+        self._caller = BlockingCaller("nvml")
+        self._nvml_error = lib.NVMLError
+        self._not_supported = lib.NVMLError_NotSupported
+        self._lost = (lib.NVMLError_GpuIsLost, lib.NVMLError_GpuNotFound)
+        self._timeout_error = lib.NVMLError_Timeout
+        self._initialized = False
+        self._system: tuple[str, str] = ("", "")
+        self._static: dict[str, dict[str, Any]] = {}  # uuid -> facts read once
+        self._uuids: dict[int, str] = {}  # index -> last uuid seen there
+        self._unsupported: set[tuple[str, str]] = set()  # (uuid, call or "field:<id>")
+        self._field_plans: dict[str, tuple[list, list]] = {}  # uuid -> (field ids still asked, what each fills)
+        self._field_meaning: dict[int, Any] = {f.id: key for key, f in self._p.gpu_fields.items()}
+        self._field_meaning.update({f.id: f for f in self._p.nvlink_fields})
+        self._logged: set[tuple] = set()
+        self._label_cache: dict[tuple[int, str], dict[tuple, dict[str, str]]] = {}
+        self._links = [str(link) for link in range(nvlinks)]
+        self._xid_lock = threading.Lock()
+        self._xids: dict[str, dict[int, int]] = {}
+        self._last_xid: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._events: threading.Thread | None = None
+        self.events_ready = threading.Event()  # set once the XID thread has registered (tests wait on it)
+
+    # -- Source protocol -------------------------------------------------------------
+
+    async def poll(self) -> PollResult:
+        return await self._caller.call(self._collect, timeout=self._timeout)
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._events is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._events.join, self._event_wait_ms / 1000 + 1.0)
+        self._caller.shutdown()
+        if self._initialized and not self._caller.busy:
+            try:
+                self._lib.nvmlShutdown()
+            except self._nvml_error:
+                pass
+            self._initialized = False
+
+    # -- one cycle (runs on the driver thread) -----------------------------------------
+
+    def _collect(self) -> PollResult:
+        lib = self._lib
+        ts = time.time()
+        if not self._initialized:
+            try:
+                lib.nvmlInit()
+            except self._nvml_error as e:
+                raise SourceError("driver", f"nvmlInit: {e}") from None
+            self._initialized = True
+            self._system = (self._safe_text(lib.nvmlSystemGetDriverVersion),
+                            self._safe_text(lambda: _cuda_text(lib.nvmlSystemGetCudaDriverVersion())))
+        try:
+            count = lib.nvmlDeviceGetCount()
+        except self._nvml_error as e:
+            raise SourceError("driver", f"nvmlDeviceGetCount: {e}") from None
+        readings: list[Reading] = []
+        partial: dict[str, int] = {}
+        for i in range(count):
+            readings += self._gpu(i, ts, partial)
+        for i in range(count, self._expected):
+            self._log_once(("missing", i), "gpu missing against inventory gpu=%s seen=%s expected=%s", i, count, self._expected)
+            readings.append(Reading(M.GPU_UP, 0.0, {"gpu": str(i), "uuid": ""}, Quality.OK, ts))
+        if self._xid_events and self._events is None:
+            self._events = threading.Thread(target=self._event_loop, name="nvml-events", daemon=True)
+            self._events.start()
+        return PollResult(readings, partial)
+
+    def _safe_text(self, fn: Any) -> str:
+        try:
+            return _text(fn())
+        except self._nvml_error:
+            return ""
+
+    def _gpu(self, i: int, ts: float, partial: dict[str, int]) -> list[Reading]:
+        lib = self._lib
+        try:
+            h = lib.nvmlDeviceGetHandleByIndex(i)
+            uuid = _text(lib.nvmlDeviceGetUUID(h))
+        except self._lost:
+            return [self._lost_reading(i, ts)]
+        except self._nvml_error as e:
+            partial["nvmlDeviceGetHandleByIndex"] = partial.get("nvmlDeviceGetHandleByIndex", 0) + 1
+            self._log_once(("handle", i), "nvml gpu unreadable gpu=%s error=%r", i, str(e))
+            return [self._lost_reading(i, ts)]
+        self._uuids[i] = uuid
+        labels = self._label_cache.get((i, uuid))
+        if labels is None:
+            labels = self._label_cache[(i, uuid)] = {(): {"gpu": str(i), "uuid": uuid}}
+        c = _GpuCycle(self, uuid, labels[()], partial, ts, labels)
+        try:
+            self._read_gpu(c, h)
+        except self._lost:
+            self._log_once(("lost", uuid), "gpu lost gpu=%s uuid=%s", i, uuid)
+            return [self._lost_reading(i, ts)]
+        self._logged.discard(("lost", uuid))
+        return c.out
+
+    def _lost_reading(self, i: int, ts: float) -> Reading:
+        return Reading(M.GPU_UP, 0.0, {"gpu": str(i), "uuid": self._uuids.get(i, "")}, Quality.OK, ts)
+
+    def _read_gpu(self, c: _GpuCycle, h: Any) -> None:
+        lib = self._lib
+        st = self._static.get(c.uuid) or self._read_static(c, h)
+        c.add(M.GPU_INFO, 1.0, st["info"])
+        c.add(M.GPU_UP, 1.0)
+        for label, value in st["thresholds"]:
+            c.add(M.THRESHOLD, value, c.with_("threshold", label))
+        v = c.ask("nvmlDeviceGetTemperature", M.TEMPERATURE, lib.nvmlDeviceGetTemperature, h, lib.NVML_TEMPERATURE_GPU)
+        if v is not None:
+            c.add(M.TEMPERATURE, v, c.with_("sensor", "gpu"))
+        v = c.ask("nvmlDeviceGetPowerUsage", M.POWER, lib.nvmlDeviceGetPowerUsage, h)
+        if v is not None:
+            c.add(M.POWER, v / 1000.0)
+        v = c.ask("nvmlDeviceGetTotalEnergyConsumption", M.ENERGY, lib.nvmlDeviceGetTotalEnergyConsumption, h)
+        if v is not None:
+            c.add(M.ENERGY, v / 1000.0)
+        for label, value in st["limits"]:
+            c.add(M.POWER_LIMIT, value, c.with_("limit", label))
+        for label, fn in (("current", lib.nvmlDeviceGetPowerManagementLimit), ("enforced", lib.nvmlDeviceGetEnforcedPowerLimit)):
+            v = c.ask(fn.__name__, M.POWER_LIMIT, fn, h)
+            if v is not None:
+                c.add(M.POWER_LIMIT, v / 1000.0, c.with_("limit", label))
+        u = c.ask("nvmlDeviceGetUtilizationRates", M.UTILIZATION, lib.nvmlDeviceGetUtilizationRates, h)
+        if u is not None:
+            c.add(M.UTILIZATION, u.gpu / 100.0, c.with_("engine", "gpu"))
+            c.add(M.UTILIZATION, u.memory / 100.0, c.with_("engine", "memory"))
+        mem = c.ask("nvmlDeviceGetMemoryInfo", M.MEMORY_USED, lib.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            c.add(M.MEMORY_USED, mem.used)
+            c.add(M.MEMORY_TOTAL, mem.total)
+        for label, kind in (("sm", lib.NVML_CLOCK_SM), ("memory", lib.NVML_CLOCK_MEM)):
+            v = c.ask("nvmlDeviceGetClockInfo", M.CLOCK, lib.nvmlDeviceGetClockInfo, h, kind)
+            if v is not None:
+                c.add(M.CLOCK, v * 1e6, c.with_("clock", label))
+        mask = c.ask("nvmlDeviceGetCurrentClocksEventReasons", M.CLOCK_EVENT, lib.nvmlDeviceGetCurrentClocksEventReasons, h)
+        if mask is not None:
+            for r in self._p.clock_event_reasons:
+                c.add(M.CLOCK_EVENT, 1.0 if mask & r.id else 0.0, c.with_("reason", r.label))
+        self._read_ecc(c, h)
+        rows = c.ask("nvmlDeviceGetRemappedRows", M.REMAPPED, lib.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            c.add(M.REMAPPED, corr, c.with_("kind", "correctable"))
+            c.add(M.REMAPPED, unc, c.with_("kind", "uncorrectable"))
+            c.add(M.REMAP_PENDING, 1.0 if pending else 0.0)
+            c.add(M.REMAP_FAILURE, 1.0 if failure else 0.0)
+        v = c.ask("nvmlDeviceGetPcieReplayCounter", M.PCIE_REPLAYS, lib.nvmlDeviceGetPcieReplayCounter, h)
+        if v is not None:
+            c.add(M.PCIE_REPLAYS, v)
+        self._read_fields(c, h)
+        self._read_links(c, h)
+        self._read_xids(c)
+
+    def _read_static(self, c: _GpuCycle, h: Any) -> dict[str, Any]:
+        """Facts that do not change while the driver is loaded: read once per GPU."""
+        lib = self._lib
+        txt = {}
+        for key, fn in (("name", lib.nvmlDeviceGetName), ("serial", lib.nvmlDeviceGetSerial),
+                        ("vbios", lib.nvmlDeviceGetVbiosVersion)):
+            v = c.ask(fn.__name__, M.GPU_INFO, fn, h)
+            txt[key] = _text(v) if v is not None else ""
+        pci = c.ask("nvmlDeviceGetPciInfo", M.GPU_INFO, lib.nvmlDeviceGetPciInfo, h)
+        driver, cuda = self._system
+        info = {**c.base, "name": txt["name"], "serial": txt["serial"],
+                "pci_bus_id": _text(pci.busId) if pci is not None else "", "vbios": txt["vbios"],
+                "driver": driver, "cuda": cuda}
+        thresholds = []
+        for t in self._p.temperature_thresholds:
+            v = c.ask("nvmlDeviceGetTemperatureThreshold", M.THRESHOLD, lib.nvmlDeviceGetTemperatureThreshold, h, t.id)
+            if v is not None:
+                thresholds.append((t.label, float(v)))
+        limits = []
+        v = c.ask("nvmlDeviceGetPowerManagementDefaultLimit", M.POWER_LIMIT, lib.nvmlDeviceGetPowerManagementDefaultLimit, h)
+        if v is not None:
+            limits.append(("default", v / 1000.0))
+        v = c.ask("nvmlDeviceGetPowerManagementLimitConstraints", M.POWER_LIMIT,
+                  lib.nvmlDeviceGetPowerManagementLimitConstraints, h)
+        if v is not None:
+            limits += [("min", v[0] / 1000.0), ("max", v[1] / 1000.0)]
+        st = {"info": info, "thresholds": thresholds, "limits": limits}
+        self._static[c.uuid] = st
+        return st
+
+    def _read_ecc(self, c: _GpuCycle, h: Any) -> None:
+        lib = self._lib
+        for tlabel, etype in (("corrected", lib.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                              ("uncorrected", lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            for slabel, scope in (("volatile", lib.NVML_VOLATILE_ECC), ("aggregate", lib.NVML_AGGREGATE_ECC)):
+                v = c.ask("nvmlDeviceGetTotalEccErrors", M.ECC, lib.nvmlDeviceGetTotalEccErrors, h, etype, scope)
+                if v is not None:
+                    c.add(M.ECC, v, c.with_("type", tlabel, "scope", slabel))
+
+    def _field_plan(self, c: _GpuCycle) -> tuple[list, list]:
+        """The batched field ids still asked of this GPU, and for each the family and labels it fills.
+
+        Built once per GPU (and again after a field answers NotSupported), so
+        a cycle does no label or lookup work per field beyond the reading itself.
+        """
+        plan = self._field_plans.get(c.uuid)
+        if plan is None:
+            unsup = self._unsupported
+            ids: list = []
+            fills: list = []
+            for key, f in self._p.gpu_fields.items():
+                if (c.uuid, f"field:{f.id}") not in unsup:
+                    ids.append(f.id)
+                    fills.append((M.TEMPERATURE, c.with_("sensor", "memory"), 1.0) if key == "memory_temp" else None)
+            for f in self._p.nvlink_fields:
+                if (c.uuid, f"field:{f.id}") in unsup:
+                    continue
+                spec = M.NVLINK_BY_METRIC[f.metric]
+                extra = ("kind" if f.metric == "bit_error_rate" else "type", f.label) if f.label else ()
+                for link in range(self._nvlinks):
+                    ids.append((f.id, link))
+                    fills.append((spec, c.with_("link", self._links[link], *extra), f.scale))
+            plan = self._field_plans[c.uuid] = (ids, fills)
+        return plan
+
+    def _read_fields(self, c: _GpuCycle, h: Any) -> None:
+        lib = self._lib
+        ids, fills = self._field_plan(c)
+        if not ids:
+            return
+        values = c.ask("nvmlDeviceGetFieldValues", M.NVLINK_ERRORS, lib.nvmlDeviceGetFieldValues, h, ids)
+        if values is None:
+            return
+        success, not_supported, lost = lib.NVML_SUCCESS, lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_GPU_IS_LOST
+        get = _numeric_getter(values)
+        out, ts, ok = c.out, c.ts, Quality.OK
+        dropped = False
+        # NVML fills the answers in the order of the request, so the request says which field and link each is.
+        for want, fill, fv in zip(ids, fills, values):
+            ret = get(fv, "nvmlReturn")
+            if ret != success:
+                fid = want[0] if isinstance(want, tuple) else want
+                key = f"field:{fid}"
+                if ret == lost:
+                    raise self._nvml_error(ret)
+                if ret == not_supported:
+                    if (c.uuid, key) not in self._unsupported:
+                        c.unsupported(key, *self._field_spec(c, self._field_meaning.get(fid)))
+                        dropped = True
+                else:
+                    c.error(key, self._nvml_error(ret))
+                continue
+            v = float(getattr(get(fv, "value"), _VALUE_ATTR.get(get(fv, "valueType"), "ullVal")))
+            if fill is not None:
+                spec, labels, scale = fill
+                out.append(Reading(spec, v * scale, labels, ok, ts))
+            else:  # the recovery action, as a state set
+                for a in self._p.recovery_actions:
+                    c.add(M.RECOVERY, 1.0 if int(v) == a.id else 0.0, c.with_("action", a.label))
+        if dropped:
+            self._field_plans.pop(c.uuid, None)
+
+    @staticmethod
+    def _field_spec(c: _GpuCycle, what: Any) -> tuple[MetricSpec, dict[str, str]]:
+        """The family and labels an unsupported field would have filled (for its UNSUPPORTED reading)."""
+        if isinstance(what, LinkField):
+            extra = ("kind" if what.metric == "bit_error_rate" else "type", what.label) if what.label else ()
+            return M.NVLINK_BY_METRIC[what.metric], c.with_(*extra)
+        if what == "recovery_action":
+            return M.RECOVERY, c.base
+        return M.TEMPERATURE, c.with_("sensor", "memory")
+
+    def _read_links(self, c: _GpuCycle, h: Any) -> None:
+        """Link state and the per-link counters that have no scoped field (18 calls each per GPU: kept tight)."""
+        lib = self._lib
+        enabled = lib.NVML_FEATURE_ENABLED
+        out, ts, ok = c.out, c.ts, Quality.OK
+        link_labels = [c.with_("link", s) for s in self._links]
+        calls = [("nvmlDeviceGetNvLinkState", M.NVLINK_UP, lib.nvmlDeviceGetNvLinkState, (), link_labels)]
+        calls += [(f"nvmlDeviceGetNvLinkErrorCounter:{k.label}", M.NVLINK_ERRORS, lib.nvmlDeviceGetNvLinkErrorCounter,
+                   (k.id,), [c.with_("link", s, "type", k.label) for s in self._links])
+                  for k in self._p.nvlink_error_counters]
+        for key, spec, fn, extra, labels in calls:
+            if (c.uuid, key) in self._unsupported:
+                if spec is M.NVLINK_UP:
+                    return  # a GPU without NVLink: no link series at all
+                continue
+            for link, lab in enumerate(labels):
+                try:
+                    v = fn(h, link, *extra)
+                except self._not_supported:
+                    c.unsupported(key, spec)
+                    break
+                except self._lost:
+                    raise
+                except self._nvml_error as e:
+                    c.error(key, e)
+                    continue
+                if spec is M.NVLINK_UP:
+                    v = 1.0 if v == enabled else 0.0
+                out.append(Reading(spec, float(v), lab, ok, ts))
+            else:
+                continue
+            if spec is M.NVLINK_UP:
+                return
+
+    def _read_xids(self, c: _GpuCycle) -> None:
+        with self._xid_lock:
+            counts = dict(self._xids.get(c.uuid, {}))
+            last = self._last_xid.get(c.uuid, 0)
+        for xid, n in sorted(counts.items()):
+            c.add(M.XID, n, c.with_("xid", str(xid)))
+        c.add(M.LAST_XID, last)
+
+    # -- XID event stream (its own thread) ---------------------------------------------
+
+    def _event_loop(self) -> None:
+        lib = self._lib
+        try:
+            es = lib.nvmlEventSetCreate()
+        except self._nvml_error as e:
+            log.warning("nvml event set unavailable error=%r", str(e))
+            return
+        try:
+            self._register_events(es)
+            self.events_ready.set()
+            while not self._stop.is_set():
+                try:
+                    d = lib.nvmlEventSetWait_v2(es, self._event_wait_ms)
+                except self._timeout_error:
+                    continue
+                except self._nvml_error as e:
+                    self._log_once(("events",), "nvml event wait failed error=%r", str(e))
+                    self._stop.wait(1.0)
+                    continue
+                self._logged.discard(("events",))
+                if int(d.eventType) & self._p.xid_event_mask:
+                    self._record_xid(d)
+        finally:
+            try:
+                lib.nvmlEventSetFree(es)
+            except self._nvml_error:
+                pass
+
+    def _register_events(self, es: Any) -> None:
+        lib = self._lib
+        want = self._p.xid_event_mask
+        for i in range(lib.nvmlDeviceGetCount()):
+            try:
+                h = lib.nvmlDeviceGetHandleByIndex(i)
+                mask = lib.nvmlDeviceGetSupportedEventTypes(h) & want
+                if mask:
+                    lib.nvmlDeviceRegisterEvents(h, mask, es)
+            except self._nvml_error as e:
+                log.warning("nvml xid events not registered gpu=%s error=%r", i, str(e))
+
+    def _record_xid(self, d: Any) -> None:
+        try:
+            uuid = _text(self._lib.nvmlDeviceGetUUID(d.device))
+        except self._nvml_error as e:
+            log.warning("nvml xid from unidentified gpu xid=%s error=%r", int(d.eventData), str(e))
+            return
+        xid = int(d.eventData)
+        with self._xid_lock:
+            per = self._xids.setdefault(uuid, {})
+            per[xid] = per.get(xid, 0) + 1
+            self._last_xid[uuid] = xid
+        log.warning("gpu xid uuid=%s xid=%s", uuid, xid)
+
+    def _log_once(self, key: tuple, msg: str, *args: Any) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(msg, *args)
+
+
+def _cuda_text(v: int) -> str:
+    """nvmlSystemGetCudaDriverVersion returns 12080 for CUDA 12.8."""
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+def probe_nvml(lib: Any, gpus: int = 0, nvlinks: int = 18, timeout: float = 10.0) -> str:
+    """One poll against `lib` (real pynvml or a twin), as Prometheus text: what `probe nvml` prints."""
+    from exporters.render import render_readings
+
+    async def once() -> PollResult:
+        src = NvmlSource(lib, gpus, nvlinks, call_timeout=timeout, xid_events=False)
+        try:
+            return await src.poll()
+        finally:
+            await src.close()
+
+    result = asyncio.run(once())
+    text = render_readings(result.readings).decode()
+    notes = [f"# unsupported: {r.reading_id()}" for r in result.readings if r.quality is Quality.UNSUPPORTED]
+    notes += [f"# partial error: {k} x{n}" for k, n in sorted(result.partial_errors.items())]
+    return text + "".join(n + "\n" for n in notes)
+
+
+def main() -> None:
+    """`python -m exporters.nvml`: one poll of the real NVML, printed as Prometheus text."""
+    import argparse
+
+    import pynvml
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--nvlinks", type=int, default=18, help="NVLinks per GPU to read")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs expected (0: whatever is found)")
+    args = ap.parse_args()
+    try:
+        print(probe_nvml(pynvml, args.gpus, args.nvlinks), end="")
+    except SourceError as e:
+        raise SystemExit(f"nvml probe failed: kind={e.kind} {e}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The GPU and NVLink metric families (METRICS.md), declared once; exporters/nvml.py fills them."""
+
+from __future__ import annotations
+
+from exporters.model import counter, gauge, info
+
+G = ("gpu", "uuid")
+L = ("gpu", "uuid", "link")
+
+GPU_INFO = info("supernode_gpu_info", "Static facts of a GPU (value 1).",
+                G + ("name", "serial", "pci_bus_id", "vbios", "driver", "cuda"))
+GPU_UP = gauge("supernode_gpu_up", "1 if the GPU answers NVML; 0 if lost (GPU_IS_LOST) or missing against the inventory.", G)
+TEMPERATURE = gauge("supernode_gpu_temperature_celsius", "GPU die (sensor=gpu) or HBM (sensor=memory) temperature in degrees Celsius.",
+                    G + ("sensor",), "celsius")
+THRESHOLD = gauge("supernode_gpu_temperature_threshold_celsius", "Driver temperature thresholds in degrees Celsius.",
+                  G + ("threshold",), "celsius")
+POWER = gauge("supernode_gpu_power_watts", "GPU power draw in watts.", G, "watts")
+ENERGY = counter("supernode_gpu_energy_joules_total", "Energy used by the GPU since the driver loaded, in joules.", G, "joules")
+POWER_LIMIT = gauge("supernode_gpu_power_limit_watts",
+                    "GPU power limits in watts (current, default, min, max constraints, enforced).", G + ("limit",), "watts")
+UTILIZATION = gauge("supernode_gpu_utilization_ratio", "Share of the last sample period the engine was busy (0-1).",
+                    G + ("engine",), "ratio")
+MEMORY_USED = gauge("supernode_gpu_memory_used_bytes", "GPU framebuffer memory in use, in bytes.", G, "bytes")
+MEMORY_TOTAL = gauge("supernode_gpu_memory_total_bytes", "GPU framebuffer memory size, in bytes.", G, "bytes")
+CLOCK = gauge("supernode_gpu_clock_hertz", "Current clock frequency in hertz.", G + ("clock",), "hertz")
+CLOCK_EVENT = gauge("supernode_gpu_clock_event_active", "1 while this reason holds the clocks down (throttle reason).",
+                    G + ("reason",))
+ECC = counter("supernode_gpu_ecc_errors_total", "ECC memory errors (volatile: since driver load; aggregate: lifetime).",
+              G + ("type", "scope"))
+REMAPPED = gauge("supernode_gpu_remapped_rows", "HBM rows remapped, by kind.", G + ("kind",))
+REMAP_PENDING = gauge("supernode_gpu_remapped_rows_pending", "1 if a row remap waits for the next GPU reset.", G)
+REMAP_FAILURE = gauge("supernode_gpu_remapped_rows_failure", "1 if a row remap failed (GPU needs service).", G)
+PCIE_REPLAYS = counter("supernode_gpu_pcie_replays_total", "PCIe replay events of the GPU.", G)
+XID = counter("supernode_gpu_xid_errors_total", "XID errors seen on the NVML event stream since the agent started, per XID.",
+              G + ("xid",))
+LAST_XID = gauge("supernode_gpu_last_xid", "Last XID seen on the NVML event stream (0: none since the agent started).", G)
+RECOVERY = gauge("supernode_gpu_recovery_action", "1 for the driver's current recovery hint (NVML field 230).",
+                 G + ("action",))
+
+NVLINK_UP = gauge("supernode_nvlink_up", "1 if the NVLink is active.", L)
+NVLINK_ERRORS = counter("supernode_nvlink_errors_total", "NVLink errors per link, by type.", L + ("type",))
+NVLINK_BER = gauge("supernode_nvlink_bit_error_rate", "NVLink5 bit error rate per link (errors per bit).", L + ("kind",), "ratio")
+NVLINK_TX = counter("supernode_nvlink_transmit_bytes_total", "NVLink data bytes transmitted per link.", L, "bytes")
+NVLINK_RX = counter("supernode_nvlink_receive_bytes_total", "NVLink data bytes received per link.", L, "bytes")
+
+NVLINK_BY_METRIC = {"errors": NVLINK_ERRORS, "bit_error_rate": NVLINK_BER,
+                    "transmit_bytes": NVLINK_TX, "receive_bytes": NVLINK_RX}
+
+ALL = (GPU_INFO, GPU_UP, TEMPERATURE, THRESHOLD, POWER, ENERGY, POWER_LIMIT, UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
+       CLOCK, CLOCK_EVENT, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAYS, XID, LAST_XID, RECOVERY,
+       NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX)

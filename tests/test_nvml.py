@@ -1,0 +1,325 @@
+"""The GPU exporter against the NVML twin, which talks to a real simulator HTTP endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import pynvml
+import pytest
+
+from agent.sim.nvml_twin import NvmlTwin
+from agent.sim.rack import RackModel
+from exporters import nvml_metrics as M
+from exporters.model import PollResult, Quality, SourceError
+from exporters.nvml import NvmlSource
+from exporters.nvml_control import get_power_limit, set_power_limit
+from tests.helpers import await_for, free_port
+from tests.nvml_sim import serve
+
+NODE = "node01"
+GPUS = 4
+LINKS = 4
+
+
+@pytest.fixture
+def model() -> RackModel:
+    m = RackModel(nodes=2, gpus_per_node=GPUS, nvlinks=LINKS, seed=3)
+    m.step(2.0)
+    return m
+
+
+@pytest.fixture
+def sim(model: RackModel):
+    yield from serve(model)
+
+
+def source(sim: Any, node: str = NODE, xid: bool = False, timeout: float = 5.0, lib: Any = None) -> NvmlSource:
+    return NvmlSource(lib or NvmlTwin(sim.url, node), GPUS, LINKS, call_timeout=timeout, xid_events=xid)
+
+
+def run(coro_fn):
+    return asyncio.run(coro_fn())
+
+
+def values(result: PollResult, spec, **labels: str) -> dict[tuple, float]:
+    """OK readings of one family matching `labels`, keyed by their full label set."""
+    return {tuple(sorted(r.labels.items())): r.value for r in result.readings
+            if r.spec is spec and r.ok and all(r.labels.get(k) == v for k, v in labels.items())}
+
+
+def one(result: PollResult, spec, **labels: str) -> float:
+    found = values(result, spec, **labels)
+    assert len(found) == 1, f"{spec.name} {labels}: {found}"
+    return next(iter(found.values()))
+
+
+async def poll_close(src: NvmlSource, n: int = 1) -> list[PollResult]:
+    try:
+        return [await src.poll() for _ in range(n)]
+    finally:
+        await src.close()
+
+
+def test_normal_readings_follow_the_model(sim, model):
+    (res,) = run(lambda: poll_close(source(sim)))
+    g = model.gpu(NODE, 2)
+    uuid = g.uuid
+    assert sorted(values(res, M.GPU_UP).values()) == [1.0] * GPUS
+    assert one(res, M.POWER, gpu="2") == pytest.approx(g.power_w, abs=0.002)
+    assert one(res, M.ENERGY, gpu="2") == pytest.approx(g.energy_mj / 1000, abs=0.002)
+    assert one(res, M.TEMPERATURE, gpu="2", sensor="gpu") == round(g.temp_c)
+    assert one(res, M.TEMPERATURE, gpu="2", sensor="memory") == round(g.mem_temp_c)
+    assert one(res, M.POWER_LIMIT, gpu="2", limit="min") == g.min_limit_mw / 1000
+    assert one(res, M.POWER_LIMIT, gpu="2", limit="current") == g.power_limit_mw / 1000
+    assert one(res, M.THRESHOLD, gpu="2", threshold="slowdown") == g.slowdown_c
+    assert one(res, M.CLOCK, gpu="2", clock="memory") == g.mem_clock_mhz * 1e6
+    assert one(res, M.MEMORY_TOTAL, gpu="2") == g.memory_total
+    assert one(res, M.NVLINK_TX, gpu="2", link="3") == int(g.nvlink_tx_kib[3]) * 1024
+    assert one(res, M.NVLINK_UP, gpu="2", link="0") == 1.0
+    assert one(res, M.RECOVERY, gpu="2", action="none") == 1.0
+    info = [r for r in res.readings if r.spec is M.GPU_INFO and r.labels["gpu"] == "2"]
+    assert info[0].labels["uuid"] == uuid and info[0].labels["pci_bus_id"] == g.pci_bus_id
+    assert info[0].labels["driver"] and info[0].labels["cuda"] == "12.8"
+    # every NVLink of every GPU: 5 error types (3 batched fields + 2 per-link counters)
+    assert len(values(res, M.NVLINK_ERRORS)) == GPUS * LINKS * 5
+    assert res.partial_errors == {}
+
+
+def test_counters_move_with_faults(sim, model):
+    async def scenario():
+        src = source(sim)
+        try:
+            first = await src.poll()
+            with model.lock:
+                g = model.gpu(NODE, 1)
+                g.nvlink_error_rate[2] = 50.0
+                g.thermal_extra_c = 40.0
+                g.ecc_corrected = 7
+            model.step(5.0)
+            return first, await src.poll()
+        finally:
+            await src.close()
+
+    first, second = run(scenario)
+    assert one(second, M.NVLINK_ERRORS, gpu="1", link="2", type="crc_flit") >= 250
+    assert one(first, M.NVLINK_ERRORS, gpu="1", link="2", type="crc_flit") == 0
+    assert one(second, M.NVLINK_ERRORS, gpu="1", link="1", type="crc_flit") == 0
+    assert one(second, M.CLOCK_EVENT, gpu="1", reason="hw_thermal") == 1.0
+    assert one(second, M.CLOCK_EVENT, gpu="0", reason="hw_thermal") == 0.0
+    assert one(second, M.ECC, gpu="1", type="corrected", scope="volatile") == 7
+
+
+class CountingTwin(NvmlTwin):
+    """Records the calls that matter for the NotSupported-once rule."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        self.energy_calls: list[int] = []
+        self.field_batches: list[list] = []
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self.energy_calls.append(h.index)
+        return super().nvmlDeviceGetTotalEnergyConsumption(h)
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        self.field_batches.append((h.index, list(ids)))
+        return super().nvmlDeviceGetFieldValues(h, ids)
+
+
+def test_not_supported_is_reported_once_and_not_asked_again(sim, model):
+    model.gpu(NODE, 1).unsupported = {"nvmlDeviceGetTotalEnergyConsumption", "NVML_FI_DEV_MEMORY_TEMP"}
+    twin = CountingTwin(sim.url, NODE)
+    first, second, third = run(lambda: poll_close(source(sim, lib=twin), 3))
+    unsup = [r for r in first.readings if r.quality is Quality.UNSUPPORTED and r.labels["gpu"] == "1"]
+    assert {(r.spec.name, r.labels.get("sensor")) for r in unsup} == {
+        (M.ENERGY.name, None), (M.TEMPERATURE.name, "memory"),
+        # NVLink5 fields on an NVLink4 GPU, also answered once
+        (M.NVLINK_ERRORS.name, None), (M.NVLINK_BER.name, None)}
+    assert all(math.isnan(r.value) for r in unsup)
+    for later in (second, third):
+        assert not [r for r in later.readings if r.quality is Quality.UNSUPPORTED]
+        assert not values(later, M.ENERGY, gpu="1")
+        assert not values(later, M.TEMPERATURE, gpu="1", sensor="memory")
+        assert values(later, M.ENERGY, gpu="0") and values(later, M.TEMPERATURE, gpu="0", sensor="memory")
+    assert twin.energy_calls.count(1) == 1 and twin.energy_calls.count(0) == 3
+    batches_1 = [ids for idx, ids in twin.field_batches if idx == 1]
+    assert pynvml.NVML_FI_DEV_MEMORY_TEMP in batches_1[0]
+    assert all(pynvml.NVML_FI_DEV_MEMORY_TEMP not in ids for ids in batches_1[1:])
+    assert pynvml.NVML_FI_DEV_MEMORY_TEMP in [ids for idx, ids in twin.field_batches if idx == 0][-1]
+    assert second.partial_errors == {} and third.partial_errors == {}
+
+
+def test_gpu_lost_gives_up_zero_and_drops_its_series(sim, model):
+    async def scenario():
+        src = source(sim)
+        try:
+            before = await src.poll()
+            model.gpu(NODE, 2).lost = True
+            during = await src.poll()
+            model.gpu(NODE, 2).lost = False
+            return before, during, await src.poll()
+        finally:
+            await src.close()
+
+    before, during, after = run(scenario)
+    uuid = model.gpu(NODE, 2).uuid
+    assert one(before, M.GPU_UP, gpu="2") == 1.0
+    assert [(r.spec.name, dict(r.labels), r.value) for r in during.readings if r.labels.get("gpu") == "2"] == [
+        (M.GPU_UP.name, {"gpu": "2", "uuid": uuid}, 0.0)]
+    assert one(during, M.GPU_UP, gpu="1") == 1.0 and values(during, M.POWER, gpu="1")
+    assert one(after, M.GPU_UP, gpu="2") == 1.0 and values(after, M.POWER, gpu="2")
+
+
+def test_gpu_missing_against_inventory(sim, model):
+    model.gpu(NODE, 1).missing = True  # fallen off the bus: NVML enumerates 3 GPUs, renumbered
+    (res,) = run(lambda: poll_close(source(sim)))
+    up = values(res, M.GPU_UP)
+    assert up == {(("gpu", "0"), ("uuid", model.gpu(NODE, 0).uuid)): 1.0,
+                  (("gpu", "1"), ("uuid", model.gpu(NODE, 2).uuid)): 1.0,
+                  (("gpu", "2"), ("uuid", model.gpu(NODE, 3).uuid)): 1.0,
+                  (("gpu", "3"), ("uuid", "")): 0.0}
+    assert not [r for r in res.readings if r.labels.get("gpu") == "3" and r.spec is not M.GPU_UP]
+
+
+def test_hung_call_marks_source_down_without_stalling_others(sim, model):
+    async def scenario():
+        hung = source(sim, timeout=0.4)
+        other = source(sim, node="node02", timeout=2.0)
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.create_task(ticker())
+        try:
+            await hung.poll()
+            model.gpu(NODE, 2).hang_seconds = 1.5
+            start = time.monotonic()
+            with pytest.raises(SourceError) as err:
+                await hung.poll()
+            waited = time.monotonic() - start
+            assert err.value.kind == "timeout"
+            ok = await other.poll()  # another source polls normally meanwhile
+            with pytest.raises(SourceError) as again:
+                await hung.poll()  # refused at once: the hung call has not returned
+            assert again.value.kind == "timeout" and "still hung" in str(again.value)
+            model.gpu(NODE, 2).hang_seconds = 0.0
+
+            async def recovered():
+                try:
+                    return await hung.poll()
+                except SourceError:
+                    return None
+
+            back = await await_for(recovered, timeout=10, interval=0.1, what="nvml source to recover")
+            return waited, ticks, ok, back
+        finally:
+            t.cancel()
+            await hung.close()
+            await other.close()
+
+    waited, ticks, ok, back = run(scenario)
+    assert 0.35 <= waited < 1.4  # gave up at the timeout, before the 1.5 s call returned
+    assert ticks >= 20  # the event loop kept running while the driver thread was blocked
+    assert sorted(values(ok, M.GPU_UP).values()) == [1.0] * GPUS
+    assert one(back, M.GPU_UP, gpu="2") == 1.0
+
+
+def test_xid_events_become_counters_and_last_xid(sim, model):
+    async def scenario():
+        src = source(sim, xid=True)
+        try:
+            await src.poll()
+            assert await asyncio.get_running_loop().run_in_executor(None, src.events_ready.wait, 10)
+            model.raise_xid(NODE, 1, 79)
+            model.raise_xid(NODE, 1, 79)
+            model.raise_xid(NODE, 1, 48)
+            model.raise_xid("node02", 1, 13)  # another node's GPU: not ours
+
+            async def seen():
+                res = await src.poll()
+                return res if values(res, M.XID, gpu="1") == {
+                    (("gpu", "1"), ("uuid", model.gpu(NODE, 1).uuid), ("xid", "48")): 1.0,
+                    (("gpu", "1"), ("uuid", model.gpu(NODE, 1).uuid), ("xid", "79")): 2.0} else None
+
+            return await await_for(seen, timeout=10, interval=0.05, what="xid counters")
+        finally:
+            start = time.monotonic()
+            await src.close()
+            assert time.monotonic() - start < 2.0
+            assert not src._events.is_alive()
+
+    res = run(scenario)
+    assert one(res, M.LAST_XID, gpu="1") == 48
+    assert one(res, M.LAST_XID, gpu="0") == 0
+    assert not values(res, M.XID, gpu="0")
+
+
+def test_power_limit_set_with_clamp_and_read_back(sim, model):
+    twin = NvmlTwin(sim.url, NODE)
+    twin.nvmlInit()
+    try:
+        assert set_power_limit(twin, 1, 50.0) == 200.0  # below min: clamped
+        assert model.gpu(NODE, 1).power_limit_mw == 200_000
+        assert get_power_limit(twin, 1) == 200.0
+        assert set_power_limit(twin, 1, 9999.0) == 700.0  # above max: clamped
+        assert set_power_limit(twin, 1, 350.4) == 350.4
+        assert model.gpu(NODE, 1).power_limit_mw == 350_400
+        model.step(10.0)
+        assert model.gpu(NODE, 1).power_w == pytest.approx(350.4, abs=1.0)  # the cap really lowers power
+        model.gpu(NODE, 3).lost = True
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            set_power_limit(twin, 3, 300.0)
+        model.gpu(NODE, 2).unsupported = {"nvmlDeviceSetPowerManagementLimit"}
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            set_power_limit(twin, 2, 300.0)
+        assert model.gpu(NODE, 2).power_limit_mw == 700_000
+    finally:
+        twin.nvmlShutdown()
+    (res,) = run(lambda: poll_close(source(sim)))
+    assert one(res, M.POWER_LIMIT, gpu="1", limit="current") == 350.4
+
+
+def test_nvlink5_fields_give_ber_and_symbol_errors(sim, model):
+    with model.lock:
+        g = model.gpu(NODE, 0)
+        g.nvlink_version = pynvml.NVML_NVLINK_VERSION_5_0
+        g.nvlink_error_rate[1] = 8.0
+    model.step(10.0)
+    (res,) = run(lambda: poll_close(source(sim)))
+    flit = model.gpu(NODE, 0).nvlink_errors[1][2]
+    assert flit > 0
+    assert one(res, M.NVLINK_ERRORS, gpu="0", link="1", type="symbol") == 4 * flit
+    assert one(res, M.NVLINK_BER, gpu="0", link="1", kind="effective") == pytest.approx(8.0 / 8e11)
+    assert one(res, M.NVLINK_BER, gpu="0", link="0", kind="effective") == 0.0
+    assert not values(res, M.NVLINK_BER, gpu="1")
+
+
+def test_one_http_request_per_cycle(sim):
+    twin = NvmlTwin(sim.url, NODE)
+    src = source(sim, lib=twin)
+
+    async def scenario():
+        try:
+            await src.poll()
+            before = twin.requests
+            await src.poll()
+            await src.poll()
+            return twin.requests - before
+        finally:
+            await src.close()
+
+    assert run(scenario) == 2
+
+
+def test_unreachable_simulator_is_a_driver_error():
+    src = NvmlSource(NvmlTwin(f"http://127.0.0.1:{free_port()}", NODE), GPUS, LINKS, call_timeout=5.0, xid_events=False)
+    with pytest.raises(SourceError) as err:
+        run(lambda: poll_close(src))
+    assert err.value.kind == "driver" and "nvmlInit" in str(err.value)

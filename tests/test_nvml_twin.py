@@ -1,0 +1,132 @@
+"""The NVML twin behaves like nvidia-ml-py where the exporter can tell: error classes, types, constants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pynvml
+import pytest
+import yaml
+
+from agent.sim.nvml_twin import NvmlTwin
+from agent.sim.rack import RackModel
+from exporters.nvml_profile import ProfileError, load_profile
+from tests.nvml_sim import serve
+
+NODE = "node01"
+
+
+@pytest.fixture
+def model() -> RackModel:
+    m = RackModel(nodes=1, gpus_per_node=2, nvlinks=4, seed=5)
+    m.step(1.0)
+    return m
+
+
+@pytest.fixture
+def twin(model):
+    for srv in serve(model):
+        t = NvmlTwin(srv.url, NODE)
+        t.nvmlInit()
+        yield t
+        t.nvmlShutdown()
+
+
+def raised(fn, *args):
+    with pytest.raises(pynvml.NVMLError) as e:
+        fn(*args)
+    return type(e.value)
+
+
+def test_uninitialized_raises_the_same_class_as_pynvml(model):
+    for srv in serve(model):
+        fresh = NvmlTwin(srv.url, NODE)
+        # the real library, with no driver loaded and no nvmlInit, refuses the same way
+        assert raised(fresh.nvmlDeviceGetCount) is raised(pynvml.nvmlDeviceGetCount) is pynvml.NVMLError_Uninitialized
+
+
+@pytest.mark.parametrize("code,setup,call", [
+    (pynvml.NVML_ERROR_GPU_IS_LOST, lambda g: setattr(g, "lost", True), lambda t, h: t.nvmlDeviceGetPowerUsage(h)),
+    (pynvml.NVML_ERROR_NOT_SUPPORTED, lambda g: g.unsupported.add("nvmlDeviceGetPowerUsage"),
+     lambda t, h: t.nvmlDeviceGetPowerUsage(h)),
+    (pynvml.NVML_ERROR_INVALID_ARGUMENT, lambda g: None, lambda t, h: t.nvmlDeviceGetNvLinkState(h, 99)),
+    (pynvml.NVML_ERROR_INVALID_ARGUMENT, lambda g: None, lambda t, h: t.nvmlDeviceSetPowerManagementLimit(h, 10)),
+    (pynvml.NVML_ERROR_TIMEOUT, lambda g: None, lambda t, h: t.nvmlEventSetWait_v2(t.nvmlEventSetCreate(), 10)),
+    (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, lambda g: None, lambda t, h: t.nvmlDeviceGetFanSpeed(h)),
+])
+def test_twin_raises_pynvmls_own_subclasses(twin, model, code, setup, call):
+    h = twin.nvmlDeviceGetHandleByIndex(1)
+    setup(model.gpu(NODE, 1))
+    twin._state = None  # the fault is set behind the twin's back: do not wait out the cache
+    cls = raised(call, twin, h)
+    assert cls is pynvml.nvmlExceptionClass(code)
+    assert issubclass(cls, pynvml.NVMLError) and cls is not pynvml.NVMLError
+    assert cls(code).value == code
+
+
+def test_constants_and_types_are_pynvmls(twin):
+    assert twin.NVML_TEMPERATURE_GPU is pynvml.NVML_TEMPERATURE_GPU
+    assert twin.NVMLError_GpuIsLost is pynvml.NVMLError_GpuIsLost
+    assert twin.c_nvmlFieldValue_t is pynvml.c_nvmlFieldValue_t
+    h = twin.nvmlDeviceGetHandleByIndex(0)
+    assert isinstance(twin.nvmlDeviceGetMemoryInfo(h), pynvml.c_nvmlMemory_t)
+    assert isinstance(twin.nvmlDeviceGetUtilizationRates(h), pynvml.c_nvmlUtilization_t)
+    pci = twin.nvmlDeviceGetPciInfo(h)
+    assert isinstance(pci, pynvml.nvmlPciInfo_t) and pci.busId == "00000000:18:00.0" and pci.bus == 0x18
+    assert isinstance(twin.nvmlDeviceGetUUID(h), str)
+    assert twin.nvmlDeviceGetRemappedRows(h) == (0, 0, 0, 0)
+
+
+def test_field_values_carry_their_own_return_codes(twin, model):
+    model.gpu(NODE, 0).nvlink_errors[2][0] = 11
+    twin._state = None
+    h = twin.nvmlDeviceGetHandleByIndex(0)
+    fv = twin.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_MEMORY_TEMP,
+                                           (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 2),
+                                           (pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER, 0),
+                                           (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 40)])
+    assert all(isinstance(v, pynvml.c_nvmlFieldValue_t) for v in fv)
+    assert [v.nvmlReturn for v in fv] == [pynvml.NVML_SUCCESS, pynvml.NVML_SUCCESS,
+                                          pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT]
+    assert fv[0].valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT and fv[0].value.uiVal == round(model.gpu(NODE, 0).mem_temp_c)
+    assert fv[1].scopeId == 2 and fv[1].value.ullVal == 11
+
+
+def test_events_only_for_registered_gpus(twin, model):
+    es = twin.nvmlEventSetCreate()
+    model.raise_xid(NODE, 1, 31)  # GPU 1 is never registered on this set: never delivered
+    h0 = twin.nvmlDeviceGetHandleByIndex(0)
+    twin.nvmlDeviceRegisterEvents(h0, pynvml.nvmlEventTypeXidCriticalError, es)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        twin.nvmlEventSetWait_v2(es, 50)
+    model.raise_xid(NODE, 0, 94)
+    d = twin.nvmlEventSetWait_v2(es, 2000)
+    assert (d.eventType, d.eventData, twin.nvmlDeviceGetUUID(d.device)) == (
+        pynvml.nvmlEventTypeXidCriticalError, 94, model.gpu(NODE, 0).uuid)
+    twin.nvmlEventSetFree(es)
+
+
+def test_profile_ids_match_installed_pynvml():
+    prof = load_profile()
+    entries = prof.all_named()
+    assert len(entries) > 20
+    for path, name, ident in entries:
+        assert hasattr(pynvml, name), f"{path}: pynvml has no {name}"
+        assert getattr(pynvml, name) == ident, f"{path}: {name} is {getattr(pynvml, name)} in pynvml, profile says {ident}"
+
+
+@pytest.mark.parametrize("text,where", [
+    ("gpu_fields: {memory_temp: {name: X, id: -1}}", "gpu_fields.memory_temp.id"),
+    ("nvlink_fields: [{name: X, id: 1, metric: volts}]", "nvlink_fields[0].metric"),
+    ("nvlink_fields: [{name: X, id: 1, metric: errors}]", "nvlink_fields[0].label"),
+    ("temperature_thresholds: [1, 2]", "temperature_thresholds"),
+])
+def test_bad_profile_names_the_field(tmp_path: Path, text: str, where: str):
+    # the shipped profile with one section replaced by a bad one
+    base = yaml.safe_load((Path(__file__).resolve().parent.parent / "exporters/profiles/nvml.yaml").read_text())
+    base.update(yaml.safe_load(text))
+    p = tmp_path / "nvml.yaml"
+    p.write_text(yaml.safe_dump(base))
+    with pytest.raises(ProfileError) as e:
+        load_profile(p)
+    assert where in str(e.value)
