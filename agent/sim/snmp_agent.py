@@ -1,0 +1,150 @@
+"""A minimal SNMP v2c agent on 127.0.0.1 serving a sorted OID -> value table (GET, GETNEXT, GETBULK, SET).
+
+Why not snmpsim: the simulated PDU's values follow the rack model every
+tick and outlets switch on SET, so the table is rebuilt from the model and
+SETs call back into the device. pysnmp's message API does the BER work;
+asyncio's datagram endpoint gives the bound port (port 0 = pick one).
+A wrong community gets no answer, as on real agents (the client times out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from typing import Any, Callable
+
+from pyasn1.codec.ber import decoder, encoder
+from pysnmp.proto import api, rfc1902, rfc1905
+
+Oid = tuple[int, ...]
+# Called for a SET of one varbind: returns the value to answer, or raises SetRefused.
+SetHandler = Callable[[Oid, Any], Any]
+
+
+class SetRefused(Exception):
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status  # 17 notWritable, 10 wrongValue, ...
+
+
+class OidTable:
+    """A sorted snapshot of the served values; replaced as a whole so readers never see half an update."""
+
+    def __init__(self, items: dict[Oid, Any] | None = None):
+        items = items or {}
+        self.keys: list[Oid] = sorted(items)
+        self.values: dict[Oid, Any] = items
+
+    def get(self, oid: Oid) -> Any:
+        return self.values.get(oid)
+
+    def next(self, oid: Oid) -> tuple[Oid, Any] | None:
+        i = bisect.bisect_right(self.keys, oid)
+        if i >= len(self.keys):
+            return None
+        k = self.keys[i]
+        return k, self.values[k]
+
+
+class SnmpAgent(asyncio.DatagramProtocol):
+    def __init__(self, community: str, on_set: SetHandler | None = None):
+        self.community = community
+        self.table = OidTable()
+        self.on_set = on_set
+        self.offline = False
+        self.requests = 0
+        self._transport: asyncio.DatagramTransport | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        if host != "127.0.0.1":
+            raise ValueError("the simulated SNMP agent binds to 127.0.0.1 only")
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port))
+        return self._transport.get_extra_info("sockname")[:2]
+
+    def stop(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.offline:
+            return
+        try:
+            rsp = self._answer(data)
+        except Exception:  # a malformed datagram is dropped, like a real agent would
+            return
+        if rsp is not None and self._transport is not None:
+            self._transport.sendto(rsp, addr)
+
+    def _answer(self, data: bytes) -> bytes | None:
+        version = int(api.decodeMessageVersion(data))
+        if version != api.SNMP_VERSION_2C:
+            return None
+        p = api.PROTOCOL_MODULES[version]
+        req, _ = decoder.decode(data, asn1Spec=p.Message())
+        if bytes(p.apiMessage.get_community(req)) != self.community.encode():
+            return None
+        self.requests += 1
+        rsp = p.apiMessage.get_response(req)
+        req_pdu = p.apiMessage.get_pdu(req)
+        rsp_pdu = p.apiMessage.get_pdu(rsp)
+        table = self.table
+        var_binds = p.apiPDU.get_varbinds(req_pdu)
+        out: list[tuple[Any, Any]] = []
+        if req_pdu.isSameTypeWith(p.GetRequestPDU()):
+            for name, _ in var_binds:
+                v = table.get(tuple(name))
+                out.append((name, v if v is not None else rfc1905.noSuchInstance))
+        elif req_pdu.isSameTypeWith(p.GetNextRequestPDU()):
+            for name, _ in var_binds:
+                nxt = table.next(tuple(name))
+                out.append((nxt[0], nxt[1]) if nxt else (name, rfc1905.endOfMibView))
+        elif req_pdu.isSameTypeWith(p.GetBulkRequestPDU()):
+            non_rep = int(p.apiBulkPDU.get_non_repeaters(req_pdu))
+            max_rep = max(1, min(int(p.apiBulkPDU.get_max_repetitions(req_pdu)), 64))
+            for name, _ in var_binds[:non_rep]:
+                nxt = table.next(tuple(name))
+                out.append((nxt[0], nxt[1]) if nxt else (name, rfc1905.endOfMibView))
+            cursors = [tuple(name) for name, _ in var_binds[non_rep:]]
+            for _ in range(max_rep):
+                if not cursors:
+                    break
+                for i, cur in enumerate(cursors):
+                    nxt = table.next(cur) if cur is not None else None
+                    if nxt is None:
+                        out.append((cur or (0, 0), rfc1905.endOfMibView))
+                        cursors[i] = None
+                    else:
+                        out.append(nxt)
+                        cursors[i] = nxt[0]
+                if all(c is None for c in cursors):
+                    break
+        elif req_pdu.isSameTypeWith(p.SetRequestPDU()):
+            for i, (name, value) in enumerate(var_binds):
+                try:
+                    if self.on_set is None:
+                        raise SetRefused(17)
+                    out.append((name, self.on_set(tuple(name), value)))
+                except SetRefused as exc:
+                    p.apiPDU.set_error_status(rsp_pdu, exc.status)
+                    p.apiPDU.set_error_index(rsp_pdu, i + 1)
+                    out = list(var_binds)
+                    break
+        else:
+            return None
+        p.apiPDU.set_varbinds(rsp_pdu, out)
+        return encoder.encode(rsp)
+
+
+def gauge(v: float) -> rfc1902.Gauge32:
+    """A Gauge32/Unsigned32 value, clamped and wrapped as the MIB says (mod 2^32)."""
+    return rfc1902.Gauge32(int(v) % (1 << 32))
+
+
+def integer(v: int) -> rfc1902.Integer32:
+    return rfc1902.Integer32(int(v))
+
+
+def text(v: str) -> rfc1902.OctetString:
+    return rfc1902.OctetString(v)

@@ -1,0 +1,163 @@
+"""Rack PDU collector over SNMP v2c/v3: inlets, phases, outlets and energy, decoded by a profile.
+
+One `PduSource` per PDU of the inventory. A poll is one multi-column
+GETBULK walk of the columns the profile needs; the slowly changing scale
+columns (Raritan decimal digits, ENTITY-SENSOR scale/precision) are walked
+on the first poll and then every `scale_refresh` seconds only. Outlet
+switching (`set_outlet`) and the one-shot probe live here too because they
+share the client and the profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Iterable
+
+from exporters.model import PollResult, Quality, Reading, SourceError
+from exporters.pdu_metrics import INLET_POWER, OUTLET_INFO, PDU_INFO, RACK_BUDGET, RACK_POWER
+from exporters.snmp_client import SnmpClient, SnmpCredentials
+from exporters.snmp_decode import Columns, CounterTracker, decode
+from exporters.snmp_profile import Profile, load_profile
+from exporters.render import render_readings
+
+
+def parse_target(target: str | tuple[str, int], default_port: int = 161) -> tuple[str, int]:
+    if isinstance(target, tuple):
+        return target
+    host, sep, port = target.rpartition(":")
+    if not sep:
+        return target, default_port
+    try:
+        return host, int(port)
+    except ValueError:
+        raise SourceError("config", f"target {target!r}: port {port!r} is not a number") from None
+
+
+class PduSource:
+    """Source protocol implementation for one PDU (name "pdu", device = inventory name)."""
+
+    def __init__(self, device: str, profile: Profile | str, target: str | tuple[str, int],
+                 credentials: SnmpCredentials, timeout: float = 1.0, retries: int = 1, max_repetitions: int = 10,
+                 outlet_feeds: dict[str, str] | None = None, scale_refresh: float = 300.0, name: str = "pdu"):
+        self.name = name
+        self.device = device
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.host, self.port = parse_target(target)
+        self.max_repetitions = max_repetitions
+        self.outlet_feeds = dict(outlet_feeds or {})
+        self.scale_refresh = scale_refresh
+        self.client = SnmpClient(self.host, self.port, credentials, timeout=timeout, retries=retries)
+        self.counters = CounterTracker()
+        self._slow: Columns = {}
+        self._slow_at = -1e18
+        self._info: dict[str, str] = {}
+        self._fast_oids = [o for _, _, o in self.profile.walked_columns(slow=False)]
+        self._slow_oids = [o for _, _, o in self.profile.walked_columns(slow=True)]
+
+    @property
+    def requests(self) -> int:
+        """SNMP requests sent so far (benchmark and probe figure)."""
+        return self.client.requests
+
+    async def _read_info(self) -> None:
+        if not self.profile.info:
+            return
+        try:
+            got = await self.client.get(list(self.profile.info.values()))
+        except SourceError as exc:
+            if exc.kind in ("timeout", "auth"):
+                raise
+            return  # identity is optional; a device without these scalars still has power readings
+        self._info = {k: str(got.get(o)) for k, o in self.profile.info.items() if got.get(o) not in (None, "")}
+
+    async def poll(self) -> PollResult:
+        now_m = time.monotonic()
+        refresh = now_m - self._slow_at >= self.scale_refresh
+        oids = self._fast_oids + (self._slow_oids if refresh else [])
+        columns = await self.client.walk_columns(oids, self.max_repetitions)
+        if refresh:
+            self._slow = {o: columns[o] for o in self._slow_oids}
+            self._slow_at = now_m
+            await self._read_info()
+        if not any(columns.get(o) for o in self._fast_oids):
+            raise SourceError("decode", f"{self.client.where}: profile {self.profile.profile!r} matched no rows "
+                                        f"(walked {len(self._fast_oids)} columns; wrong profile or community/context?)")
+        merged = {**columns, **self._slow}
+        errors: dict[str, int] = {}
+        now = time.time()
+        readings = decode(self.profile, merged, self.device, self.counters, errors, now)
+        readings.append(Reading(PDU_INFO, 1.0, {
+            "pdu": self.device, "vendor": self.profile.vendor, "model": self._info.get("model", ""),
+            "firmware": self._info.get("firmware", ""), "profile": self.profile.profile}, Quality.OK, now))
+        for outlet, node in sorted(self.outlet_feeds.items()):
+            readings.append(Reading(OUTLET_INFO, 1.0, {"pdu": self.device, "outlet": str(outlet), "feeds": node},
+                                    Quality.OK, now))
+        return PollResult(readings, errors)
+
+    async def set_outlet(self, outlet: str | int, on: bool, settle: float = 2.0) -> bool:
+        """Switch one outlet by SNMP SET (profile's outlet_control) and read the state back.
+
+        Returns True when the read-back state is the one asked for within
+        `settle` seconds (PDUs may apply a command with a delay). Raises
+        SourceError("config") for a PDU whose profile cannot switch.
+        """
+        oc = self.profile.outlet_control
+        if oc is None:
+            raise SourceError("config", f"profile {self.profile.profile!r} has no outlet_control (not switched)")
+        suffix = oc.index.format(**{**oc.defaults, "outlet": outlet})
+        want = oc.power_on if on else oc.power_off
+        state_oid = f"{self.profile.tables[oc.table].columns[oc.state_column].oid}.{suffix}"
+        await self.client.set_int(f"{oc.command_oid}.{suffix}", want.command)
+        deadline = time.monotonic() + settle
+        while True:
+            state = (await self.client.get([state_oid])).get(state_oid)
+            if state == want.state:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        self.client.close()
+
+
+def rack_power_readings(readings: Iterable[Reading], budget_watts: float | None) -> list[Reading]:
+    """`supernode_rack_power_watts` (sum of all PDUs' inlet power) and the budget gauge.
+
+    Only OK inlet readings count; with none at all the rack power is not
+    emitted (a missing value, never a false 0 W).
+    """
+    inlets = [r for r in readings if r.spec is INLET_POWER and r.ok]
+    out: list[Reading] = []
+    if inlets:
+        out.append(Reading(RACK_POWER, sum(r.value for r in inlets), {}, Quality.OK,
+                           max(r.timestamp for r in inlets)))
+    if budget_watts is not None:
+        out.append(Reading(RACK_BUDGET, float(budget_watts), {}))
+    return out
+
+
+async def probe_snmp(profile_name: str, host: str, port: int, community: str | None = None,
+                     v3_user: str | None = None, auth_key: str | None = None, priv_key: str | None = None,
+                     auth_protocol: str = "SHA", priv_protocol: str = "AES", context: str = "",
+                     timeout: float = 1.0, retries: int = 1, max_repetitions: int = 10,
+                     pdu_name: str = "probe") -> str:
+    """Poll one device once and return what the agent would export (Prometheus text).
+
+    Raises SourceError with kind timeout / auth / decode (profile does not
+    match the device) / config, and a message naming the problem.
+    """
+    if v3_user:
+        creds = SnmpCredentials("3", v3_user=v3_user, auth_key=auth_key, priv_key=priv_key,
+                                auth_protocol=auth_protocol, priv_protocol=priv_protocol, context=context)
+    else:
+        creds = SnmpCredentials("2c", community=community or "public")
+    source = PduSource(pdu_name, profile_name, (host, port), creds, timeout=timeout, retries=retries,
+                       max_repetitions=max_repetitions)
+    try:
+        result = await source.poll()
+    finally:
+        await source.close()
+    readings = result.readings + rack_power_readings(result.readings, None)
+    return render_readings(readings).decode()

@@ -1,0 +1,116 @@
+"""Turn walked SNMP columns into readings, as a profile says; pure functions plus counter state.
+
+Kept apart from the transport so the decoding rules (per-row scale, enums,
+"not supported" values, counter wraps and resets) are testable on plain
+dicts and identical for every vendor.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from exporters.model import Quality, Reading
+from exporters.pdu_metrics import PROFILE_METRICS
+from exporters.snmp_profile import MetricMap, Profile
+
+Columns = dict[str, dict[tuple[int, ...], Any]]  # column oid -> {index: value}
+
+
+class CounterTracker:
+    """Makes device energy counters monotonic: absorbs 2^bits wraps and resets (APC counters are user-resettable).
+
+    The exported total starts at the device's own value and then only adds
+    deltas: a drop that looks like a wrap (the old raw value was near the
+    top) adds the wrapped distance; any other drop is a reset and adds the
+    new raw value (energy since the reset), never a negative step.
+    """
+
+    def __init__(self) -> None:
+        self._state: dict[tuple, tuple[int, float]] = {}  # key -> (last raw, total in base units)
+        self.wraps = 0
+        self.resets = 0
+
+    def update(self, key: tuple, raw: int, bits: int, factor: float) -> float:
+        prev = self._state.get(key)
+        if prev is None:
+            total = raw * factor
+        else:
+            last, total = prev
+            delta = raw - last
+            if delta < 0:
+                wrapped = raw + (1 << bits) - last
+                if wrapped <= (1 << bits) // 8:
+                    delta = wrapped
+                    self.wraps += 1
+                else:
+                    delta = raw
+                    self.resets += 1
+            total += delta * factor
+        self._state[key] = (raw, total)
+        return total
+
+
+def row_factor(m: MetricMap, table_cols: dict[str, str], columns: Columns, index: tuple[int, ...]) -> float | None:
+    """The per-row scale (Raritan decimal digits, ENTITY-SENSOR scale/precision); None when it cannot be read."""
+    rs = m.row_scale
+    if rs is None:
+        return 1.0
+    if rs.decimal_digits:
+        d = columns.get(table_cols[rs.decimal_digits], {}).get(index)
+        return None if not isinstance(d, int) else 10.0 ** -d
+    s = columns.get(table_cols[rs.entity_scale], {}).get(index, 9) if rs.entity_scale else 9
+    p = columns.get(table_cols[rs.entity_precision], {}).get(index, 0) if rs.entity_precision else 0
+    if not isinstance(s, int) or not isinstance(p, int):
+        return None
+    return 10.0 ** (3 * (s - 9)) * 10.0 ** -p
+
+
+def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracker,
+           errors: dict[str, int] | None = None, now: float | None = None) -> list[Reading]:
+    """All metric readings a profile defines, from walked columns. Rows the profile cannot decode count in `errors`."""
+    now = time.time() if now is None else now
+    errors = {} if errors is None else errors
+    out: list[Reading] = []
+    for m in profile.metrics:
+        spec = PROFILE_METRICS[m.metric]
+        table = profile.tables[m.table]
+        table_cols = {name: c.oid for name, c in table.columns.items()}
+        for index, raw in columns.get(table_cols[m.column], {}).items():
+            if len(index) != len(table.index):
+                errors[f"{m.table}.{m.column}"] = errors.get(f"{m.table}.{m.column}", 0) + 1
+                continue
+            parts = dict(zip(table.index, index))
+            if any(parts[k] != v for k, v in m.where.items()):
+                continue
+            if any(columns.get(table_cols[c], {}).get(index) not in vals for c, vals in m.when.items()):
+                continue
+            labels = {"pdu": pdu, **{k: t.format(**parts) for k, t in m.labels.items()}}
+            if not isinstance(raw, int):
+                errors[m.metric] = errors.get(m.metric, 0) + 1
+                continue
+            if raw in m.unsupported:
+                out.append(Reading(spec, float(raw), labels, Quality.UNSUPPORTED, now))
+                continue
+            if m.enum is not None:
+                if raw not in m.enum:
+                    out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
+                else:
+                    out.append(Reading(spec, float(m.enum[raw]), labels, Quality.OK, now))
+                continue
+            factor = row_factor(m, table_cols, columns, index)
+            if factor is None:
+                out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
+                continue
+            factor *= m.scale
+            if m.counter_bits is not None:
+                key = (m.metric, tuple(sorted(labels.items())))
+                value = counters.update(key, raw, m.counter_bits, factor) + m.offset
+            else:
+                value = raw * factor + m.offset
+            if not math.isfinite(value):
+                out.append(Reading(spec, 0.0, labels, Quality.SENSOR_FAULT, now))
+                continue
+            out.append(Reading(spec, value, labels, Quality.OK, now))
+    return out

@@ -1,0 +1,110 @@
+"""SNMP profile format: every shipped profile loads; bad profiles are refused naming the field; decoding rules."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from exporters.model import Quality
+from exporters.snmp_decode import CounterTracker, decode
+from exporters.snmp_profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
+
+SHIPPED = {"raritan-pdu2", "apc-rpdu2", "servertech-sentry4", "vertiv-geist-v5", "entity-sensor"}
+
+
+def test_shipped_profiles_load_and_note_sources():
+    assert SHIPPED <= set(available_profiles())
+    for name in SHIPPED:
+        p = load_profile(name)
+        assert p.profile == name and p.sources and p.metrics
+        assert all(o.startswith("1.3.6.1.") for _, _, o in p.walked_columns())
+
+
+def _raritan() -> dict:
+    return yaml.safe_load((PROFILE_DIR / "raritan-pdu2.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d["metrics"][0].update(metric="supernode_pdu_inlet_power"), "unknown metric"),
+    (lambda d: d["metrics"][2].pop("counter_bits"), "counter_bits: required"),
+    (lambda d: d["tables"]["inlet"]["columns"]["value"].update(oid="1.3.6.x"), "numeric OID"),
+    (lambda d: d["metrics"][0].update(labels={"outlet": "{inlet}"}), "labels: need exactly ['inlet']"),
+    (lambda d: d["metrics"][0].update(labels={"inlet": "{nope}"}), "not index parts"),
+    (lambda d: d["metrics"][0].update(column="missing"), "has no column 'missing'"),
+    (lambda d: d["metrics"][0].update(where={"phase": 1}), "is not an index part"),
+    (lambda d: d.update(colour="red"), "colour: unknown field"),
+    (lambda d: d["metrics"][0].update(row_scale={}), "either decimal_digits"),
+])
+def test_bad_profile_is_refused_naming_the_field(mutate, needle):
+    data = copy.deepcopy(_raritan())
+    mutate(data)
+    with pytest.raises(ProfileError) as err:
+        parse_profile(data, "raritan-pdu2.yaml")
+    assert needle in str(err.value) and "raritan-pdu2.yaml" in str(err.value)
+
+
+def test_profile_name_must_match_file(tmp_path):
+    (tmp_path / "other.yaml").write_text((PROFILE_DIR / "raritan-pdu2.yaml").read_text())
+    with pytest.raises(ProfileError, match="differs from the file name"):
+        load_profile(tmp_path / "other.yaml")
+    with pytest.raises(ProfileError, match="known profiles"):
+        load_profile("no-such-profile")
+
+
+INLET = "1.3.6.1.4.1.13742.6.5.2.3.1.4"
+DIGITS = "1.3.6.1.4.1.13742.6.3.3.4.1.7"
+
+
+def test_decimal_digits_scale_per_row_and_energy_to_joules():
+    p = load_profile("raritan-pdu2")
+    cols = {INLET: {(1, 1, 5): 1665, (1, 1, 6): 1751, (1, 1, 8): 74057676},
+            DIGITS: {(1, 1, 5): 1, (1, 1, 6): 0, (1, 1, 8): 0}}
+    got = {r.name: r for r in decode(p, cols, "pdu-a", CounterTracker())}
+    assert got["supernode_pdu_inlet_power_watts"].value == pytest.approx(166.5)
+    assert got["supernode_pdu_inlet_apparent_power_volt_amperes"].value == 1751
+    assert got["supernode_pdu_inlet_energy_joules_total"].value == 74057676 * 3600
+    assert dict(got["supernode_pdu_inlet_power_watts"].labels) == {"pdu": "pdu-a", "inlet": "1"}
+
+
+def test_missing_digits_is_a_sensor_fault_not_a_guess():
+    p = load_profile("raritan-pdu2")
+    r = decode(p, {INLET: {(1, 1, 5): 1665}}, "pdu-a", CounterTracker())
+    assert [x.quality for x in r] == [Quality.SENSOR_FAULT]
+
+
+def test_entity_sensor_scale_and_precision():
+    p = load_profile("entity-sensor")
+    base = "1.3.6.1.2.1.99.1.1.1."
+    cols = {base + "1": {(7,): 6, (8,): 5, (9,): 8}, base + "2": {(7,): 10, (8,): 8, (9,): 9},
+            base + "3": {(7,): 1, (8,): 0, (9,): 0}, base + "4": {(7,): 15, (8,): 2500, (9,): 30},
+            base + "5": {(7,): 1, (8,): 1, (9,): 1}}
+    got = {(r.name, r.labels["outlet"]): r.value for r in decode(p, cols, "x", CounterTracker())}
+    assert got == {("supernode_pdu_outlet_power_watts", "7"): pytest.approx(1500.0),
+                   ("supernode_pdu_outlet_current_amperes", "8"): pytest.approx(2.5)}
+
+
+def test_unsupported_and_unknown_enum_values_are_flagged():
+    p = load_profile("apc-rpdu2")
+    cols = {"1.3.6.1.4.1.318.1.1.26.4.3.1.5": {(1,): -1}, "1.3.6.1.4.1.318.1.1.26.9.2.3.1.5": {(1,): 2, (2,): 9}}
+    got = {(r.name, r.labels.get("outlet", "")): r for r in decode(p, cols, "x", CounterTracker())}
+    assert got[("supernode_pdu_inlet_power_watts", "")].quality is Quality.UNSUPPORTED
+    assert got[("supernode_pdu_outlet_on", "1")].value == 1.0 and got[("supernode_pdu_outlet_on", "1")].ok
+    assert got[("supernode_pdu_outlet_on", "2")].quality is Quality.SENSOR_FAULT
+
+
+def test_counter_wrap_and_reset_keep_the_total_growing():
+    c = CounterTracker()
+    key = ("e",)
+    top = (1 << 32) - 10
+    assert c.update(key, top, 32, 1.0) == top
+    assert c.update(key, 5, 32, 1.0) == top + 15           # wrapped: +15, not -4294967281
+    assert c.update(key, 7, 32, 1.0) == top + 17
+    assert c.update(key, 0, 32, 1.0) == top + 17           # user reset to 0 (APC): no negative step
+    assert c.update(key, 3, 32, 1.0) == top + 20
+    assert (c.wraps, c.resets) == (1, 1)
+    # a reset from a low value is not mistaken for a wrap
+    c2 = CounterTracker()
+    c2.update(key, 19516, 32, 360000.0)
+    assert c2.update(key, 2, 32, 360000.0) == pytest.approx((19516 + 2) * 360000.0)

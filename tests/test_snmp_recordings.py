@@ -1,0 +1,102 @@
+"""Profiles against real PDU recordings served by snmpsim over real UDP (v2c and v3 authPriv)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from exporters.model import SourceError
+from exporters.pdu import PduSource, probe_snmp
+from exporters.snmp_client import SnmpCredentials
+from snmpsim_peer import V3_AUTH, V3_PRIV, V3_USER, recordings, run_snmpsim
+
+
+@pytest.fixture(scope="module")
+def snmpsim(tmp_path_factory):
+    work = tmp_path_factory.mktemp("snmpsim")
+    yield from run_snmpsim(work, recordings(), "apc-8641")
+
+
+def poll(port: int, profile: str, creds: SnmpCredentials):
+    async def run():
+        s = PduSource("pdu-a", profile, ("127.0.0.1", port), creds, timeout=1.0, retries=1)
+        try:
+            return await s.poll(), s.requests
+        finally:
+            await s.close()
+    return asyncio.run(run())
+
+
+def values(result) -> dict[tuple, float]:
+    return {(r.name, tuple(sorted((k, v) for k, v in r.labels.items() if k != "pdu"))): r.value
+            for r in result.readings if r.ok}
+
+
+def test_apc_ap8641_decodes_as_powernet_mib_says(snmpsim):
+    result, requests = poll(snmpsim, "apc-rpdu2", SnmpCredentials(community="apc-8641"))
+    v = values(result)
+    # DEVICES.md worked example: Power 121 -> 1.21 kW, Energy 19516 -> 1951.6 kWh, 131 -> 1.31 kVA, phase 6.5 A 201 V 1.22 kW
+    assert v[("supernode_pdu_inlet_power_watts", (("inlet", "1"),))] == pytest.approx(1210.0)
+    assert v[("supernode_pdu_inlet_energy_joules_total", (("inlet", "1"),))] == pytest.approx(1951.6 * 3.6e6)
+    assert v[("supernode_pdu_inlet_apparent_power_volt_amperes", (("inlet", "1"),))] == pytest.approx(1310.0)
+    ph = (("inlet", "1"), ("phase", "1"))
+    assert v[("supernode_pdu_phase_current_amperes", ph)] == pytest.approx(6.5)
+    assert v[("supernode_pdu_phase_voltage_volts", ph)] == pytest.approx(201.0)
+    assert v[("supernode_pdu_phase_power_watts", ph)] == pytest.approx(1220.0)
+    outlets = {lab[0][1] for (name, lab) in v if name == "supernode_pdu_outlet_power_watts"}
+    assert outlets == {str(i) for i in range(1, 25)}
+    assert v[("supernode_pdu_outlet_power_watts", (("outlet", "1"),))] == pytest.approx(163.0)
+    assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "1"),))] == pytest.approx(0.9)
+    assert {v[("supernode_pdu_outlet_on", (("outlet", str(i)),))] for i in range(1, 25)} <= {0.0, 1.0}
+    info = next(r for r in result.readings if r.name == "supernode_pdu_info")
+    assert (info.labels["model"], info.labels["firmware"], info.labels["vendor"]) == ("AP8641", "6.7.2", "APC")
+    assert requests < 20
+
+
+def test_apc_ap7902b_not_supported_values_are_never_exported(snmpsim):
+    result, _ = poll(snmpsim, "apc-rpdu2", SnmpCredentials(community="apc-7902b"))
+    v = values(result)
+    assert v[("supernode_pdu_phase_current_amperes", (("inlet", "1"), ("phase", "1")))] == pytest.approx(1.6)
+    assert ("supernode_pdu_inlet_power_watts", (("inlet", "1"),)) not in v       # -1 = not supported
+    unsupported = {r.name for r in result.readings if r.quality.value == "unsupported"}
+    assert {"supernode_pdu_inlet_power_watts", "supernode_pdu_phase_voltage_volts"} <= unsupported
+    assert sum(1 for (n, _) in v if n == "supernode_pdu_outlet_on") == 16
+
+
+def test_raritan_pdu2_walk_decodes_with_decimal_digits(snmpsim):
+    result, _ = poll(snmpsim, "raritan-pdu2", SnmpCredentials(community="raritan-pdu2"))
+    v = values(result)
+    i1 = (("inlet", "1"),)
+    assert v[("supernode_pdu_inlet_power_watts", i1)] == pytest.approx(242.0)
+    assert v[("supernode_pdu_inlet_apparent_power_volt_amperes", i1)] == pytest.approx(379.0)
+    assert v[("supernode_pdu_inlet_energy_joules_total", i1)] == pytest.approx(1444088 * 3600.0)
+    o1 = (("outlet", "1"),)
+    assert v[("supernode_pdu_outlet_current_amperes", o1)] == pytest.approx(0.074)   # 74 with 3 digits
+    assert v[("supernode_pdu_outlet_power_watts", o1)] == pytest.approx(7.0)
+    assert v[("supernode_pdu_outlet_energy_joules_total", o1)] == pytest.approx(107881 * 3600.0)
+    assert v[("supernode_pdu_outlet_on", o1)] == 1.0                                 # onOff state 7 = on
+    assert {lab[0][1] for (n, lab) in v if n == "supernode_pdu_outlet_power_watts"} == {str(i) for i in range(1, 13)}
+
+
+def test_v3_authpriv_and_a_wrong_key(snmpsim):
+    good = SnmpCredentials("3", v3_user=V3_USER, auth_key=V3_AUTH, priv_key=V3_PRIV, context="apc-8641")
+    result, _ = poll(snmpsim, "apc-rpdu2", good)
+    assert values(result)[("supernode_pdu_inlet_power_watts", (("inlet", "1"),))] == pytest.approx(1210.0)
+    bad = SnmpCredentials("3", v3_user=V3_USER, auth_key="not-the-key", priv_key=V3_PRIV, context="apc-8641")
+    with pytest.raises(SourceError) as err:
+        poll(snmpsim, "apc-rpdu2", bad)
+    assert err.value.kind == "auth" and "authentication" in str(err.value)
+
+
+def test_probe_prints_exposition_and_names_a_profile_mismatch(snmpsim):
+    text = asyncio.run(probe_snmp("raritan-pdu2", "127.0.0.1", snmpsim, community="raritan-pdu2"))
+    assert 'supernode_pdu_inlet_power_watts{inlet="1",pdu="probe"} 242.0' in text
+    assert "supernode_rack_power_watts 242.0" in text and "# TYPE supernode_pdu_inlet_energy_joules_total counter" in text
+    assert "NaN" not in text
+    with pytest.raises(SourceError) as err:
+        asyncio.run(probe_snmp("raritan-pdu2", "127.0.0.1", snmpsim, community="apc-8641"))
+    assert err.value.kind == "decode" and "matched no rows" in str(err.value)
+    with pytest.raises(SourceError) as err:   # unknown community: the agent stays silent
+        asyncio.run(probe_snmp("apc-rpdu2", "127.0.0.1", snmpsim, community="nope", timeout=0.3, retries=0))
+    assert err.value.kind == "timeout"
