@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from agent.remediation.settings import RemediationSettings
+
 DEFAULT_CONFIG_PATH = Path("/etc/supernode-agent/agent.yaml")
 
 Mode = Literal["observe", "dry-run", "enforce"]
@@ -183,7 +185,8 @@ class Config(Strict):
     inventory: Inventory = Inventory()
     sources: Sources = Sources()
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
-    remediation: dict[str, Any] = Field(default_factory=dict, description="Detectors, playbooks and guardrails.")
+    remediation: RemediationSettings = Field(default_factory=RemediationSettings,
+                                             description="Detectors, playbooks and guardrails.")
 
     def dump(self) -> dict[str, Any]:
         """A JSON-safe dump; secret values are never in it (only their file paths)."""

@@ -1,0 +1,1 @@
+"""Self-healing: detectors, incidents, playbooks, guardrails, journal, actions (see PLAYBOOKS.md)."""

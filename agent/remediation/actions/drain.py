@@ -1,0 +1,74 @@
+"""drain: take a node out of the scheduler with a marked reason; undo only what carries our marker."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from . import ActionError, ActionResult
+from .slurm import SchedulerError
+
+MARKER = "supernode-agent:"
+
+
+class DrainAction:
+    kind = "drain"
+
+    def __init__(self, scheduler, checkpoint_signal: str | None = None):
+        self.scheduler = scheduler
+        self.checkpoint_signal = checkpoint_signal
+
+    async def plan(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
+        try:
+            st = await self.scheduler.state(target["node"])
+        except SchedulerError as exc:
+            raise ActionError(str(exc)) from exc
+        reason = f"{MARKER} {ctx.get('incident_id', '?')} {ctx.get('detector', '')}".strip()
+        return {"before": {"state": st.state, "reason": st.reason, "owned": not st.drained}, "reason": reason}
+
+    async def apply(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any],
+                    plan: Mapping[str, Any]) -> ActionResult:
+        node, before = target["node"], dict(plan["before"])
+        if not before["owned"]:
+            ours = before["reason"].startswith(MARKER)
+            return ActionResult(True, f"{node} already {before['state']} ({'by us' if ours else 'by someone else'})",
+                                before=before, after={"state": before["state"], "reason": before["reason"]},
+                                skipped=True)
+        try:
+            signal = params.get("checkpoint_signal", self.checkpoint_signal)
+            if signal:
+                await self.scheduler.signal_jobs(node, str(signal))
+            await self.scheduler.drain(node, plan["reason"])
+            after = await self.scheduler.state(node)
+        except SchedulerError as exc:
+            raise ActionError(str(exc)) from exc
+        if not after.drained or not after.reason.startswith(MARKER):
+            raise ActionError(f"read-back: {node} is {after.state} reason {after.reason!r} after drain")
+        return ActionResult(True, f"{node} {after.state}", before=before,
+                            after={"state": after.state, "reason": after.reason})
+
+    async def undo(self, target: Mapping[str, str], before: Mapping[str, Any], after: Mapping[str, Any],
+                   params: Mapping[str, Any]) -> ActionResult:
+        node = target["node"]
+        try:
+            st = await self.scheduler.state(node)
+            if not before.get("owned", False) or not st.reason.startswith(MARKER):
+                return ActionResult(True, f"{node} not resumed: not drained by us (now {st.state}, {st.reason!r})",
+                                    after={"state": st.state, "reason": st.reason}, skipped=True)
+            if not st.drained:
+                return ActionResult(True, f"{node} already {st.state}", after={"state": st.state}, skipped=True)
+            await self.scheduler.resume(node)
+            now = await self.scheduler.state(node)
+        except SchedulerError as exc:
+            raise ActionError(str(exc)) from exc
+        if "drain" in now.state:
+            raise ActionError(f"read-back: {node} still {now.state} after resume")
+        return ActionResult(True, f"{node} {now.state}", after={"state": now.state})
+
+    async def reconcile(self, target: Mapping[str, str], params: Mapping[str, Any], plan: Mapping[str, Any]) -> str:
+        try:
+            st = await self.scheduler.state(target["node"])
+        except SchedulerError:
+            return "unknown"
+        if not plan.get("before", {}).get("owned", True):
+            return "applied"  # nothing was to be done
+        return "applied" if st.drained and st.reason.startswith(str(plan.get("reason", MARKER))[:40]) else "not_applied"

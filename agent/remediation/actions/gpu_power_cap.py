@@ -1,0 +1,130 @@
+"""gpu_power_cap: set an NVML power limit (watts, fraction of default, `min`, or a rack budget share).
+
+The limit is clamped to the GPU's own constraints, read back, and the limit
+found before is recorded so undo restores exactly that, and only if the
+limit is still the one we set (a person who changed it since wins).
+`libs` maps node -> an object with pynvml's function names (real pynvml
+or the simulator's NVML twin); calls are blocking, so they run in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping
+
+from . import ActionError, ActionResult
+
+try:  # the shared NVML control helpers, when present
+    from exporters.nvml_control import get_power_limit, set_power_limit  # type: ignore
+except ImportError:  # pragma: no cover - same signatures, used until that module lands
+    def get_power_limit(lib: Any, index: int) -> float:
+        h = lib.nvmlDeviceGetHandleByIndex(index)
+        return lib.nvmlDeviceGetPowerManagementLimit(h) / 1000.0
+
+    def set_power_limit(lib: Any, index: int, watts: float) -> float:
+        h = lib.nvmlDeviceGetHandleByIndex(index)
+        lo, hi = lib.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        mw = int(min(max(watts * 1000.0, lo), hi))
+        lib.nvmlDeviceSetPowerManagementLimit(h, mw)
+        return lib.nvmlDeviceGetPowerManagementLimit(h) / 1000.0
+
+
+def _constraints(lib: Any, index: int) -> tuple[float, float, float]:
+    h = lib.nvmlDeviceGetHandleByIndex(index)
+    lo, hi = lib.nvmlDeviceGetPowerManagementLimitConstraints(h)
+    default = lib.nvmlDeviceGetPowerManagementDefaultLimit(h)
+    return lo / 1000.0, hi / 1000.0, default / 1000.0
+
+
+def gpu_count(lib: Any) -> int:
+    return int(lib.nvmlDeviceGetCount())
+
+
+class GpuPowerCapAction:
+    kind = "gpu_power_cap"
+
+    def __init__(self, libs: Mapping[str, Any], lock_timeout: float = 5.0):
+        self.libs = dict(libs)
+        self.timeout = lock_timeout
+
+    def _lib(self, node: str) -> Any:
+        lib = self.libs.get(node)
+        if lib is None:
+            raise ActionError(f"no NVML handle for node {node} (not this agent's node)", permanent=True)
+        return lib
+
+    async def _call(self, fn, *args):
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout)
+
+    def _wanted(self, lib: Any, index: int, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> tuple[float, dict]:
+        lo, hi, default = _constraints(lib, index)
+        current = get_power_limit(lib, index)
+        if "watts" in params:
+            want = float(params["watts"])
+        elif params.get("limit") == "min":
+            want = lo
+        elif "fraction" in params:
+            want = default * float(params["fraction"])
+        elif params.get("mode") == "rack_budget":
+            budget, power = ctx.get("budget_watts"), ctx.get("power_watts")
+            if not budget or not power:
+                raise ActionError("rack_budget mode needs budget_watts and power_watts in the incident", permanent=True)
+            want = current * float(budget) / float(power) * float(params.get("headroom", 0.95))
+        else:
+            raise ActionError("gpu_power_cap needs watts, fraction, limit: min or mode: rack_budget", permanent=True)
+        return min(max(want, lo), hi), {"min_watts": lo, "max_watts": hi, "default_watts": default, "current": current}
+
+    async def plan(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
+        """Read the current limit and work out the clamped one; recorded in the intent."""
+        lib, index = self._lib(target["node"]), int(target["gpu"])
+        try:
+            want, info = await self._call(self._wanted, lib, index, params, ctx)
+        except ActionError:
+            raise
+        except Exception as exc:  # NVMLError and friends
+            raise ActionError(f"NVML: {type(exc).__name__}: {exc}") from exc
+        return {"before": {"limit_watts": info["current"], "owned": want < info["current"]}, "want_watts": want, **info}
+
+    async def apply(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any],
+                    plan: Mapping[str, Any]) -> ActionResult:
+        lib, index = self._lib(target["node"]), int(target["gpu"])
+        before, want = plan["before"]["limit_watts"], plan["want_watts"]
+        if not plan["before"]["owned"]:
+            return ActionResult(True, f"limit {before:.0f} W already at or below {want:.0f} W",
+                                before=dict(plan["before"]), after={"limit_watts": before}, skipped=True)
+        try:
+            applied = await self._call(set_power_limit, lib, index, want)
+            readback = await self._call(get_power_limit, lib, index)
+        except Exception as exc:
+            raise ActionError(f"NVML: {type(exc).__name__}: {exc}") from exc
+        if abs(readback - want) > 1.0:
+            raise ActionError(f"read-back: limit {readback:.0f} W, wanted {want:.0f} W")
+        return ActionResult(True, f"gpu {index} limit {before:.0f} -> {readback:.0f} W", before=dict(plan["before"]),
+                            after={"limit_watts": readback, "applied_watts": applied})
+
+    async def undo(self, target: Mapping[str, str], before: Mapping[str, Any], after: Mapping[str, Any],
+                   params: Mapping[str, Any]) -> ActionResult:
+        lib, index = self._lib(target["node"]), int(target["gpu"])
+        if not before.get("owned"):
+            return ActionResult(True, "limit was not changed by us", skipped=True)
+        try:
+            current = await self._call(get_power_limit, lib, index)
+            ours = after.get("limit_watts")
+            if ours is not None and abs(current - float(ours)) > 1.0:
+                return ActionResult(True, f"limit now {current:.0f} W, not the {ours:.0f} W we set: left alone",
+                                    after={"limit_watts": current}, skipped=True)
+            await self._call(set_power_limit, lib, index, float(before["limit_watts"]))
+            readback = await self._call(get_power_limit, lib, index)
+        except Exception as exc:
+            raise ActionError(f"NVML: {type(exc).__name__}: {exc}") from exc
+        if abs(readback - float(before["limit_watts"])) > 1.0:
+            raise ActionError(f"read-back: limit {readback:.0f} W, wanted {before['limit_watts']} W")
+        return ActionResult(True, f"gpu {index} limit restored to {readback:.0f} W", after={"limit_watts": readback})
+
+    async def reconcile(self, target: Mapping[str, str], params: Mapping[str, Any], plan: Mapping[str, Any]) -> str:
+        try:
+            lib, index = self._lib(target["node"]), int(target["gpu"])
+            current = await self._call(get_power_limit, lib, index)
+        except Exception:
+            return "unknown"
+        return "applied" if abs(current - float(plan["want_watts"])) <= 1.0 else "not_applied"

@@ -1,0 +1,117 @@
+"""Scheduler adapters: the real Slurm (scontrol/sinfo) and a clearly labelled simulated one.
+
+Both offer drain / resume / state / list / signal_jobs. The Slurm one passes
+SLURM_CONF through the environment of every call and uses argument lists
+only (no shell); the reason is one argv element, so no quoting games.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DRAINED_WORDS = ("drain", "down", "fail")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    node: str
+    state: str  # sinfo %T: idle, allocated, draining, drained, down*, idle*...
+    reason: str
+
+    @property
+    def drained(self) -> bool:
+        return any(w in self.state for w in DRAINED_WORDS)
+
+
+class SchedulerError(Exception):
+    pass
+
+
+class SlurmScheduler:
+    """Talks to slurmctld with Slurm's own clients."""
+
+    label = "slurm"
+
+    def __init__(self, scontrol: str = "scontrol", sinfo: str = "sinfo", slurm_conf: Path | str | None = None,
+                 timeout: float = 10.0, scancel: str = "scancel"):
+        self.scontrol = scontrol
+        self.sinfo = sinfo
+        self.scancel = scancel
+        self.timeout = timeout
+        self.env = dict(os.environ)
+        if slurm_conf:
+            self.env["SLURM_CONF"] = str(slurm_conf)
+
+    async def _run(self, *args: str) -> str:
+        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE, env=self.env)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SchedulerError(f"{args[0]} timed out after {self.timeout}s") from None
+        if proc.returncode != 0:
+            raise SchedulerError(f"{' '.join(args[:3])}: exit {proc.returncode}: {err.decode().strip()}")
+        return out.decode()
+
+    async def list(self) -> dict[str, NodeState]:
+        out = await self._run(self.sinfo, "-h", "-N", "-o", "%N|%T|%E")
+        nodes: dict[str, NodeState] = {}
+        for line in out.splitlines():
+            parts = line.split("|", 2)
+            if len(parts) == 3:
+                reason = "" if parts[2] == "none" else parts[2]
+                nodes[parts[0]] = NodeState(parts[0], parts[1], reason)
+        return nodes
+
+    async def state(self, node: str) -> NodeState:
+        out = await self._run(self.sinfo, "-h", "-N", "-n", node, "-o", "%N|%T|%E")
+        for line in out.splitlines():
+            parts = line.split("|", 2)
+            if len(parts) == 3 and parts[0] == node:
+                return NodeState(node, parts[1], "" if parts[2] == "none" else parts[2])
+        raise SchedulerError(f"node {node} unknown to Slurm")
+
+    async def drain(self, node: str, reason: str) -> None:
+        await self._run(self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    async def resume(self, node: str) -> None:
+        await self._run(self.scontrol, "update", f"NodeName={node}", "State=RESUME")
+
+    async def signal_jobs(self, node: str, signal: str) -> None:
+        out = await self._run("squeue", "-h", "-w", node, "-o", "%A")
+        for job in out.split():
+            await self._run(self.scancel, f"--signal={signal}", "--batch", job)
+
+
+class SimulatedScheduler:
+    """SIMULATED scheduler (demo without slurmctld): an in-process node table, same interface as SlurmScheduler."""
+
+    label = "simulated"
+
+    def __init__(self, nodes: list[str]):
+        self.nodes = {n: NodeState(n, "idle", "") for n in nodes}
+
+    async def list(self) -> dict[str, NodeState]:
+        return dict(self.nodes)
+
+    async def state(self, node: str) -> NodeState:
+        try:
+            return self.nodes[node]
+        except KeyError:
+            raise SchedulerError(f"node {node} unknown to the simulated scheduler") from None
+
+    async def drain(self, node: str, reason: str) -> None:
+        await self.state(node)
+        self.nodes[node] = NodeState(node, "drained", reason)
+
+    async def resume(self, node: str) -> None:
+        await self.state(node)
+        self.nodes[node] = NodeState(node, "idle", "")
+
+    async def signal_jobs(self, node: str, signal: str) -> None:
+        return None

@@ -1,0 +1,183 @@
+"""HTTP routes (webhook, incidents, approve, journal, breaker reset) and the CLI helpers behind them.
+
+Why here: the runtime owns the server (TLS, client certs, listen address);
+this module only mounts routes on the app it is given, so the same routes
+run in tests on a loopback port. Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from aiohttp import web
+from pydantic import SecretStr
+
+from .journal import Journal
+from .webhook import WebhookError, handle_payload
+
+
+def _authorized(request: web.Request, token: SecretStr | None) -> bool:
+    if token is None:
+        return False
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[7:].strip().encode(), token.get_secret_value().encode())
+
+
+def add_remediation_routes(app: web.Application, engine, admin_token: SecretStr | None,
+                           webhook_token: SecretStr | None, max_body: int) -> None:
+    async def alerts(request: web.Request) -> web.Response:
+        if not _authorized(request, webhook_token):
+            engine.count_webhook("unauthorized")
+            return web.json_response({"error": "unauthorized"}, status=401,
+                                     headers={"WWW-Authenticate": "Bearer"})
+        if request.content_length is not None and request.content_length > max_body:
+            engine.count_webhook("invalid")
+            return web.json_response({"error": f"body over {max_body} bytes"}, status=413)
+        body = bytearray()
+        async for chunk in request.content.iter_chunked(65536):
+            body += chunk
+            if len(body) > max_body:
+                engine.count_webhook("invalid")
+                return web.json_response({"error": f"body over {max_body} bytes"}, status=413)
+        try:
+            out = handle_payload(engine, bytes(body))
+        except WebhookError as exc:
+            engine.count_webhook(exc.result)
+            return web.json_response({"error": str(exc)}, status=exc.status)
+        engine.count_webhook("accepted" if out["accepted"] else "duplicate")
+        return web.json_response(out, status=200)
+
+    async def incidents(request: web.Request) -> web.Response:
+        if admin_token is not None and not _authorized(request, admin_token):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response(engine.incidents_view())
+
+    async def approve(request: web.Request) -> web.Response:
+        if not _authorized(request, admin_token):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        done = engine.approve(request.match_info["id"], who="api")
+        if not done:
+            return web.json_response({"error": "nothing pending under that id"}, status=404)
+        return web.json_response({"approved": done})
+
+    async def journal(request: web.Request) -> web.Response:
+        if admin_token is not None and not _authorized(request, admin_token):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        try:
+            limit = min(int(request.query.get("limit", "200")), 5000)
+        except ValueError:
+            return web.json_response({"error": "limit must be an integer"}, status=400)
+        rows = [_entry_dict(e) for e in engine.journal.entries(limit=limit)]
+        return web.json_response({"entries": rows})
+
+    async def breaker_reset(request: web.Request) -> web.Response:
+        if not _authorized(request, admin_token):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response({"was_open": engine.reset_breaker(who="api")})
+
+    app.router.add_post("/api/v1/alerts", alerts)
+    app.router.add_get("/api/v1/incidents", incidents)
+    app.router.add_post("/api/v1/incidents/{id}/approve", approve)
+    app.router.add_get("/api/v1/journal", journal)
+    app.router.add_post("/api/v1/breaker/reset", breaker_reset)
+
+
+def _entry_dict(e) -> dict:
+    return {f: getattr(e, f) for f in e.__slots__}
+
+
+# -- CLI helpers (agent/cli.py calls these) -------------------------------------
+
+def _request(url: str, token_file: Path | str | None, method: str = "GET") -> tuple[int, dict]:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    if token_file:
+        req.add_header("Authorization", "Bearer " + Path(token_file).read_text().strip())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {"error": exc.reason}
+
+
+def _fmt_ts(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _table(rows: list[list[str]], out=None) -> None:
+    out = out or sys.stdout
+    if not rows:
+        return
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
+
+
+def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
+    try:
+        status, data = _request(base_url.rstrip("/") + "/api/v1/incidents", token_file)
+    except OSError as exc:
+        print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
+        return 2
+    if status != 200:
+        print(f"error: {status} {data.get('error', '')}", file=sys.stderr)
+        return 1
+    rows = [["ID", "DETECTOR", "TARGETS", "SEVERITY", "STATE", "OPENED", "DURATION_S", "PLAYBOOK"]]
+    for inc in data["open"] + list(reversed(data["recent"])):
+        rows.append([inc["id"], inc["detector"], ",".join(f"{k}={v}" for k, v in sorted(inc["targets"].items())),
+                     inc["severity"], inc["state"], _fmt_ts(inc["opened_at"]), f"{inc['duration_seconds']:.1f}",
+                     inc.get("playbook") or "-"])
+    print(f"mode: {data['mode']}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
+    _table(rows)
+    if data["pending_approvals"]:
+        print("\npending approvals (supernode-agent approve ID):")
+        _table([["ID", "INCIDENT", "ACTION", "TARGET", "PHASE", "EXPIRES"]] +
+               [[p["id"], p["incident_id"], p["action"], p["target"], p["phase"], _fmt_ts(p["expires_at"])]
+                for p in data["pending_approvals"]])
+    return 0
+
+
+def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | str) -> int:
+    try:
+        status, data = _request(f"{base_url.rstrip('/')}/api/v1/incidents/{incident_or_action_id}/approve",
+                                token_file, method="POST")
+    except OSError as exc:
+        print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
+        return 2
+    if status != 200:
+        print(f"error: {status} {data.get('error', '')}", file=sys.stderr)
+        return 1
+    for aid in data["approved"]:
+        print(f"approved {aid}")
+    return 0
+
+
+def cli_journal(path: Path | str, limit: int = 100) -> int:
+    """Read the journal read-only: a state dir (journal.db inside) or the db file itself."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "journal.db"
+    if not path.exists():
+        print(f"error: no journal at {path}", file=sys.stderr)
+        return 1
+    j = Journal(path, readonly=True)
+    try:
+        rows = [["SEQ", "TIME", "KIND", "RESULT", "PLAYBOOK", "ACTION", "TARGET", "INCIDENT", "DETAIL"]]
+        for e in j.entries(limit=limit):
+            detail = e.detail.get("guardrail") or e.detail.get("message") or e.detail.get("error") or ""
+            rows.append([str(e.seq), _fmt_ts(e.ts), e.kind, e.result or "-", e.playbook or "-", e.action or "-",
+                         e.target or "-", e.incident_id or "-", str(detail)[:60]])
+        _table(rows)
+    finally:
+        j.close()
+    return 0

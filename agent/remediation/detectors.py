@@ -1,0 +1,393 @@
+"""Local detectors: read a Snapshot, emit fire/clear events with hysteresis and hold times.
+
+Why apart from action: a detector only says "this condition holds for these
+targets"; incidents and playbooks decide what to do. Each detector gives a
+tri-state per target: True (set threshold met), False (clear threshold met)
+or None (between the two: keep the current state), and `Tracker` turns that
+into fire/clear events using the hold times (and, for leaks, the number of
+consecutive wet polls, counted on the readings' own timestamps so other
+sources' publishes do not count as polls). A reading whose quality is not
+ok never satisfies a condition: it feeds a sensor-fault observation instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from exporters.model import Reading
+
+from agent.snapshot import Snapshot
+
+from .settings import DetectorSettings, Hold
+
+Targets = tuple[tuple[str, str], ...]
+
+
+def targets_of(**kv: str) -> Targets:
+    return tuple(sorted((k, str(v)) for k, v in kv.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    detector: str
+    targets: Targets
+    severity: str
+    cond: bool | None
+    sample_ts: float | None = None  # for consecutive-poll counting
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: str  # fire | clear
+    detector: str
+    targets: dict[str, str]
+    severity: str
+    detail: Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class _KeyState:
+    active: bool = False
+    set_since: float | None = None
+    clear_since: float | None = None
+    count: int = 0
+    last_ts: float | None = None
+
+
+class Tracker:
+    """Hysteresis in time for one detector, per target key."""
+
+    def __init__(self, hold: Hold, consecutive: int = 1):
+        self.hold = hold
+        self.consecutive = consecutive
+        self.keys: dict[Targets, _KeyState] = {}
+
+    def observe(self, obs: Observation, now: float) -> str | None:
+        st = self.keys.setdefault(obs.targets, _KeyState())
+        new_sample = obs.sample_ts is None or obs.sample_ts != st.last_ts
+        st.last_ts = obs.sample_ts if obs.sample_ts is not None else st.last_ts
+        if obs.cond:
+            st.clear_since = None
+            if new_sample:
+                st.count += 1
+            if st.set_since is None:
+                st.set_since = now
+            if not st.active and st.count >= self.consecutive and now - st.set_since >= self.hold.fire_seconds:
+                st.active = True
+                return "fire"
+            return None
+        if new_sample or obs.cond is False:
+            st.count = 0
+        st.set_since = None
+        if obs.cond is None or not st.active:
+            st.clear_since = None if obs.cond is None else st.clear_since
+            return None
+        if st.clear_since is None:
+            st.clear_since = now
+        if now - st.clear_since >= self.hold.clear_seconds:
+            st.active = False
+            st.clear_since = None
+            return "clear"
+        return None
+
+    def active(self) -> list[Targets]:
+        return [k for k, s in self.keys.items() if s.active]
+
+
+class _Rates:
+    """Per-series rates and deltas from counter values across snapshots.
+
+    Keyed on the reading's own timestamp: a snapshot that carries the same
+    sample again (another source published) keeps the last rate; a counter
+    reset or a first sighting gives no rate.
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[tuple, tuple[float, float]] = {}
+        self.last_rate: dict[tuple, float | None] = {}
+
+    def rate(self, r: Reading) -> float | None:
+        key = r.key()
+        prev = self.last.get(key)
+        if prev is not None and r.timestamp <= prev[0]:
+            return self.last_rate.get(key)
+        self.last[key] = (r.timestamp, r.value)
+        rate = None if prev is None or r.value < prev[1] else (r.value - prev[1]) / max(r.timestamp - prev[0], 1e-6)
+        self.last_rate[key] = rate
+        return rate
+
+    def delta(self, r: Reading) -> float | None:
+        """Increase since the previous sample (0 for a repeated sample, None on first sighting)."""
+        key = ("delta",) + r.key()
+        prev = self.last.get(key)
+        if prev is not None and r.timestamp <= prev[0]:
+            return 0.0
+        self.last[key] = (r.timestamp, r.value)
+        return None if prev is None else max(0.0, r.value - prev[1])
+
+
+@dataclass
+class Context:
+    """What detectors need besides the snapshot: this node, the inventory's expectations."""
+
+    node: str
+    rack: str
+    expected_gpus: int = 0
+    power_budget_watts: float | None = None
+
+
+def _node(r: Reading, ctx: Context) -> str:
+    return r.labels.get("node", ctx.node)
+
+
+class Detectors:
+    """The default detector table of PLAYBOOKS.md, evaluated on every snapshot."""
+
+    def __init__(self, settings: DetectorSettings, ctx: Context, clock: Callable[[], float] | None = None):
+        self.s = settings
+        self.ctx = ctx
+        self.rates = _Rates()
+        self.peak_flow: dict[str, float] = {}
+        self.flaps: dict[str, list[tuple[float, float]]] = {}
+        self.trackers: dict[str, Tracker] = {}
+        for name in ("leak", "leak_sensor_fault", "coolant_flow_low", "coolant_supply_hot", "condensation_risk",
+                     "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
+                     "rack_power_over_budget"):
+            hold: Hold = getattr(settings, name)
+            self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
+        self.trackers["sensor_fault"] = Tracker(Hold(fire_seconds=0.0, clear_seconds=10.0))
+
+    # -- entry point -------------------------------------------------------------
+
+    def evaluate(self, snap: Snapshot) -> list[Event]:
+        events: list[Event] = []
+        for obs in self.observe(snap):
+            tracker = self.trackers[obs.detector]
+            if not getattr(tracker.hold, "enabled", True):
+                continue
+            kind = tracker.observe(obs, snap.taken_at)
+            if kind:
+                events.append(Event(kind, obs.detector, dict(obs.targets), obs.severity, dict(obs.detail)))
+        return events
+
+    def observe(self, snap: Snapshot) -> Iterator[Observation]:
+        for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
+                   self._optic, self._rack_power):
+            yield from fn(snap)
+
+    def _fault(self, r: Reading) -> Observation:
+        return Observation("sensor_fault", targets_of(reading=r.reading_id()), "warning", True,
+                           detail={"quality": r.quality.value, "metric": r.spec.name})
+
+    def _ok_or_fault(self, readings: Iterable[Reading]) -> Iterator[Reading | Observation]:
+        """Yield ok readings, and a sensor-fault observation for each reading that is not ok."""
+        for r in readings:
+            if r.ok:
+                yield Observation("sensor_fault", targets_of(reading=r.reading_id()), "warning", False)
+                yield r
+            else:
+                yield self._fault(r)
+
+    # -- leaks -------------------------------------------------------------------
+
+    def _leak(self, snap: Snapshot) -> Iterator[Observation]:
+        zones: dict[str, list[Reading]] = {}
+        for item in self._ok_or_fault(snap.select("supernode_leak_detected")):
+            if isinstance(item, Observation):
+                if item.cond:
+                    labels = dict(item.targets)
+                    yield Observation("leak_sensor_fault", targets_of(**_zone_sensor_from_id(labels["reading"])),
+                                      "warning", True, detail={"quality": item.detail.get("quality")})
+                yield item
+                continue
+            zones.setdefault(item.label("zone"), []).append(item)
+        for zone, rs in zones.items():
+            wet = any(r.value >= 0.5 for r in rs)
+            yield Observation("leak", targets_of(zone=zone), "critical", wet, sample_ts=max(r.timestamp for r in rs),
+                              detail={"sensors": sorted(r.label("sensor") for r in rs if r.value >= 0.5)})
+        faults: dict[Targets, bool] = {}
+        for r in snap.select("supernode_leak_sensor_fault"):
+            key = targets_of(zone=r.label("zone"), sensor=r.label("sensor"))
+            faults[key] = faults.get(key, False) or (r.ok and r.value >= 0.5)
+        for key, on in faults.items():
+            yield Observation("leak_sensor_fault", key, "warning", on)
+
+    # -- coolant -----------------------------------------------------------------
+
+    def _coolant(self, snap: Snapshot) -> Iterator[Observation]:
+        s = self.s
+        for item in self._ok_or_fault(snap.select("supernode_cdu_flow_cubic_meters_per_second", loop="secondary")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            cdu = item.label("cdu")
+            nominal = s.nominal_flow_cubic_meters_per_second
+            if nominal is None:
+                nominal = self.peak_flow[cdu] = max(self.peak_flow.get(cdu, 0.0), item.value)
+            if nominal <= 0:
+                continue
+            ratio = item.value / nominal
+            cond: bool | None = True if ratio < s.flow_low_ratio else False if ratio >= s.flow_clear_ratio else None
+            if cond and s.flow_confirm_delta_t_celsius > 0:
+                sup = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="supply")
+                ret = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="return")
+                if sup is not None and ret is not None and ret - sup < s.flow_confirm_delta_t_celsius:
+                    cond = None
+            yield Observation("coolant_flow_low", targets_of(cdu=cdu), "critical", cond,
+                              detail={"flow_ratio": round(ratio, 3)})
+        for item in self._ok_or_fault(snap.select("supernode_cdu_temperature_celsius", loop="secondary", point="supply")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            v = item.value
+            cond = True if v > s.supply_hot_celsius else False if v <= s.supply_hot_clear_celsius else None
+            yield Observation("coolant_supply_hot", targets_of(cdu=item.label("cdu")), "critical", cond,
+                              detail={"supply_celsius": v})
+        for item in self._ok_or_fault(snap.select("supernode_cdu_dew_point_margin_celsius")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            v = item.value
+            cond = True if v < s.condensation_margin_celsius else False if v >= s.condensation_clear_margin_celsius else None
+            yield Observation("condensation_risk", targets_of(cdu=item.label("cdu")), "warning", cond,
+                              detail={"margin_celsius": v})
+
+    # -- GPUs --------------------------------------------------------------------
+
+    def _gpu_thermal(self, snap: Snapshot) -> Iterator[Observation]:
+        s = self.s
+        hw: dict[tuple[str, str], bool] = {}
+        for r in snap.select("supernode_gpu_clock_event_active", reason="hw_thermal"):
+            if r.ok:
+                hw[(_node(r, self.ctx), r.label("gpu"))] = r.value >= 0.5
+        for item in self._ok_or_fault(snap.select("supernode_gpu_temperature_celsius", sensor="gpu")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            node, gpu = _node(item, self.ctx), item.label("gpu")
+            slowdown = snap.value("supernode_gpu_temperature_threshold_celsius", gpu=gpu, threshold="slowdown")
+            near = slowdown is not None and item.value >= slowdown - s.gpu_thermal_margin_celsius
+            far = slowdown is None or item.value < slowdown - s.gpu_thermal_clear_margin_celsius
+            throttled = hw.get((node, gpu), False)
+            cond = True if (near or throttled) else False if far else None
+            yield Observation("gpu_thermal", targets_of(node=node, gpu=gpu), "warning", cond,
+                              detail={"temperature_celsius": item.value, "slowdown_celsius": slowdown,
+                                      "hw_thermal": throttled})
+
+    def _gpu_xid(self, snap: Snapshot) -> Iterator[Observation]:
+        critical = set(self.s.xid_critical)
+        per_gpu: dict[tuple[str, str], list[str]] = {}
+        for r in snap.select("supernode_gpu_xid_errors_total"):
+            key = (_node(r, self.ctx), r.label("gpu"))
+            per_gpu.setdefault(key, [])
+            if not r.ok or not r.label("xid").isdigit() or int(r.label("xid")) not in critical:
+                continue
+            d = self.rates.delta(r)
+            if (d is None and r.value > 0) or (d is not None and d > 0):
+                per_gpu[key].append(f"xid {r.label('xid')}")
+        for r in snap.select("supernode_gpu_recovery_action"):
+            if r.ok and r.value >= 0.5 and r.label("action") not in ("none", ""):
+                per_gpu.setdefault((_node(r, self.ctx), r.label("gpu")), []).append(f"recovery {r.label('action')}")
+        for (node, gpu), why in per_gpu.items():
+            # A critical XID is an event: it holds the condition, and the clear hold time counts from the last one.
+            yield Observation("gpu_xid_critical", targets_of(node=node), "critical", bool(why),
+                              detail={"gpu": gpu, "why": why})
+
+    def _gpu_lost(self, snap: Snapshot) -> Iterator[Observation]:
+        up: dict[str, int] = {}
+        for r in snap.select("supernode_gpu_up"):
+            if not r.ok:
+                yield self._fault(r)
+                continue
+            node = _node(r, self.ctx)
+            up[node] = up.get(node, 0) + (1 if r.value >= 0.5 else 0)
+            yield Observation("gpu_lost", targets_of(node=node, gpu=r.label("gpu")), "critical", r.value < 0.5)
+        expected = self.ctx.expected_gpus
+        if expected:
+            for node, n in up.items():
+                yield Observation("gpu_lost", targets_of(node=node, gpu="missing"), "critical",
+                                  n < expected and len([r for r in snap.select("supernode_gpu_up")
+                                                        if _node(r, self.ctx) == node]) < expected,
+                                  detail={"seen": n, "expected": expected})
+
+    def _nvlink(self, snap: Snapshot) -> Iterator[Observation]:
+        worst: dict[tuple[str, str], float] = {}
+        down: dict[tuple[str, str], list[str]] = {}
+        for r in snap.select("supernode_nvlink_errors_total"):
+            if not r.ok or r.label("type") not in ("crc_flit", "crc_data", "replay", "recovery"):
+                continue
+            key = (_node(r, self.ctx), r.label("gpu"))
+            rate = self.rates.rate(r)
+            worst[key] = max(worst.get(key, 0.0), rate or 0.0)
+        for r in snap.select("supernode_nvlink_up"):
+            if r.ok:
+                key = (_node(r, self.ctx), r.label("gpu"))
+                down.setdefault(key, [])
+                if r.value < 0.5:
+                    down[key].append(r.label("link"))
+        for key in set(worst) | set(down):
+            rate = worst.get(key, 0.0)
+            links_down = down.get(key, [])
+            cond = rate > self.s.nvlink_error_rate_per_second or bool(links_down)
+            yield Observation("nvlink_errors", targets_of(node=key[0], gpu=key[1]), "critical", cond,
+                              detail={"errors_per_second": round(rate, 3), "links_down": links_down})
+
+    # -- optics and links --------------------------------------------------------
+
+    def _optic(self, snap: Snapshot) -> Iterator[Observation]:
+        s = self.s
+        why: dict[str, list[str]] = {}
+        for item in self._ok_or_fault(snap.select("supernode_optic_rx_power_dbm")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            port = item.label("port")
+            warn = snap.value("supernode_optic_threshold_dbm", port=port, kind="rx_low_warning")
+            why.setdefault(port, [])
+            if warn is not None and item.value < warn + s.optic_rx_margin_db:
+                why[port].append(f"rx lane {item.label('lane')} {item.value:.2f} dBm < {warn:.2f}")
+        for r in snap.select("supernode_link_flaps_total"):
+            if not r.ok:
+                continue
+            port = r.label("port")
+            why.setdefault(port, [])
+            hist = self.flaps.setdefault(port, [])
+            if not hist or hist[-1][1] != r.value:
+                hist.append((snap.taken_at, r.value))
+            window = [v for t, v in hist if snap.taken_at - t <= s.optic_flap_window_seconds]
+            hist[:] = [(t, v) for t, v in hist if snap.taken_at - t <= s.optic_flap_window_seconds] or hist[-1:]
+            if len(window) >= 2 and window[-1] - window[0] >= s.optic_flaps:
+                why[port].append(f"{int(window[-1] - window[0])} flaps")
+        for r in snap.select("supernode_link_errors_total", counter="symbol_error"):
+            if not r.ok:
+                continue
+            port = r.label("port")
+            why.setdefault(port, [])
+            rate = self.rates.rate(r)
+            if rate is not None and rate > s.optic_symbol_error_rate_per_second:
+                why[port].append(f"symbol errors {rate:.1f}/s")
+        for port, reasons in why.items():
+            yield Observation("optic_degraded", targets_of(port=port), "warning", bool(reasons),
+                              detail={"why": reasons})
+
+    # -- rack power --------------------------------------------------------------
+
+    def _rack_power(self, snap: Snapshot) -> Iterator[Observation]:
+        for item in self._ok_or_fault(snap.select("supernode_rack_power_watts")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            budget = snap.value("supernode_rack_power_budget_watts") or self.ctx.power_budget_watts
+            if not budget:
+                continue
+            ratio = item.value / budget
+            cond = True if ratio > self.s.rack_power_over_ratio else False if ratio <= self.s.rack_power_clear_ratio else None
+            yield Observation("rack_power_over_budget", targets_of(rack=self.ctx.rack), "warning", cond,
+                              detail={"power_watts": item.value, "budget_watts": budget})
+
+
+def _zone_sensor_from_id(reading_id: str) -> dict[str, str]:
+    parts = dict(p.split("=", 1) for p in reading_id.split(",")[1:] if "=" in p)
+    return {"zone": parts.get("zone", ""), "sensor": parts.get("sensor", "")}

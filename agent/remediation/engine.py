@@ -1,0 +1,519 @@
+"""The remediation engine: detectors -> incidents -> playbooks -> guarded, journaled actions.
+
+Why one object: the order matters and must hold under crashes and
+concurrency. `start()` reconciles unfinished intents against real device
+state before anything else; `on_snapshot` only hands work to the asyncio
+loop (it runs on the publishing source's thread); each playbook runs as a
+task; every decision (done, dry-run, blocked and by which guardrail,
+failed, undone) lands in the journal before it is counted in metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from agent.snapshot import Snapshot
+
+from .actions import ActionError, ActionResult, parse_target, target_str
+from .detectors import Context, Detectors, Event
+from .guardrails import Guardrails
+from .incidents import Incident, IncidentBook
+from .journal import Journal
+from .playbooks import Playbook, Step, find_playbook, load_playbooks
+from .settings import RemediationSettings
+
+log = logging.getLogger("supernode.remediation")
+MODES = ("observe", "dry-run", "enforce")
+
+
+@dataclass
+class Executors:
+    """What actions act through; the runtime fills the ones this node has.
+
+    scheduler: SlurmScheduler or SimulatedScheduler; gpu_libs: node -> pynvml-like
+    object; link_isolate/link_read, cdu_write/cdu_read, pdu_set/pdu_get: device callables.
+    """
+
+    scheduler: Any = None
+    gpu_libs: dict[str, Any] = field(default_factory=dict)
+    link_isolate: Any = None
+    link_read: Any = None
+    cdu_write: Any = None
+    cdu_read: Any = None
+    pdu_set: Any = None
+    pdu_get: Any = None
+
+
+@dataclass
+class Pending:
+    """A step waiting for a person's approval."""
+
+    id: str
+    incident_id: str
+    playbook: str
+    action: str
+    target: str
+    phase: str  # apply | undo
+    approval: str
+    created_at: float
+    expires_at: float
+    future: asyncio.Future
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "incident_id": self.incident_id, "playbook": self.playbook, "action": self.action,
+                "target": self.target, "phase": self.phase, "approval": self.approval,
+                "created_at": self.created_at, "expires_at": self.expires_at}
+
+
+def action_id(incident_id: str, step: int, target: str, phase: str = "apply") -> str:
+    return hashlib.sha1(f"{incident_id}|{step}|{target}|{phase}".encode()).hexdigest()[:16]
+
+
+class RemediationEngine:
+    def __init__(self, settings: RemediationSettings, mode: str, identity: Any, inventory: Any,
+                 journal_path: Path | str, executors: Executors | None = None, clock=time.time):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.settings = settings
+        self.mode = mode
+        self.identity = identity
+        self.inventory = inventory
+        self.clock = clock
+        self.journal = Journal(journal_path)
+        self.incidents = IncidentBook(self.journal, clock)
+        self.guard = Guardrails(settings.guardrails, clock)
+        self.executors = executors or Executors()
+        self.playbooks: list[Playbook] = load_playbooks(settings.playbook_dir)
+        self.detectors = Detectors(settings.detectors, Context(
+            node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
+            power_budget_watts=inventory.power_budget_watts), clock)
+        self.actions = self._build_actions()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.pending: dict[str, Pending] = {}
+        # (kind, target) -> {"before", "after", "params", "holders": {incident_id: action_id}}
+        self.effects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.started = False
+        # metrics
+        self.actions_total: dict[tuple[str, str, str], int] = {}
+        self.blocked_total: dict[tuple[str, str], int] = {}
+        self.webhook_total: dict[str, int] = {}
+        self.first_action_at: float | None = None
+
+    # -- construction ------------------------------------------------------------
+
+    def _build_actions(self) -> dict[str, Any]:
+        from .actions.device_adapters import CduWriteAction, IsolateLinkAction, PduOutletAction
+        from .actions.drain import DrainAction
+        from .actions.exec import ExecAction
+        from .actions.gpu_power_cap import GpuPowerCapAction
+        from .actions.notify import NotifyAction
+
+        ex, s = self.executors, self.settings
+        acts: dict[str, Any] = {
+            "gpu_power_cap": GpuPowerCapAction(ex.gpu_libs),
+            "notify": NotifyAction(s.notify_url, s.notify_timeout_seconds),
+            "exec": ExecAction(s.exec_allow),
+        }
+        if ex.scheduler is not None:
+            acts["drain"] = DrainAction(ex.scheduler, s.slurm.checkpoint_signal)
+        if ex.link_isolate and ex.link_read:
+            acts["isolate_link"] = IsolateLinkAction(ex.link_isolate, ex.link_read,
+                                                     {p.name for p in self.inventory.ports if p.isolatable})
+        if ex.cdu_write and ex.cdu_read:
+            acts["cdu_write"] = CduWriteAction(ex.cdu_write, ex.cdu_read)
+        if ex.pdu_set and ex.pdu_get:
+            acts["pdu_outlet"] = PduOutletAction(ex.pdu_set, ex.pdu_get)
+        return acts
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Reconcile the journal against real state, restore open incidents, then accept work."""
+        self.loop = asyncio.get_running_loop()
+        await self.reconcile()
+        self._rebuild_effects()
+        restored = self.incidents.restore()
+        self.journal.append("engine", result="started", detail={"mode": self.mode, "restored_incidents": restored})
+        self.started = True
+        for inc in self.incidents.open_incidents():
+            book = self._playbook_for(inc)
+            if book is not None and inc.state in ("open", "mitigating"):
+                self._spawn(self.run_playbook(inc, book))
+
+    async def stop(self) -> None:
+        self.started = False
+        for p in list(self.pending.values()):
+            if not p.future.done():
+                p.future.cancel()
+        for t in list(self.tasks):
+            t.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.journal.append("engine", result="stopped")
+        self.journal.close()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("remediation task failed: %r", task.exception(), exc_info=task.exception())
+
+    async def reconcile(self) -> int:
+        """Intents without results: read the real state and record what actually happened."""
+        n = 0
+        for e in self.journal.unfinished_intents():
+            act = self.actions.get(e.action or "")
+            target = parse_target(e.target or "")
+            plan = e.detail.get("plan", {})
+            phase = e.detail.get("phase", "apply")
+            verdict = "unknown"
+            if act is not None:
+                try:
+                    verdict = await act.reconcile(target, e.detail.get("params", {}), plan)
+                except Exception as exc:  # a reconcile must never stop the start
+                    verdict = f"unknown ({exc})"
+                if phase == "undo" and verdict in ("applied", "not_applied"):
+                    verdict = "not_applied" if verdict == "applied" else "applied"
+            result = {"applied": "undone" if phase == "undo" else "done",
+                      "not_applied": "failed"}.get(verdict, "failed")
+            self.journal.append("result", action_id=e.action_id, incident_id=e.incident_id, playbook=e.playbook,
+                                action=e.action, target=e.target, result=result,
+                                detail={"reconciled": verdict, "phase": phase, "before": plan.get("before", {}),
+                                        "after": {}, "params": e.detail.get("params", {})})
+            n += 1
+        return n
+
+    def _rebuild_effects(self) -> None:
+        """Effects still in place (applied, owned, not undone) from the journal: undo must know them after a restart."""
+        applied: dict[str, Any] = {}
+        for e in self.journal.entries():
+            if e.kind != "result" or not e.action_id:
+                continue
+            if e.detail.get("phase", "apply") == "apply" and e.result == "done":
+                applied[e.action_id] = e
+            elif e.result == "undone" or e.detail.get("phase") == "undo":
+                applied.pop(e.detail.get("apply_action_id", ""), None)
+        for aid, e in applied.items():
+            key = (e.action or "", e.target or "")
+            owned = bool(e.detail.get("before", {}).get("owned"))
+            eff = self.effects.get(key)
+            if eff is None or (owned and not eff["before"].get("owned")):
+                holders = eff["holders"] if eff else {}
+                eff = self.effects[key] = {"before": e.detail.get("before", {}), "after": e.detail.get("after", {}),
+                                           "params": e.detail.get("params", {}), "holders": holders}
+            eff["holders"][e.incident_id] = aid
+        for key in [k for k, v in self.effects.items() if not v["before"].get("owned")]:
+            del self.effects[key]
+
+    # -- detection ---------------------------------------------------------------
+
+    def on_snapshot(self, snap: Snapshot, origin: str) -> None:
+        """Store listener (any thread): hand the snapshot to the loop; never blocks."""
+        loop = self.loop
+        if loop is None or not self.started or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._evaluate, snap)
+
+    def _evaluate(self, snap: Snapshot) -> None:
+        for ev in self.detectors.evaluate(snap):
+            if ev.kind == "fire":
+                self.fire(ev.detector, ev.targets, ev.severity, "local", ev.detail)
+            else:
+                self.clear(ev.detector, ev.targets)
+
+    def fire(self, detector: str, targets: Mapping[str, str], severity: str, source: str = "local",
+             detail: Mapping[str, Any] | None = None) -> Incident:
+        inc, new = self.incidents.fire(detector, targets, severity, source, detail)
+        if new:
+            book = find_playbook(self.playbooks, detector, dict(targets))
+            if book is not None:
+                inc.playbook = book.name
+                self._spawn(self.run_playbook(inc, book))
+        return inc
+
+    def clear(self, detector: str, targets: Mapping[str, str]) -> Incident | None:
+        inc = self.incidents.find(detector, targets)
+        if inc is None:
+            return None
+        self.incidents.transition(inc, "resolved")
+        for p in list(self.pending.values()):
+            if p.incident_id == inc.id and p.phase == "apply" and not p.future.done():
+                p.future.set_result(False)
+        book = self._playbook_for(inc)
+        if book is not None and book.undo_on_resolve:
+            self._spawn(self.run_undo(inc, book))
+        return inc
+
+    def _playbook_for(self, inc: Incident) -> Playbook | None:
+        return next((b for b in self.playbooks if b.name == inc.playbook), None)
+
+    # -- targets -----------------------------------------------------------------
+
+    async def resolve_targets(self, kind: str, inc: Incident) -> list[dict[str, str]]:
+        t, inv = inc.targets, self.inventory
+        zone = next((z for z in inv.leak_zones if z.name == t.get("zone")), None)
+        if kind == "none":
+            return [{}]
+        if kind == "nodes":
+            if zone is not None:
+                return [{"node": n} for n in zone.nodes]
+            return [{"node": t["node"]}] if "node" in t else []
+        if kind == "port":
+            return [{"port": t["port"]}] if "port" in t else []
+        if kind == "valve":
+            if zone is not None and zone.valve and ":" in zone.valve:
+                cdu, point = zone.valve.split(":", 1)
+                return [{"cdu": cdu, "point": point}]
+            return []
+        if kind == "outlets":
+            nodes = set(zone.nodes) if zone is not None else {t.get("node")}
+            return [{"pdu": p.name, "outlet": o} for p in inv.pdus for o, n in p.outlets.items() if n in nodes]
+        if kind in ("gpus", "rack_gpus"):
+            out = []
+            for node, lib in self.executors.gpu_libs.items():
+                if kind == "gpus" and zone is not None:
+                    if node not in zone.nodes:
+                        continue
+                    indices = zone.gpus
+                elif kind == "gpus":
+                    if t.get("node", self.identity.node) != node:
+                        continue
+                    indices = [int(t["gpu"])] if t.get("gpu", "").isdigit() else None
+                else:
+                    indices = None
+                if indices is None:
+                    count = inv.gpus.count or await asyncio.to_thread(lib.nvmlDeviceGetCount)
+                    indices = list(range(count))
+                out += [{"node": node, "gpu": str(i)} for i in indices]
+            return out
+        return []
+
+    # -- playbooks ---------------------------------------------------------------
+
+    async def run_playbook(self, inc: Incident, book: Playbook) -> None:
+        self.incidents.transition(inc, "mitigating")
+        for idx, step in enumerate(book.steps):
+            if inc.state == "resolved":
+                return
+            targets = await self.resolve_targets(step.targets, inc)
+            await asyncio.gather(*(self.run_step(inc, book, idx, step, tgt) for tgt in targets))
+        if inc.state != "resolved":
+            self.incidents.transition(inc, "mitigated")
+
+    def _count(self, book: str, action: str, result: str) -> None:
+        key = (book, action, result)
+        self.actions_total[key] = self.actions_total.get(key, 0) + 1
+
+    def _block(self, inc: Incident, book: Playbook, step: Step, aid: str, tgt: str, guardrail: str,
+               why: str = "", phase: str = "apply") -> None:
+        self.journal.append("blocked", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
+                            target=tgt, result="blocked", detail={"guardrail": guardrail, "why": why, "phase": phase})
+        self.blocked_total[(book.name, guardrail)] = self.blocked_total.get((book.name, guardrail), 0) + 1
+        self._count(book.name, step.action, "blocked")
+
+    async def _check(self, inc: Incident, book: Playbook, step: Step, target: Mapping[str, str]) -> str | None:
+        g = self.guard
+        blocked = g.check_breaker() or g.check_rate(step.action) or g.check_cooldown(step.action, target_str(target))
+        if blocked:
+            return blocked
+        if step.action == "drain" and self.executors.scheduler is not None:
+            nodes = await self.executors.scheduler.list()
+            if nodes.get(target["node"]) is not None and nodes[target["node"]].drained:
+                return None  # already out: draining it again changes nothing
+            drained = sum(1 for n in nodes.values() if n.drained)
+            total = len(self.inventory.nodes) or len(nodes)
+            return g.check_blast_radius(drained, total)
+        return None
+
+    async def _approve(self, inc: Incident, book: Playbook, step: Step, aid: str, tgt: str, phase: str,
+                       key: str) -> bool:
+        now = self.clock()
+        fut = asyncio.get_running_loop().create_future()
+        p = Pending(aid, inc.id, book.name, step.action, tgt, phase, key, now,
+                    now + self.settings.guardrails.approval_expiry_seconds, fut)
+        self.pending[aid] = p
+        self.journal.append("approval", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
+                            target=tgt, result="pending", detail={"approval": key, "phase": phase})
+        try:
+            ok = await asyncio.wait_for(fut, self.settings.guardrails.approval_expiry_seconds)
+        except asyncio.TimeoutError:
+            ok = False
+            self.journal.append("approval", action_id=aid, incident_id=inc.id, result="expired")
+        finally:
+            self.pending.pop(aid, None)
+        return bool(ok)
+
+    def approve(self, ident: str, who: str = "api") -> list[str]:
+        """Approve one pending step (by action id) or all of an incident's; returns what was approved."""
+        done = []
+        for p in list(self.pending.values()):
+            if ident in (p.id, p.incident_id) and not p.future.done():
+                self.journal.append("approval", action_id=p.id, incident_id=p.incident_id, result="approved",
+                                    detail={"by": who})
+                p.future.get_loop().call_soon_threadsafe(p.future.set_result, True)
+                done.append(p.id)
+        return done
+
+    def reset_breaker(self, who: str = "api") -> bool:
+        was = self.guard.reset_breaker()
+        self.journal.append("breaker", result="reset", detail={"by": who, "was_open": was})
+        return was
+
+    async def run_step(self, inc: Incident, book: Playbook, idx: int, step: Step, target: Mapping[str, str]) -> str:
+        tgt = target_str(target)
+        aid = action_id(inc.id, idx, tgt)
+        last = self.journal.last_result(aid)
+        if last is not None and last.result in ("done", "dry_run"):
+            return "duplicate"
+        act = self.actions.get(step.action)
+        mode = book.effective_mode(self.mode)
+        ctx = {"incident_id": inc.id, "detector": inc.detector, **inc.targets,
+               **{k: v for k, v in inc.detail.items() if isinstance(v, (int, float, str))}}
+        if act is None:
+            self._block(inc, book, step, aid, tgt, "not_configured", f"no executor for {step.action}")
+            return "blocked"
+        if mode == "observe":
+            self._block(inc, book, step, aid, tgt, "mode", "observe mode")
+            return "blocked"
+        blocked = await self._check(inc, book, step, target)
+        if blocked:
+            self._block(inc, book, step, aid, tgt, blocked)
+            return "blocked"
+        if self.guard.needs_approval(step.approval) and mode == "enforce":
+            if not await self._approve(inc, book, step, aid, tgt, "apply", step.approval or ""):
+                self._block(inc, book, step, aid, tgt, "approval", "not approved (expired or resolved)")
+                return "blocked"
+            if inc.state == "resolved":
+                return "blocked"
+        try:
+            plan = await act.plan(target, step.params, ctx)
+        except ActionError as exc:
+            return self._result(inc, book, step, aid, tgt, "failed", {"error": str(exc), "phase": "apply"})
+        if mode == "dry-run":
+            return self._result(inc, book, step, aid, tgt, "dry_run", {"plan": plan, "phase": "apply"})
+        self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
+                            target=tgt, detail={"plan": plan, "params": step.params, "phase": "apply"})
+        if self.first_action_at is None:
+            self.first_action_at = self.clock()
+        res = await self._attempt(lambda: act.apply(target, step.params, ctx, plan))
+        self.guard.record(step.action, tgt)
+        if isinstance(res, ActionResult):
+            if not res.skipped or res.before.get("owned") is False:
+                self._hold(step.action, tgt, inc.id, aid, res, step.params)
+            return self._result(inc, book, step, aid, tgt, "done",
+                                {"phase": "apply", "message": res.message, "before": res.before, "after": res.after,
+                                 "skipped": res.skipped, "params": step.params})
+        return self._result(inc, book, step, aid, tgt, "failed", {"phase": "apply", "error": res, "escalated": True})
+
+    def _hold(self, kind: str, tgt: str, incident_id: str, aid: str, res: ActionResult, params: Mapping) -> None:
+        eff = self.effects.get((kind, tgt))
+        if eff is None:
+            if not res.before.get("owned"):
+                return  # not ours and nobody of ours holds it: nothing to undo later
+            eff = self.effects[(kind, tgt)] = {"before": res.before, "after": res.after, "params": dict(params),
+                                               "holders": {}}
+        eff["holders"][incident_id] = aid
+
+    async def _attempt(self, call) -> ActionResult | str:
+        """Run with retries and backoff inside the attempt budget; returns the result or the last error."""
+        delay = self.settings.guardrails.retry_backoff_seconds
+        error = ""
+        for attempt in range(self.settings.guardrails.attempts_per_incident):
+            try:
+                return await call()
+            except ActionError as exc:
+                error = str(exc)
+                if exc.permanent:
+                    break
+            except Exception as exc:  # device libraries raise their own types
+                error = f"{type(exc).__name__}: {exc}"
+            if attempt + 1 < self.settings.guardrails.attempts_per_incident:
+                await asyncio.sleep(delay)
+                delay *= 2
+        return error or "failed"
+
+    def _result(self, inc: Incident, book: Playbook, step: Step, aid: str, tgt: str, result: str,
+                detail: dict[str, Any]) -> str:
+        self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
+                            target=tgt, result=result, detail=detail)
+        self._count(book.name, step.action, result)
+        return result
+
+    # -- undo --------------------------------------------------------------------
+
+    async def run_undo(self, inc: Incident, book: Playbook) -> None:
+        for idx in reversed(range(len(book.steps))):
+            step = book.steps[idx]
+            if not step.undo:
+                continue
+            todo = [(kind, tgt, eff, eff["holders"][inc.id]) for (kind, tgt), eff in list(self.effects.items())
+                    if kind == step.action and eff["holders"].get(inc.id) == action_id(inc.id, idx, tgt)]
+            await asyncio.gather(*(self.undo_one(inc, book, idx, step, kind, tgt, eff, aid)
+                                   for kind, tgt, eff, aid in todo))
+
+    async def undo_one(self, inc: Incident, book: Playbook, idx: int, step: Step, kind: str, tgt: str,
+                       eff: dict[str, Any], apply_id: str) -> str:
+        aid = action_id(inc.id, idx, tgt, "undo")
+        others = [i for i in eff["holders"] if i != inc.id]
+        if others:
+            del eff["holders"][inc.id]
+            self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
+                                target=tgt, result="kept", detail={"phase": "undo", "apply_action_id": apply_id,
+                                                                   "held_by": others})
+            return "kept"
+        mode = book.effective_mode(self.mode)
+        if mode != "enforce":
+            self._block(inc, book, step, aid, tgt, "mode", f"{mode} mode", phase="undo")
+            return "blocked"
+        if self.guard.needs_approval(step.undo_approval):
+            if not await self._approve(inc, book, step, aid, tgt, "undo", step.undo_approval or ""):
+                self._block(inc, book, step, aid, tgt, "approval", "undo not approved", phase="undo")
+                return "blocked"
+        act = self.actions[kind]
+        target = parse_target(tgt)
+        self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind, target=tgt,
+                            detail={"phase": "undo", "apply_action_id": apply_id, "params": eff["params"],
+                                    # the apply's plan: reconcile asks "is the apply still in effect?"
+                                    "plan": {"before": eff["before"], "want_watts": eff["after"].get("limit_watts"),
+                                             "reason": eff["after"].get("reason", "")}})
+        res = await self._attempt(lambda: act.undo(target, eff["before"], eff["after"], eff["params"]))
+        self.effects.pop((kind, tgt), None)
+        if isinstance(res, ActionResult):
+            self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
+                                target=tgt, result="undone", detail={"phase": "undo", "apply_action_id": apply_id,
+                                                                     "message": res.message, "after": res.after,
+                                                                     "skipped": res.skipped})
+            self._count(book.name, kind, "undone")
+            return "undone"
+        self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind, target=tgt,
+                            result="failed", detail={"phase": "undo", "apply_action_id": apply_id, "error": res})
+        self._count(book.name, kind, "failed")
+        return "failed"
+
+    # -- views -------------------------------------------------------------------
+
+    def incidents_view(self) -> dict[str, Any]:
+        now = self.clock()
+        return {"open": [i.as_dict(now) for i in self.incidents.open_incidents()],
+                "recent": [i.as_dict(now) for i in self.incidents.recent()][-50:],
+                "pending_approvals": [p.as_dict() for p in self.pending.values()],
+                "breaker_open": self.guard.breaker_open, "mode": self.mode}
+
+    def count_webhook(self, result: str) -> None:
+        self.webhook_total[result] = self.webhook_total.get(result, 0) + 1
+
+    def collector(self):
+        from .metrics import RemediationCollector
+        return RemediationCollector(self)

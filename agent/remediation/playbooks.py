@@ -1,0 +1,93 @@
+"""Playbooks: YAML declarations of a trigger, ordered steps and undo on resolve.
+
+Why YAML and not code: operators read and change responses without a
+release; the schema is strict (unknown keys refused with the file and the
+path of the field) and actions, target kinds and approval keys are closed
+sets, so a typo cannot silently disable a response.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+MODES = ("observe", "dry-run", "enforce")
+
+TargetKind = Literal["gpus", "rack_gpus", "nodes", "port", "valve", "outlets", "none"]
+ActionName = Literal["gpu_power_cap", "drain", "isolate_link", "cdu_write", "pdu_outlet", "notify", "exec"]
+ApprovalKey = Literal["pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "always"]
+
+
+class PlaybookError(Exception):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Trigger(_Strict):
+    detector: str | None = Field(default=None, description="Local detector name.")
+    alertname: str | None = Field(default=None, description="Alertmanager alertname.")
+    match: dict[str, str] = Field(default_factory=dict, description="Incident targets/labels that must equal these.")
+
+    def matches(self, detector: str, targets: dict[str, str]) -> bool:
+        if detector not in (self.detector, self.alertname):
+            return False
+        return all(targets.get(k) == v for k, v in self.match.items())
+
+
+class Step(_Strict):
+    action: ActionName
+    targets: TargetKind = "none"
+    params: dict[str, Any] = Field(default_factory=dict)
+    approval: ApprovalKey | None = Field(default=None, description="Needs a person's approval unless automatic.")
+    undo: bool = Field(default=True, description="Undo this step when the incident resolves.")
+    undo_approval: ApprovalKey | None = Field(default=None, description="Undo needs approval (resume after a leak).")
+
+
+class Playbook(_Strict):
+    name: str
+    description: str = ""
+    trigger: Trigger
+    mode: Literal["observe", "dry-run", "enforce"] | None = Field(default=None, description="Stricter than global only.")
+    steps: list[Step] = Field(min_length=1)
+    undo_on_resolve: bool = True
+
+    def effective_mode(self, global_mode: str) -> str:
+        if self.mode is None:
+            return global_mode
+        return MODES[min(MODES.index(global_mode), MODES.index(self.mode))]
+
+
+def load_playbooks(directory: Path | None = None) -> list[Playbook]:
+    directory = Path(directory or SHIPPED_DIR)
+    books: list[Playbook] = []
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise PlaybookError(f"{path}: not valid YAML: {exc}") from None
+        try:
+            books.append(Playbook.model_validate(data))
+        except ValidationError as err:
+            lines = [f"{path}: invalid playbook"]
+            for e in err.errors():
+                lines.append(f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
+            raise PlaybookError("\n".join(lines)) from None
+    names = [b.name for b in books]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise PlaybookError(f"{directory}: playbook names appear twice: {sorted(dup)}")
+    return books
+
+
+def find_playbook(books: list[Playbook], detector: str, targets: dict[str, str]) -> Playbook | None:
+    for book in books:
+        if book.trigger.matches(detector, targets):
+            return book
+    return None

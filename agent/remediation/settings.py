@@ -1,0 +1,112 @@
+"""The `remediation:` section of the agent config: detector thresholds, guardrails, Slurm, notify, exec.
+
+Why a model of its own: every threshold and every guardrail limit has a
+default taken from PLAYBOOKS.md / DEVICES.md, a unit in its name and a
+description, and a typo in the YAML is refused at load with the path of the
+field (extra="forbid"), like the rest of the config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_write", "pdu_outlet", "notify", "exec"]
+
+CRITICAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140, 144, 145, 146, 147, 148, 149, 150, 154]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hold(_Strict):
+    """Hysteresis in time: how long a condition must hold before it fires, and its absence before it clears."""
+
+    fire_seconds: float = Field(default=0.0, ge=0, description="Condition true this long before the detector fires.")
+    clear_seconds: float = Field(default=10.0, ge=0, description="Condition false this long before it clears.")
+    enabled: bool = True
+
+
+class DetectorSettings(_Strict):
+    """Thresholds of the local detectors (set and clear values give hysteresis)."""
+
+    leak_consecutive_polls: int = Field(default=2, ge=1, description="Wet on this many consecutive polls fires a leak.")
+    leak: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    leak_sensor_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    nominal_flow_cubic_meters_per_second: float | None = Field(
+        default=None, gt=0, description="Secondary nominal flow; default: highest OK flow seen since start.")
+    flow_low_ratio: float = Field(default=0.7, gt=0, lt=1, description="Fires below this fraction of nominal flow.")
+    flow_clear_ratio: float = Field(default=0.85, gt=0, le=1, description="Clears above this fraction of nominal flow.")
+    flow_confirm_delta_t_celsius: float = Field(
+        default=0.0, ge=0, description="Cross-check: secondary return - supply must exceed this (0 = off).")
+    coolant_flow_low: Hold = Hold(fire_seconds=2.0, clear_seconds=10.0)
+    supply_hot_celsius: float = Field(default=45.0, description="Secondary supply above this fires (ASHRAE W45 class).")
+    supply_hot_clear_celsius: float = Field(default=43.0)
+    coolant_supply_hot: Hold = Hold(fire_seconds=10.0, clear_seconds=30.0)
+    condensation_margin_celsius: float = Field(default=2.0, description="Supply - dew point below this fires.")
+    condensation_clear_margin_celsius: float = Field(default=3.0)
+    condensation_risk: Hold = Hold(fire_seconds=10.0, clear_seconds=30.0)
+    gpu_thermal_margin_celsius: float = Field(default=3.0, ge=0, description="Fires within this of the slowdown threshold.")
+    gpu_thermal_clear_margin_celsius: float = Field(default=6.0, ge=0)
+    gpu_thermal: Hold = Hold(fire_seconds=2.0, clear_seconds=30.0)
+    xid_critical: list[int] = Field(default_factory=lambda: list(CRITICAL_XIDS), description="XIDs that drain a node.")
+    gpu_xid_critical: Hold = Hold(fire_seconds=0.0, clear_seconds=300.0)
+    gpu_lost: Hold = Hold(fire_seconds=0.0, clear_seconds=60.0)
+    nvlink_error_rate_per_second: float = Field(default=10.0, gt=0, description="CRC/replay/recovery errors/s per link.")
+    nvlink_errors: Hold = Hold(fire_seconds=5.0, clear_seconds=60.0)
+    optic_flaps: int = Field(default=3, ge=1, description="Flaps within optic_flap_window_seconds fire optic_degraded.")
+    optic_flap_window_seconds: float = Field(default=300.0, gt=0)
+    optic_symbol_error_rate_per_second: float = Field(default=1.0, gt=0)
+    optic_rx_margin_db: float = Field(default=0.0, description="Fires at rx power below warning threshold + this.")
+    optic_degraded: Hold = Hold(fire_seconds=5.0, clear_seconds=60.0)
+    rack_power_over_ratio: float = Field(default=1.0, gt=0, description="Fires above this fraction of the budget.")
+    rack_power_clear_ratio: float = Field(default=0.95, gt=0)
+    rack_power_over_budget: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
+
+
+class Guardrails(_Strict):
+    """Limits that bound what remediation may do; all on by default."""
+
+    max_drained_nodes: int = Field(default=2, ge=0, description="Most nodes drained at once (scheduler's count).")
+    max_drained_fraction: float = Field(default=0.5, ge=0, le=1, description="Most of the rack drained at once.")
+    breaker_max_actions: int = Field(default=30, ge=1, description="Actions within the window that trip the breaker.")
+    breaker_window_seconds: float = Field(default=60.0, gt=0)
+    rate_per_hour: dict[str, int] = Field(default_factory=lambda: {"default": 60},
+                                          description="Actions per type per hour; key 'default' for the rest.")
+    cooldown_seconds: float = Field(default=60.0, ge=0, description="Least time between two runs of one (action, target).")
+    attempts_per_incident: int = Field(default=3, ge=1, description="Tries of one step before escalation.")
+    retry_backoff_seconds: float = Field(default=0.5, ge=0, description="First retry delay; doubles each try.")
+    approval_expiry_seconds: float = Field(default=3600.0, gt=0, description="A pending approval lapses after this.")
+    automatic: list[str] = Field(default_factory=list, description=(
+        "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, resume_after_leak."))
+
+
+class SlurmSettings(_Strict):
+    enabled: bool = True
+    backend: Literal["slurm", "simulated"] = Field(default="slurm", description="simulated: in-process (demo only).")
+    scontrol: str = "scontrol"
+    sinfo: str = "sinfo"
+    slurm_conf: Path | None = Field(default=None, description="Passed as SLURM_CONF to every call.")
+    timeout_seconds: float = Field(default=10.0, gt=0)
+    checkpoint_signal: str | None = Field(default=None, description="Signal sent to the node's jobs before drain.")
+
+
+class ExecProgram(_Strict):
+    path: Path = Field(description="Absolute path of the program.")
+    undo_path: Path | None = None
+    timeout_seconds: float = Field(default=30.0, gt=0)
+
+
+class RemediationSettings(_Strict):
+    detectors: DetectorSettings = DetectorSettings()
+    guardrails: Guardrails = Guardrails()
+    playbook_dir: Path | None = Field(default=None, description="Replaces the shipped playbooks when set.")
+    slurm: SlurmSettings = SlurmSettings()
+    notify_url: str | None = Field(default=None, description="notify steps POST their JSON event here.")
+    notify_timeout_seconds: float = Field(default=5.0, gt=0)
+    exec_allow: dict[str, ExecProgram] = Field(default_factory=dict, description="Name -> program exec steps may run.")
+    webhook_token_secret: str | None = Field(default=None, description="Name in `secrets` of the webhook bearer token.")
+    admin_token_secret: str | None = Field(default=None, description="Name in `secrets` of the admin (approve) token.")

@@ -1,0 +1,80 @@
+"""Power cap through the simulator's NVML twin (real HTTP peer), and the leak story with approval."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent.remediation.actions.slurm import SimulatedScheduler
+from agent.remediation.engine import Executors
+from agent.sim.nvml_twin import NvmlTwin
+from agent.sim.rack import RackModel
+
+from helpers import await_for
+from remediation_support import engine, inventory, nvml_twin_server, reading, results, snap
+
+
+def test_power_cap_clamps_reads_back_and_restores(tmp_path):
+    async def main():
+        model = RackModel(nodes=2, gpus_per_node=2)
+        runner, url = await nvml_twin_server(model)
+        model.set_power_limit("node01", 1, 650_000)  # a limit set by someone before the incident
+        lib = NvmlTwin(url, "node01")
+        await asyncio.to_thread(lib.nvmlInit)
+        eng = engine(tmp_path, executors=Executors(gpu_libs={"node01": lib}))
+        await eng.start()
+        inc = eng.fire("gpu_thermal", {"node": "node01", "gpu": "1"}, "warning")
+        await await_for(lambda: inc.state == "mitigated")
+        # 75 % of the 700 W default = 525 W, within [200, 700]
+        assert model.gpu("node01", 1).power_limit_mw == 525_000
+        assert model.gpu("node01", 0).power_limit_mw == 700_000
+        done = results(eng, kind="result", action="gpu_power_cap")[0]
+        assert done.result == "done" and done.detail["after"]["limit_watts"] == 525.0
+        eng.clear("gpu_thermal", {"node": "node01", "gpu": "1"})
+        await await_for(lambda: model.gpu("node01", 1).power_limit_mw == 650_000, what="restored recorded limit")
+        # clamp: a watts value under the GPU's minimum lands on the minimum
+        from agent.remediation.actions.gpu_power_cap import GpuPowerCapAction
+        act = GpuPowerCapAction({"node01": lib})
+        plan = await act.plan({"node": "node01", "gpu": "0"}, {"watts": 50}, {})
+        res = await act.apply({"node": "node01", "gpu": "0"}, {"watts": 50}, {}, plan)
+        assert res.after["limit_watts"] == 200.0 and model.gpu("node01", 0).power_limit_mw == 200_000
+        await eng.stop()
+        await runner.cleanup()
+    asyncio.run(main())
+
+
+def test_leak_caps_drains_and_resume_waits_for_approval(tmp_path):
+    async def main():
+        model = RackModel(nodes=2, gpus_per_node=2)
+        runner, url = await nvml_twin_server(model)
+        lib = NvmlTwin(url, "node01")
+        await asyncio.to_thread(lib.nvmlInit)
+        sched = SimulatedScheduler(["node01", "node02"])
+        eng = engine(tmp_path, executors=Executors(scheduler=sched, gpu_libs={"node01": lib}),
+                     inv=inventory(valve="cdu1:valve_zone_a"), max_drained_fraction=1.0)
+        await eng.start()
+        wet = lambda t: snap(reading("supernode_leak_detected", 1, t, zone="zone-a", sensor="s1"), at=t)
+        dry = lambda t: snap(reading("supernode_leak_detected", 0, t, zone="zone-a", sensor="s1"), at=t)
+        import time
+        t0 = time.time()
+        eng.on_snapshot(wet(t0), "leak/ctl")
+        eng.on_snapshot(wet(t0 + 0.5), "leak/ctl")
+        await await_for(lambda: eng.incidents.find("leak", {"zone": "zone-a"}), what="leak incident")
+        inc = eng.incidents.find("leak", {"zone": "zone-a"})
+        await await_for(lambda: inc.state == "mitigated", what="mitigated")
+        assert [g.power_limit_mw for g in model.nodes["node01"].gpus] == [200_000, 200_000]
+        assert sched.nodes["node01"].drained and sched.nodes["node02"].drained
+        # the valve step has no CDU executor here: blocked and named
+        assert "not_configured" in {e.detail.get("guardrail") for e in results(eng, kind="blocked")}
+        # leak clears (hold 10 s by default: drive time through snapshot timestamps)
+        eng.on_snapshot(dry(t0 + 1), "leak/ctl")
+        eng.on_snapshot(dry(t0 + 12), "leak/ctl")
+        await await_for(lambda: inc.state == "resolved")
+        await await_for(lambda: len(eng.pending) == 2, what="resume approvals pending")
+        assert sched.nodes["node01"].drained and sched.nodes["node02"].drained
+        assert model.gpu("node01", 0).power_limit_mw == 200_000  # undo runs in reverse step order
+        assert len(eng.approve(inc.id, who="test")) == 2
+        await await_for(lambda: not sched.nodes["node01"].drained and not sched.nodes["node02"].drained)
+        await await_for(lambda: model.gpu("node01", 0).power_limit_mw == 700_000, what="caps restored")
+        await eng.stop()
+        await runner.cleanup()
+    asyncio.run(main())
