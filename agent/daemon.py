@@ -27,7 +27,7 @@ from agent.sources import build_sources
 
 log = logging.getLogger("supernode.agent")
 
-SourceFactory = Callable[[LoadedConfig], list[ScheduledSource]]
+SourceFactory = Callable[..., list[ScheduledSource]]
 
 
 class Agent:
@@ -63,6 +63,19 @@ class Agent:
             mode = self.remediation.mode
         return {"rack": a.rack, "node": a.node, "role": a.role, "version": __version__, "mode": mode}
 
+    def _with_derived(self, loaded: LoadedConfig, sources: list[ScheduledSource]) -> list[ScheduledSource]:
+        """Add the rack power source when PDUs are polled (it sums their inlets from the snapshot)."""
+        if not loaded.config.inventory.pdus:
+            return sources
+        from agent.derived import RackPowerSource
+
+        pdu = loaded.config.sources.pdu
+        return sources + [ScheduledSource(RackPowerSource(self.store, loaded.config.inventory.power_budget_watts), pdu)]
+
+    def rack_power_w(self) -> float | None:
+        """The rack power the PDUs reported last (None until they have): feeds the CDU's flow per kW."""
+        return self.store.snapshot().value("supernode_rack_power_watts")
+
     def sources_not_polled(self) -> list[str]:
         return [job_id for job_id, r in self.scheduler.runners.items() if r.polls == 0]
 
@@ -91,7 +104,7 @@ class Agent:
     async def start(self) -> None:
         if self.remediation is not None and hasattr(self.remediation, "start"):
             await self.remediation.start()  # journal reconciliation runs before any source
-        sources = self.source_factory(self.loaded)
+        sources = self._with_derived(self.loaded, self.source_factory(self.loaded, self.rack_power_w))
         self.scheduler.start()
         await self.scheduler.replace(sources, self.loaded.config.sources.stale_after_intervals)
         self._runner, self.port = await start_server(build_app(self), self.loaded.config.listen)
@@ -115,7 +128,7 @@ class Agent:
                 return False, "config was not loaded from a file"
             try:
                 new = load_config(path)
-                sources = self.source_factory(new)
+                sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
             except ConfigError as exc:
                 log.error("reload refused, keeping running config", extra={"error": str(exc)})
                 return False, str(exc)

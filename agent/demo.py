@@ -24,7 +24,8 @@ import yaml
 from agent.sim.server import Simulator
 
 
-def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str = "enforce") -> dict[str, Any]:
+def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str = "enforce",
+                 slurm_conf: Path | None = None) -> dict[str, Any]:
     """The config of one demo agent: its identity, the rack inventory and the simulator's endpoints."""
     model = sim.model
     gpus = len(model.nodes[node].gpus)
@@ -41,6 +42,13 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
     from agent.sim.device_set import demo_inventory
 
     demo_inventory(sim, node, cfg)
+    for i, zone in enumerate(cfg["inventory"].get("leak_zones", [])):
+        zone["valve"] = f"cdu1:zone_valve_{i + 1}"
+    cfg["remediation"] = {
+        "slurm": ({"backend": "slurm", "slurm_conf": str(slurm_conf)} if slurm_conf else {"backend": "simulated"}),
+        # A demo rack of two nodes: let a leak drain either; act quickly so the story is visible.
+        "guardrails": {"max_drained_fraction": 1.0, "max_drained_nodes": len(model.nodes), "cooldown_seconds": 5},
+    }
     return cfg
 
 
@@ -68,6 +76,15 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int) -
     _write_tokens(workdir)
     sim = Simulator(nodes=nodes, gpus=gpus, workdir=workdir / "sim")
     url = await sim.start()
+    slurm = None
+    from agent.sim.slurm_cluster import SlurmCluster, slurm_available
+
+    if slurm_available():
+        try:
+            slurm = await asyncio.to_thread(SlurmCluster(names=list(sim.model.nodes), base=workdir / "slurm").start)
+        except Exception as exc:  # the demo still runs, with the simulated scheduler, and says so
+            print(f"slurm: could not start a demo Slurm ({exc}); using the simulated scheduler", file=sys.stderr)
+            slurm = None
     procs: list[tuple[str, subprocess.Popen, int]] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -78,7 +95,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int) -
             port = base_port + i if base_port else _free_port()
             cfg_path = workdir / node / "agent.yaml"
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
-            cfg_path.write_text(yaml.safe_dump(agent_config(sim, node, port, workdir), sort_keys=False))
+            cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None)
+            cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             log = open(workdir / node / "agent.log", "ab")
             proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(cfg_path), "run"],
                                     stdout=log, stderr=log, start_new_session=True)
@@ -92,6 +110,10 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int) -
         for node, _, port in procs:
             print(f"metrics: http://127.0.0.1:{port}/metrics   ({node})")
         print(f"sim: {url}")
+        if slurm:
+            print(f"slurm: SLURM_CONF={slurm.conf}   (sinfo -N, scontrol show node)")
+        else:
+            print("slurm: not installed; agents drain through the SIMULATED scheduler (no real Slurm)")
         first_port = procs[0][2]
         print(f"webhook: http://127.0.0.1:{first_port}/api/v1/alerts")
         print(f"webhook-token: {workdir / 'webhook.token'}")
@@ -115,6 +137,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int) -
                 print(f"agent for {node} did not stop in time; killing it", file=sys.stderr)
                 proc.kill()
         await sim.stop()
+        if slurm is not None:
+            await asyncio.to_thread(slurm.cleanup)
         print("demo stopped", flush=True)
 
 

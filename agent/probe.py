@@ -62,6 +62,104 @@ def _nvml_args(p: argparse.ArgumentParser) -> None:
 PROBES["nvml"] = (_nvml_args, _probe_nvml)
 
 
+def _links_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-dom", action="store_true", help="skip transceiver reads (slow: ~0.1 s a module)")
+
+
+def _probe_links(args: argparse.Namespace) -> str:
+    from agent.config import ConfigError, load_config
+    from exporters.links_probe import probe_links
+
+    try:
+        cfg = load_config(args.config).config
+    except ConfigError as exc:
+        raise ProbeError(str(exc)) from None
+    if not cfg.inventory.ports:
+        raise ProbeError(f"{args.config}: inventory.ports is empty; nothing to probe")
+    try:
+        return probe_links(cfg.inventory.ports, cfg.sources.sysfs_root, cfg.sources.dom.dom_dir, dom=not args.no_dom)
+    except SourceError as exc:
+        raise ProbeError(f"{exc.kind}: {exc}") from None
+
+
+PROBES["links"] = (_links_args, _probe_links)
+
+
+def _target(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ProbeError(f"--target: expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _modbus_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/modbus/NAME.yaml)")
+    p.add_argument("--target", required=True, help="HOST:PORT of the Modbus TCP device or gateway")
+    p.add_argument("--unit", type=int, default=None, help="unit id (default: the profile's)")
+    p.add_argument("--timeout", type=float, default=2.0)
+
+
+def _probe_modbus(args: argparse.Namespace) -> str:
+    from exporters.modbus import ProbeError as ModbusProbeError, probe_modbus
+    from exporters.modbus_profile import ProfileError
+
+    host, port = _target(args.target)
+    try:
+        return asyncio.run(probe_modbus(args.profile, host, port, args.unit, timeout=args.timeout))
+    except (ModbusProbeError, ProfileError) as exc:
+        raise ProbeError(str(exc)) from None
+    except SourceError as exc:
+        raise ProbeError(f"{exc.kind}: {exc}") from None
+
+
+def _snmp_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/snmp/NAME.yaml)")
+    p.add_argument("--target", required=True, help="HOST:PORT of the PDU's SNMP agent")
+    p.add_argument("--community", default=None, help="v2c community (prefer --community-file)")
+    p.add_argument("--community-file", default=None, help="file holding the v2c community")
+    p.add_argument("--v3-user", default=None)
+    p.add_argument("--v3-auth-key-file", default=None)
+    p.add_argument("--v3-priv-key-file", default=None)
+    p.add_argument("--v3-auth-proto", default="SHA")
+    p.add_argument("--v3-priv-proto", default="AES")
+    p.add_argument("--v3-context", default="")
+    p.add_argument("--timeout", type=float, default=1.0)
+    p.add_argument("--retries", type=int, default=1)
+
+
+def _read_secret(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return open(path).read().strip()
+    except OSError as exc:
+        raise ProbeError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _probe_snmp(args: argparse.Namespace) -> str:
+    from exporters.pdu import probe_snmp
+    from exporters.snmp_profile import ProfileError
+
+    host, port = _target(args.target)
+    community = args.community or _read_secret(args.community_file)
+    if not community and not args.v3_user:
+        community = "public"
+    try:
+        return asyncio.run(probe_snmp(args.profile, host, port, community=None if args.v3_user else community,
+                                      v3_user=args.v3_user, auth_key=_read_secret(args.v3_auth_key_file),
+                                      priv_key=_read_secret(args.v3_priv_key_file),
+                                      auth_protocol=args.v3_auth_proto, priv_protocol=args.v3_priv_proto,
+                                      context=args.v3_context, timeout=args.timeout, retries=args.retries))
+    except ProfileError as exc:
+        raise ProbeError(str(exc)) from None
+    except SourceError as exc:
+        raise ProbeError(f"{exc.kind}: {exc}") from None
+
+
+PROBES["modbus"] = (_modbus_args, _probe_modbus)
+PROBES["snmp"] = (_snmp_args, _probe_snmp)
+
+
 def add_probe_parsers(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="probe_kind", required=True)
     for name, (add_args, _) in PROBES.items():

@@ -34,7 +34,7 @@ LINK_CARRIER_CHANGES = counter("supernode_link_carrier_changes_total",
                                "Kernel carrier changes of an Ethernet port (a down and up adds 2).", ("port",))
 LINK_ERRORS = counter("supernode_link_errors_total",
                       "Port error counters (IB PortCounters, Ethernet statistics), events.", ("port", "counter"))
-LINK_SATURATED = gauge("supernode_link_counter_saturated",
+LINK_SATURATED = gauge("supernode_link_errors_saturated",
                        "1 when an IB error counter sits at its maximum (it stops counting until reset).",
                        ("port", "counter"))
 LINK_RX_BYTES = counter("supernode_link_receive_bytes_total", "Bytes received on the port, bytes.", ("port",),
@@ -43,8 +43,8 @@ LINK_TX_BYTES = counter("supernode_link_transmit_bytes_total", "Bytes transmitte
                         unit="bytes")
 LINK_RX_PACKETS = counter("supernode_link_receive_packets_total", "Packets received on the port.", ("port",))
 LINK_TX_PACKETS = counter("supernode_link_transmit_packets_total", "Packets transmitted on the port.", ("port",))
-LINK_SPEED = gauge("supernode_link_speed_bits_per_second", "Negotiated port speed, bits per second.", ("port",),
-                   unit="bits_per_second")
+LINK_SPEED = gauge("supernode_link_speed_bytes_per_second", "Negotiated port speed, bytes per second.", ("port",),
+                   unit="bytes_per_second")
 LINK_IB_STATE = gauge("supernode_link_ib_state",
                       "IB logical port state code: 1 down, 2 init, 3 armed, 4 active, 5 active_defer.", ("port",))
 LINK_IB_PHYS_STATE = gauge("supernode_link_ib_phys_state",
@@ -231,7 +231,7 @@ def sample_readings(s: PortSample, flaps: int) -> list[Reading]:
     if s.carrier_changes is not None:
         out.append(Reading(LINK_CARRIER_CHANGES, float(s.carrier_changes), labels))
     if s.speed_bps is not None:
-        out.append(Reading(LINK_SPEED, s.speed_bps, labels))
+        out.append(Reading(LINK_SPEED, s.speed_bps / 8, labels))
     if s.ib_state is not None:
         out.append(Reading(LINK_IB_STATE, float(s.ib_state), labels))
     if s.ib_phys_state is not None:

@@ -43,7 +43,8 @@ class ModbusSource:
 
     `name` is the source kind ("cdu" or "leak"), `device` the inventory name.
     `channels` maps the profile's leak/valve channels to inventory leak zones;
-    an unmapped channel is labelled `<device>-ch<n>`. `subset="leak"` polls
+    with a map, unmapped channels are not reported (nothing is wired there);
+    without one, a channel is labelled `<device>-ch<n>`. `subset="leak"` polls
     only the points that feed leak metrics, so a CDU's leak inputs can run on
     the fast leak schedule while the rest polls every few seconds (both share
     the one connection to the gateway).
@@ -95,7 +96,8 @@ class ModbusSource:
                 partial[f"exception_{exc.code}"] += 1
                 continue
             for p in block.points:
-                readings.extend(self._point_readings(p, block, values, now))
+                if self.wired(p):
+                    readings.extend(self._point_readings(p, block, values, now))
         if failed == len(self.blocks) and last_exc is not None:
             raise SourceError("protocol", f"{self.device}: every request refused; last: {last_exc}")
         readings = _apply_leak_faults(readings)
@@ -130,6 +132,13 @@ class ModbusSource:
         if "device" in spec.labels:
             labels["device"] = self.device
         return labels
+
+    def wired(self, p: Point) -> bool:
+        """False for a zone channel the inventory's `channels` map leaves out: nothing is wired there."""
+        if not self.channels or p.channel is None or p.channel in self.channels:
+            return True
+        metrics = [p.metric] + [b.metric for b in (p.bits or {}).values()]
+        return not any(m is not None and "zone" in mm.ALL[m].labels for m in metrics)
 
     def zone(self, channel: int | None) -> str:
         if channel is None:
@@ -328,6 +337,25 @@ async def write_control_point(device_cfg: Any, point_name: str, value: float, ti
         except ModbusExceptionReply as exc:
             raise SourceError("protocol", str(exc)) from None
         back = await gw.read(Block(p.table, p.address, p.width, (p,)).fc, p.address, p.width, unit)
+    finally:
+        release_gateway(gw)
+    raw_back = back[0] if p.type == "bit" else decode(back, p.type, p.order)
+    return raw_back * p.scale + p.offset
+
+
+async def read_control_point(device_cfg: Any, point_name: str, timeout: float = 2.0) -> float:
+    """The current value of a control point (device unit): what remediation records before writing."""
+    profile = load_profile(device_cfg.profile)
+    p = profile.point(point_name)
+    if p.control is None:
+        raise ValueError(f"{profile.name}.{point_name}: not a control point")
+    unit = profile.device.unit if getattr(device_cfg, "unit", None) is None else device_cfg.unit
+    gw = gateway_for(device_cfg.host, device_cfg.port, timeout)
+    try:
+        try:
+            back = await gw.read(Block(p.table, p.address, p.width, (p,)).fc, p.address, p.width, unit)
+        except ModbusExceptionReply as exc:
+            raise SourceError("protocol", str(exc)) from None
     finally:
         release_gateway(gw)
     raw_back = back[0] if p.type == "bit" else decode(back, p.type, p.order)

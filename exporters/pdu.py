@@ -95,6 +95,21 @@ class PduSource:
                                     Quality.OK, now))
         return PollResult(readings, errors)
 
+    def _outlet_oids(self, outlet: str | int) -> tuple[Any, str, str]:
+        oc = self.profile.outlet_control
+        if oc is None:
+            raise SourceError("config", f"profile {self.profile.profile!r} has no outlet_control (not switched)")
+        suffix = oc.index.format(**{**oc.defaults, "outlet": outlet})
+        return oc, suffix, f"{self.profile.tables[oc.table].columns[oc.state_column].oid}.{suffix}"
+
+    async def outlet_on(self, outlet: str | int) -> bool:
+        """Whether the outlet is on now (read-back and what remediation records before switching)."""
+        oc, _, state_oid = self._outlet_oids(outlet)
+        state = (await self.client.get([state_oid])).get(state_oid)
+        if state not in (oc.power_on.state, oc.power_off.state):
+            raise SourceError("decode", f"outlet {outlet}: state {state!r} is neither on nor off")
+        return state == oc.power_on.state
+
     async def set_outlet(self, outlet: str | int, on: bool, settle: float = 2.0) -> bool:
         """Switch one outlet by SNMP SET (profile's outlet_control) and read the state back.
 
@@ -102,12 +117,8 @@ class PduSource:
         `settle` seconds (PDUs may apply a command with a delay). Raises
         SourceError("config") for a PDU whose profile cannot switch.
         """
-        oc = self.profile.outlet_control
-        if oc is None:
-            raise SourceError("config", f"profile {self.profile.profile!r} has no outlet_control (not switched)")
-        suffix = oc.index.format(**{**oc.defaults, "outlet": outlet})
+        oc, suffix, state_oid = self._outlet_oids(outlet)
         want = oc.power_on if on else oc.power_off
-        state_oid = f"{self.profile.tables[oc.table].columns[oc.state_column].oid}.{suffix}"
         await self.client.set_int(f"{oc.command_oid}.{suffix}", want.command)
         deadline = time.monotonic() + settle
         while True:

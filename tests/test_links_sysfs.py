@@ -45,7 +45,7 @@ def test_ib_states_rates_and_counters(tree: Path):
     assert _by(result.readings, LINK_UP) == {"mlx5_0/1": 1.0, "mlx5_1/1": 0.0, "mlx5_2/1": 0.0, "mlx5_3/1": 1.0}
     assert _by(result.readings, LINK_IB_PHYS_STATE) == {"mlx5_0/1": 5.0, "mlx5_1/1": 3.0, "mlx5_2/1": 2.0,
                                                         "mlx5_3/1": 5.0}
-    assert _by(result.readings, LINK_SPEED)["mlx5_0/1"] == 200e9
+    assert _by(result.readings, LINK_SPEED)["mlx5_0/1"] == 200e9 / 8  # bytes per second
     errors = _by(result.readings, LINK_ERRORS, "counter")
     assert errors[("mlx5_0/1", "symbol_error")] == 12 and errors[("mlx5_0/1", "port_xmit_discards")] == 5
     assert {c for p, c in errors if p == "mlx5_0/1"} >= {
@@ -91,7 +91,7 @@ def test_ethernet_state_counters_and_carrier_flaps(tree: Path):
     source = LinkSource(ETH, tree)
     result = _poll(source)
     assert _by(result.readings, LINK_UP) == {"eth0": 1.0, "eth1": 0.0, "eth2": 1.0}
-    assert _by(result.readings, LINK_SPEED) == {"eth0": 100e9, "eth2": 25e9}  # eth1 is down: speed -1, not exported
+    assert _by(result.readings, LINK_SPEED) == {"eth0": 100e9 / 8, "eth2": 25e9 / 8}  # eth1 is down: speed -1, not exported
     assert _by(result.readings, LINK_CARRIER_CHANGES) == {"eth0": 5.0, "eth1": 4.0, "eth2": 7.0}
     assert _by(result.readings, LINK_ERRORS, "counter")[("eth0", "rx_crc_errors")] == 2
     assert _by(result.readings, LINK_RX_BYTES)["eth0"] == 987654321

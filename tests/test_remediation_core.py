@@ -151,7 +151,9 @@ def test_mode_observe_and_dry_run_do_not_act(tmp_path, mode):
         assert sched.nodes["node01"].state == "idle"
         if mode == "observe":
             rows, n = _blocked(eng, "mode")
-            assert rows and n == 2  # drain and notify
+            assert rows and n == 1  # drain
+            rows, n = _blocked(eng, "not_configured")
+            assert rows and n == 1  # notify: no notify_url configured
         else:
             assert [e.result for e in results(eng, kind="result", action="drain")] == ["dry_run"]
             assert not results(eng, kind="intent")

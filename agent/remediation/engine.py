@@ -118,9 +118,10 @@ class RemediationEngine:
         ex, s = self.executors, self.settings
         acts: dict[str, Any] = {
             "gpu_power_cap": GpuPowerCapAction(ex.gpu_libs),
-            "notify": NotifyAction(s.notify_url, s.notify_timeout_seconds),
             "exec": ExecAction(s.exec_allow),
         }
+        if s.notify_url:  # without a URL, notify steps are journaled as blocked: not_configured
+            acts["notify"] = NotifyAction(s.notify_url, s.notify_timeout_seconds)
         if ex.scheduler is not None:
             acts["drain"] = DrainAction(ex.scheduler, s.slurm.checkpoint_signal)
         if ex.link_isolate and ex.link_read:
@@ -256,6 +257,12 @@ class RemediationEngine:
             self._spawn(self.run_undo(inc, book))
         return inc
 
+    @property
+    def is_rack_leader(self) -> bool:
+        """The agent that drives shared rack devices (CDU valves, PDU outlets): the first inventory node."""
+        leader = self.settings.rack_leader or (self.inventory.nodes[0] if self.inventory.nodes else self.identity.node)
+        return leader == self.identity.node
+
     def _playbook_for(self, inc: Incident) -> Playbook | None:
         return next((b for b in self.playbooks if b.name == inc.playbook), None)
 
@@ -267,11 +274,16 @@ class RemediationEngine:
         if kind == "none":
             return [{}]
         if kind == "nodes":
-            if zone is not None:
-                return [{"node": n} for n in zone.nodes]
-            return [{"node": t["node"]}] if "node" in t else []
+            nodes = list(zone.nodes) if zone is not None else ([t["node"]] if "node" in t else [])
+            if inc.source == "local":
+                # Every agent sees a rack-wide fault (a leak, the CDU); each drains only its own
+                # node, so no two agents act on one node for one fault.
+                nodes = [n for n in nodes if n == self.identity.node]
+            return [{"node": n} for n in nodes]
         if kind == "port":
             return [{"port": t["port"]}] if "port" in t else []
+        if kind in ("valve", "outlets") and not self.is_rack_leader:
+            return []  # shared rack devices are driven by one agent only: the rack leader
         if kind == "valve":
             if zone is not None and zone.valve and ":" in zone.valve:
                 cdu, point = zone.valve.split(":", 1)

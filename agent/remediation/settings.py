@@ -108,5 +108,7 @@ class RemediationSettings(_Strict):
     notify_url: str | None = Field(default=None, description="notify steps POST their JSON event here.")
     notify_timeout_seconds: float = Field(default=5.0, gt=0)
     exec_allow: dict[str, ExecProgram] = Field(default_factory=dict, description="Name -> program exec steps may run.")
+    rack_leader: str | None = Field(default=None, description=(
+        "Node whose agent drives shared rack devices (valves, outlets); default: the first inventory node."))
     webhook_token_secret: str | None = Field(default=None, description="Name in `secrets` of the webhook bearer token.")
     admin_token_secret: str | None = Field(default=None, description="Name in `secrets` of the admin (approve) token.")

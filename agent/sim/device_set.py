@@ -1,8 +1,8 @@
-"""Which simulated devices a simulator runs; each device module plugs in here."""
+"""Which simulated devices a simulator runs, and how a demo agent's config points at them."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.sim.devices import SimDevice
 
@@ -11,9 +11,79 @@ if TYPE_CHECKING:
 
 
 def build_devices(sim: "Simulator") -> list[SimDevice]:
-    devices: list[SimDevice] = []
+    from agent.sim.links_tree import SimLinkTree
+    from agent.sim.modbus_devices import liebert_dcd, reference_cdu, rle_leak_controller
+
+    from agent.sim.snmp_pdu import SimulatedRaritanPdu
+
+    devices: list[SimDevice] = [reference_cdu(sim.model, "cdu1"), liebert_dcd(sim.model, "rdhx1"),
+                                rle_leak_controller(sim.model, "leak1"), SimulatedRaritanPdu(sim.model, "pdu-a")]
+    for node in sim.model.nodes:
+        devices.append(SimLinkTree(sim.model, node, base_dir=sim.workdir / "links"))
     return devices
 
 
-def demo_inventory(sim: "Simulator", node: str, cfg: dict) -> None:
+def link_tree(sim: "Simulator", node: str) -> Any:
+    tree = sim.devices.get(f"links-{node}")
+    if tree is None:
+        from agent.sim.faults import FaultError
+
+        raise FaultError(f"node: no simulated ports for {node!r}")
+    return tree
+
+
+def modbus_device(sim: "Simulator", name: str | None) -> Any:
+    """A simulated Modbus device by name (default: the reference CDU)."""
+    from agent.sim.faults import FaultError
+    from agent.sim.modbus_devices import SimModbusDevice
+
+    devices = {n: d for n, d in sim.devices.items() if isinstance(d, SimModbusDevice)}
+    dev = devices.get(name or "cdu1")
+    if dev is None:
+        raise FaultError(f"device: {name!r} is not a simulated Modbus device ({', '.join(sorted(devices))})")
+    return dev
+
+
+def demo_inventory(sim: "Simulator", node: str, cfg: dict[str, Any]) -> None:
     """Add the simulated devices' endpoints to one demo agent's config (inventory and sources)."""
+    inv = cfg["inventory"]
+    src = cfg["sources"]
+    tree = sim.devices.get(f"links-{node}")
+    if tree is not None:
+        # The second IB rail is redundant and may be isolated; the first never is.
+        inv["ports"] = [{"name": name, "kind": kind, "isolatable": name != "mlx5_0/1",
+                         **({"netdev": netdev} if netdev else {})}
+                        for name, kind, _, netdev in tree.port_specs()]
+        src["sysfs_root"] = str(tree.root)
+        src["links"] = {"interval": 1.0, "timeout": 1.0}
+        src["dom"] = {"interval": 5.0, "timeout": 4.0, "dom_dir": str(tree.dom_dir)}
+
+    from agent.sim.modbus_devices import SimModbusDevice
+
+    zones = sim.model.zone_nodes
+    inv["leak_zones"] = [{"name": z, "nodes": list(nodes)} for z, nodes in sorted(zones.items())]
+    cdus, leaks = [], []
+    for name, dev in sim.devices.items():
+        if not isinstance(dev, SimModbusDevice):
+            continue
+        host, port = dev.endpoint
+        entry = {"name": name, "profile": dev.profile.name, "host": host, "port": port,
+                 "channels": {ch: z for ch, z in dev.zones.items()}}
+        (leaks if name.startswith("leak") else cdus).append(entry)
+    inv["cdus"], inv["leak_controllers"] = cdus, leaks
+    src["cdu"] = {"interval": 1.0, "timeout": 0.8}
+    src["leak"] = {"interval": 0.5, "timeout": 0.4}
+
+    from agent.sim.snmp_pdu import SimulatedRaritanPdu
+
+    pdus = []
+    for name, dev in sim.devices.items():
+        if isinstance(dev, SimulatedRaritanPdu):
+            host, port = dev.endpoint
+            pdus.append({"name": name, "profile": "raritan-pdu2", "host": host, "port": port, "version": "2c",
+                         "outlets": dev.feeds()})
+    inv["pdus"] = pdus
+    if pdus:
+        # A budget the rack exceeds at full load, so `workload --ratio 1` shows power capping.
+        inv["power_budget_watts"] = round(sim.model.rack_power_w() * 1.1, -2)
+        src["pdu"] = {"interval": 1.0, "timeout": 0.9}

@@ -59,6 +59,15 @@ class FaultKind:
 REGISTRY: dict[str, FaultKind] = {}
 
 
+def as_bool(value: Any) -> bool:
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
 def fault(name: str, help: str, *params: Param) -> Callable[[Callable[["Simulator", dict[str, Any]], str]], Callable]:
     def deco(fn: Callable[["Simulator", dict[str, Any]], str]) -> Callable:
         REGISTRY[name] = FaultKind(name, help, fn, tuple(params))
@@ -140,3 +149,229 @@ def _workload(sim: "Simulator", p: dict[str, Any]) -> str:
                 if p["gpu"] is None or g.index == p["gpu"]:
                     g.workload = p["ratio"]
     return f"workload {p['ratio']}"
+
+
+# -- links (one simulated sysfs tree per node) ---------------------------------------
+
+PORT = Param("port", str, True, None, "port name (mlx5_0/1, eth0, ...)")
+
+
+def _tree(sim: "Simulator", p: dict[str, Any]):
+    from agent.sim.device_set import link_tree
+
+    node = p.get("node") or next(iter(sim.model.nodes))
+    return node, link_tree(sim, node)
+
+
+def _port_call(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except (ValueError, KeyError) as exc:
+        raise FaultError(str(exc).strip("'\"")) from None
+
+
+@fault("optic-degrade", "Receive power of a port's module drops to this level (dBm).", NODE, PORT,
+       Param("rx_dbm", float, True, None, "receive power in dBm, e.g. -12"))
+def _optic(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.optic_degrade(p["port"], p["rx_dbm"]))
+    return f"{node} {p['port']} rx {p['rx_dbm']} dBm"
+
+
+@fault("link-flap", "The port goes down and up COUNT times between two polls.", NODE, PORT,
+       Param("count", int, False, 1, "number of down/up cycles"))
+def _flap(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.link_flap(p["port"], p["count"]))
+    return f"{node} {p['port']} flapped {p['count']}x"
+
+
+@fault("ib-errors", "An IB error counter grows at RATE per second.", NODE, PORT,
+       Param("counter", str, False, "symbol_error", "counter name (symbol_error, link_downed, ...)"),
+       Param("rate", float, False, 10.0, "per second"))
+def _ib_errors(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.ib_errors(p["port"], p["counter"], p["rate"]))
+    return f"{node} {p['port']} {p['counter']} +{p['rate']}/s"
+
+
+@fault("link-down", "Take a port down (or up again with --up true).", NODE, PORT,
+       Param("up", as_bool, False, False, "true to bring it back up"))
+def _link_down(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.set_link(p["port"], p["up"]))
+    return f"{node} {p['port']} {'up' if p['up'] else 'down'}"
+
+
+# -- more GPU faults (see agent/sim/nvml_faults.py) ----------------------------------
+
+
+@fault("gpu-missing", "GPU not enumerated at all (fewer GPUs than the inventory expects).", NODE, GPU)
+def _gpu_missing(sim: "Simulator", p: dict[str, Any]) -> str:
+    from agent.sim.nvml_faults import set_missing
+
+    g = _gpu(sim, p)
+    return set_missing(sim.model, g.node, g.index, True)
+
+
+@fault("nvml-unsupported", "NVML answers NotSupported for these functions or NVML_FI_* fields.", NODE, GPU,
+       Param("names", str, True, None, "comma-separated pynvml function or field names"))
+def _unsupported(sim: "Simulator", p: dict[str, Any]) -> str:
+    from agent.sim.nvml_faults import set_unsupported
+
+    g = _gpu(sim, p)
+    return set_unsupported(sim.model, g.node, g.index, [n.strip() for n in p["names"].split(",") if n.strip()])
+
+
+@fault("nvlink-down", "One NVLink goes down.", NODE, GPU, Param("link", int, False, 0, "NVLink index"))
+def _nvlink_down(sim: "Simulator", p: dict[str, Any]) -> str:
+    from agent.sim.nvml_faults import set_nvlink_down
+
+    g = _gpu(sim, p)
+    return set_nvlink_down(sim.model, g.node, g.index, p["link"], True)
+
+
+@fault("recovery-action", "The driver asks for a recovery action (NVML_GPU_RECOVERY_ACTION_*).", NODE, GPU,
+       Param("action", int, True, None, "0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset"))
+def _recovery(sim: "Simulator", p: dict[str, Any]) -> str:
+    from agent.sim.nvml_faults import set_recovery_action
+
+    g = _gpu(sim, p)
+    return set_recovery_action(sim.model, g.node, g.index, p["action"])
+
+
+# -- coolant and leak (the rack model) and the Modbus devices -------------------------
+
+ZONE = Param("zone", str, True, None, "leak zone name")
+DEVICE = Param("device", str, False, None, "simulated Modbus device (default cdu1)")
+
+
+def _zone(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["zone"] not in sim.model.coolant.leak_zones:
+        raise FaultError(f"zone: {p['zone']!r} is not a leak zone ({', '.join(sorted(sim.model.coolant.leak_zones))})")
+    return p["zone"]
+
+
+@fault("leak", "A leak sensor in the zone gets wet.", ZONE)
+def _leak(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        sim.model.coolant.leak_zones[_zone(sim, p)] = "wet"
+    return f"leak in {p['zone']}"
+
+
+@fault("leak-cable-break", "The zone's sensing cable breaks (a sensor fault, never a leak).", ZONE)
+def _cable(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        sim.model.coolant.leak_zones[_zone(sim, p)] = "cable_break"
+    return f"cable break in {p['zone']}"
+
+
+@fault("pump-fail", "A CDU pump stops.", Param("pump", int, False, 1, "pump number (1-based)"))
+def _pump(sim: "Simulator", p: dict[str, Any]) -> str:
+    c = sim.model.coolant
+    with sim.model.lock:
+        if not 1 <= p["pump"] <= len(c.pump_running):
+            raise FaultError(f"pump: {p['pump']} out of range 1..{len(c.pump_running)}")
+        c.pump_running[p["pump"] - 1] = False
+    return f"pump {p['pump']} failed"
+
+
+@fault("flow-drop", "Secondary coolant flow drops by PERCENT.", Param("percent", float, True, None, "0..100"))
+def _flow(sim: "Simulator", p: dict[str, Any]) -> str:
+    if not 0 <= p["percent"] <= 100:
+        raise FaultError("percent: expected 0..100")
+    with sim.model.lock:
+        sim.model.coolant.flow_factor = 1 - p["percent"] / 100
+    return f"flow -{p['percent']}%"
+
+
+@fault("supply-hot", "Secondary supply runs hotter by CELSIUS (facility water too warm).",
+       Param("celsius", float, True, None, "extra degrees"))
+def _supply_hot(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        sim.model.coolant.supply_hot_extra_c = p["celsius"]
+    return f"supply +{p['celsius']} C"
+
+
+def _modbus(sim: "Simulator", p: dict[str, Any]) -> Any:
+    from agent.sim.device_set import modbus_device
+
+    return modbus_device(sim, p.get("device"))
+
+
+@fault("sensor-stuck", "A CDU point stops updating (frozen value).", DEVICE,
+       Param("point", str, True, None, "profile point name"))
+def _stuck(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    _port_call(lambda: dev.set_stuck(p["point"]))
+    return f"{dev.name}.{p['point']} stuck"
+
+
+@fault("sensor-sentinel", "A CDU point serves its invalid sentinel (e.g. 0x7FFF).", DEVICE,
+       Param("point", str, True, None, "profile point name"))
+def _sentinel(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    _port_call(lambda: dev.set_sentinel(p["point"]))
+    return f"{dev.name}.{p['point']} sentinel"
+
+
+@fault("cdu-offline", "The Modbus device stops answering (connections closed).", DEVICE)
+def _offline(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    dev.set_offline(True)
+    return f"{dev.name} offline"
+
+
+@fault("cdu-slow", "The Modbus device answers after a delay.", DEVICE, Param("ms", float, True, None, "delay in ms"))
+def _slow(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    dev.set_slow(p["ms"])
+    return f"{dev.name} +{p['ms']} ms"
+
+
+@fault("cdu-exception", "The Modbus device answers with exception CODE (6 busy, 11 gateway target failed).",
+       DEVICE, Param("code", int, True, None, "Modbus exception code"))
+def _exception(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    dev.set_exception(p["code"])
+    return f"{dev.name} exception {p['code']}"
+
+
+# -- PDU (SNMP) ------------------------------------------------------------------------
+
+PDU = Param("pdu", str, False, "pdu-a", "simulated PDU")
+
+
+def _pdu(sim: "Simulator", p: dict[str, Any]) -> Any:
+    from agent.sim.snmp_pdu import SimulatedRaritanPdu
+
+    dev = sim.devices.get(p["pdu"])
+    if not isinstance(dev, SimulatedRaritanPdu):
+        raise FaultError(f"pdu: {p['pdu']!r} is not a simulated PDU")
+    return dev
+
+
+@fault("pdu-offline", "The PDU stops answering SNMP.", PDU)
+def _pdu_offline(sim: "Simulator", p: dict[str, Any]) -> str:
+    _pdu(sim, p).set_offline(True)
+    return f"{p['pdu']} offline"
+
+
+@fault("pdu-counter-wrap", "The PDU's energy counters jump to just below 2^32 and wrap.", PDU)
+def _wrap(sim: "Simulator", p: dict[str, Any]) -> str:
+    _pdu(sim, p).counter_wrap()
+    return f"{p['pdu']} energy counters near wrap"
+
+
+@fault("pdu-counter-reset", "The PDU's energy counters are reset to 0 (as a user reset does).", PDU)
+def _reset(sim: "Simulator", p: dict[str, Any]) -> str:
+    _pdu(sim, p).counter_reset()
+    return f"{p['pdu']} energy counters reset"
+
+
+@fault("outlet-trip", "An outlet switches off by itself (breaker trip).", PDU,
+       Param("outlet", int, True, None, "outlet number"))
+def _trip(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _pdu(sim, p)
+    _port_call(lambda: dev.trip_outlet(p["outlet"]))
+    return f"{p['pdu']} outlet {p['outlet']} tripped"

@@ -226,6 +226,15 @@ class SimModbusDevice:
         (self.sentinel.add if on else self.sentinel.discard)(point)
         self.update(self.model)
 
+    def clear_faults(self) -> None:
+        """Back to a healthy device (`sim clear`)."""
+        if self.offline:
+            self.set_offline(False)
+        self.set_slow(0)
+        self.set_exception(None)
+        self.stuck.clear()
+        self.sentinel.clear()
+
     def drop_connections(self) -> None:
         """Close every open client connection once (the server keeps listening)."""
         if self._server is None:

@@ -154,6 +154,9 @@ class RackModel:
         zones = leak_zones if leak_zones is not None else {"zone-a": list(self.nodes)}
         self.zone_nodes = zones
         self.coolant = CoolantState(leak_zones={z: "dry" for z in zones}, valve_open={z: True for z in zones})
+        # Sized like a real CDU loop: about 1.5 L/min per kW of GPU power at full load.
+        max_kw = sum(g.max_limit_mw for n in self.nodes.values() for g in n.gpus) / 1e6
+        self.coolant.nominal_flow_lpm = max(1.5 * max_kw, 5.0)
         self.base_time = 0.0
         self.step(0.0)
 
@@ -193,12 +196,14 @@ class RackModel:
             c.supply_pressure_pa = 150_000.0 + 100_000.0 * (c.flow_lpm / c.nominal_flow_lpm) if c.nominal_flow_lpm else 150_000.0
             flow_ratio = c.flow_lpm / c.nominal_flow_lpm if c.nominal_flow_lpm else 0.0
             for node in self.nodes.values():
+                # A closed zone valve starves that zone's cold plates: only a trickle gets through.
+                closed = any(not c.valve_open.get(z, True) for z, ns in self.zone_nodes.items() if node.name in ns)
                 for g in node.gpus:
                     if not node.powered:  # no power at the tray: GPUs draw nothing and cool to the coolant
                         g.power_w = 0.0
                         g.temp_c += (c.secondary_supply_c - g.temp_c) * (1.0 if dt <= 0 else min(1.0, dt / 3.0))
                         continue
-                    self._step_gpu(g, dt, c.secondary_supply_c, flow_ratio)
+                    self._step_gpu(g, dt, c.secondary_supply_c, 0.05 if closed else flow_ratio)
 
     def _step_gpu(self, g: GpuState, dt: float, supply_c: float, flow_ratio: float) -> None:
         if g.lost:

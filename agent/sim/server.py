@@ -20,6 +20,7 @@ from aiohttp import web
 
 from agent.sim import faults
 from agent.sim.devices import SimDevice
+from agent.sim.nvml_faults import clear_gpu_faults
 from agent.sim.rack import RackModel
 
 log = logging.getLogger("supernode.sim")
@@ -35,6 +36,9 @@ class Simulator:
     def __init__(self, nodes: int = 2, gpus: int = 4, nvlinks: int = 18, tick: float = 0.1, port: int = 0,
                  rack: str = "r01", leak_zones: dict[str, list[str]] | None = None, devices: bool = True,
                  workdir: Path | None = None, advertise: bool = True):
+        if leak_zones is None:
+            # One leak zone per node (a tray's cold-plate manifold): a leak endangers that node only.
+            leak_zones = {f"zone-{chr(ord('a') + i)}": [f"node{i + 1:02d}"] for i in range(nodes)}
         self.model = RackModel(rack=rack, nodes=nodes, gpus_per_node=gpus, nvlinks=nvlinks, leak_zones=leak_zones)
         self.tick = tick
         self.port = port
@@ -59,8 +63,11 @@ class Simulator:
         """What an agent config needs to reach each device (name -> host/port or paths)."""
         out: dict[str, Any] = {}
         for name, dev in self.devices.items():
-            describe = getattr(dev, "describe", None)
-            out[name] = describe() if callable(describe) else {"endpoint": list(getattr(dev, "endpoint", ()))}
+            endpoint = getattr(dev, "endpoint", None)
+            if endpoint:
+                out[name] = {"endpoint": f"{endpoint[0]}:{endpoint[1]}"}
+            else:  # a file tree (simulated sysfs) rather than a network device
+                out[name] = {"root": str(getattr(dev, "root", ""))}
         return out
 
     # -- HTTP API ------------------------------------------------------------------
@@ -142,13 +149,10 @@ class Simulator:
         """Back to nominal: a fresh model state for faults, keeping time, energy and counters."""
         m = self.model
         with m.lock:
+            clear_gpu_faults(m)
             for node in m.nodes.values():
+                node.powered = True
                 for g in node.gpus:
-                    g.lost = False
-                    g.hang_seconds = 0.0
-                    g.thermal_extra_c = 0.0
-                    g.nvlink_error_rate.clear()
-                    g.unsupported.clear()
                     g.workload = 0.85
             c = m.coolant
             c.flow_factor = 1.0
@@ -157,7 +161,7 @@ class Simulator:
             for z in c.leak_zones:
                 c.leak_zones[z] = "dry"
         for dev in self.devices.values():
-            clear = getattr(dev, "clear_faults", None)
+            clear = getattr(dev, "clear_faults", None) or getattr(dev, "clear", None)
             if callable(clear):
                 clear()
         self.active_faults.clear()

@@ -212,6 +212,13 @@ class SimulatedRaritanPdu:
         with self.model.lock:
             self.update(self.model)  # no model time passed: only the served table changes
 
+    def clear_faults(self) -> None:
+        """Back to a healthy PDU (`sim clear`): answering, every outlet on."""
+        self.set_offline(False)
+        for outlet, on in list(self.outlet_on.items()):
+            if not on:
+                self.switch(outlet, True)
+
     def trip_outlet(self, outlet: int) -> None:
         """The outlet's breaker/relay opens by itself: same effect as switching it off."""
         self.switch(outlet, False)

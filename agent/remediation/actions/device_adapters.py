@@ -16,9 +16,13 @@ from . import ActionError, ActionResult
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """Call a sync or async device function; a sync one runs on a thread so it cannot stall the loop."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kw)
-    return await asyncio.to_thread(fn, *args, **kw)
+    result = await asyncio.to_thread(fn, *args, **kw)
+    if inspect.isawaitable(result):  # a plain function (lambda) returning a coroutine
+        result = await result
+    return result
 
 
 class IsolateLinkAction:
