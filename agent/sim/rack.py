@@ -158,7 +158,8 @@ class RackModel:
         max_kw = sum(g.max_limit_mw for n in self.nodes.values() for g in n.gpus) / 1e6
         self.coolant.nominal_flow_lpm = max(1.5 * max_kw, 5.0)
         self.base_time = 0.0
-        self.step(0.0)
+        for _ in range(2):  # the loop sees the GPUs' power one step late: settle the initial state
+            self.step(0.0)
 
     # -- queries -----------------------------------------------------------------
 

@@ -1,0 +1,58 @@
+"""A simulated rack running in a background thread (its own event loop), for tests that run agents against it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from agent.sim.server import Simulator
+
+
+class SimRack:
+    def __init__(self, workdir: Path, **kwargs: Any):
+        os.environ.setdefault("SUPERNODE_SIM_FILE", str(workdir / "sim.json"))
+        self.sim = Simulator(workdir=workdir / "sim", advertise=False, **kwargs)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="simrack", daemon=True)
+
+    def start(self) -> "SimRack":
+        self._thread.start()
+        self.call(self.sim.start())
+        return self
+
+    def call(self, coro: Any, timeout: float = 20.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def inject(self, kind: str, **params: Any) -> str:
+        async def run() -> str:
+            return self.sim.inject(kind, params)
+        return self.call(run())
+
+    def clear(self) -> None:
+        async def run() -> None:
+            self.sim.clear()
+        self.call(run())
+
+    @property
+    def url(self) -> str:
+        return self.sim.url
+
+    def stop(self) -> None:
+        try:
+            self.call(self.sim.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
+
+@contextmanager
+def sim_rack(workdir: Path, **kwargs: Any) -> Iterator[SimRack]:
+    rack = SimRack(workdir, **kwargs).start()
+    try:
+        yield rack
+    finally:
+        rack.stop()

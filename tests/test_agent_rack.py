@@ -1,0 +1,114 @@
+"""A real agent process against the simulated rack: live /metrics, staleness, independence of sources, the demo."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from agent.demo import agent_config
+from tests.agentproc import running_agent
+from tests.helpers import REPO, free_port, require_binary, wait_for
+from tests.simrack import sim_rack
+
+
+def _series(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def _up(text: str, source: str, device: str) -> float | None:
+    m = re.search(rf'^supernode_source_up{{device="{re.escape(device)}",source="{source}"}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else None
+
+
+@pytest.fixture
+def rack_agent(tmp_path):
+    with sim_rack(tmp_path) as rack:
+        for name in ("admin.token", "webhook.token"):
+            (tmp_path / name).write_text("token-for-tests\n")
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="observe")
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 20, what="every source polled once")
+            yield rack, agent
+
+
+def test_live_metrics_pass_promtool_and_cover_every_gpu(rack_agent):
+    promtool = require_binary("promtool")
+    rack, agent = rack_agent
+    sources = [("nvml", "gpus"), ("links", "node01"), ("dom", "node01"), ("cdu", "cdu1"), ("leak", "leak1"),
+               ("pdu", "pdu-a"), ("derived", "rack_power")]
+    wait_for(lambda: all(_up(agent.metrics(), s, d) == 1.0 for s, d in sources), 20, what="every source up")
+    text = agent.metrics()
+    out = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True)
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), out
+    gpus = rack.sim.model.nodes["node01"].gpus
+    for g in gpus:
+        assert _series(text, f'supernode_gpu_power_watts{{gpu="{g.index}",uuid="{g.uuid}"}}'), g.uuid
+    assert 'supernode_agent_info{mode="observe",node="node01",rack="r01"' in text
+
+
+def test_a_dead_cdu_goes_stale_without_touching_other_sources(rack_agent):
+    rack, agent = rack_agent
+    wait_for(lambda: _up(agent.metrics(), "cdu", "cdu1") == 1.0, 20, what="cdu1 up")
+    rack.inject("cdu-offline", device="cdu1")
+    # Down at once, series gone after two missed intervals; the other CDU and the GPUs keep reporting.
+    wait_for(lambda: _up(agent.metrics(), "cdu", "cdu1") == 0.0
+             and not _series(agent.metrics(), 'supernode_cdu_temperature_celsius{cdu="cdu1"'), 15,
+             what="cdu1 down and its series dropped")
+    text = agent.metrics()
+    assert _series(text, 'supernode_cdu_temperature_celsius{cdu="rdhx1"')
+    assert _up(text, "nvml", "gpus") == 1.0 and _series(text, "supernode_gpu_power_watts{")
+    assert re.search(r'^supernode_source_errors_total\{device="cdu1",kind="(connection|timeout)",source="cdu"\} [1-9]',
+                     text, re.M)
+    rack.clear()
+    wait_for(lambda: _series(agent.metrics(), 'supernode_cdu_temperature_celsius{cdu="cdu1"'), 20,
+             what="cdu1 back by itself")
+
+
+def test_a_hung_gpu_marks_nvml_down_and_drops_gpu_series(rack_agent):
+    rack, agent = rack_agent
+    rack.inject("gpu-hang", node="node01", gpu=2, seconds=4)
+    wait_for(lambda: _up(agent.metrics(), "nvml", "gpus") == 0.0
+             and not _series(agent.metrics(), "supernode_gpu_power_watts{"), 15,
+             what="nvml down and GPU series dropped")
+    text = agent.metrics()
+    assert _up(text, "pdu", "pdu-a") == 1.0 and _up(text, "links", "node01") == 1.0
+    rack.clear()
+    wait_for(lambda: _up(agent.metrics(), "nvml", "gpus") == 1.0, 30, what="nvml recovers after the hang")
+
+
+def test_demo_serves_every_gpu_and_stops_cleanly_on_ctrl_c(tmp_path):
+    env = {"SUPERNODE_SIM_FILE": str(tmp_path / "sim.json"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+           "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "demo", "--duration", "120"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Ctrl-C"):
+                break
+        urls = [l.split()[1] for l in lines if l.startswith("metrics: ")]
+        assert len(urls) == 2, "".join(lines)
+        assert any(l.startswith("sim: http://127.0.0.1:") for l in lines)
+        assert any(l.startswith("webhook-token: ") for l in lines)
+        for url in urls:
+            def gpu_series() -> int:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    return len(_series(resp.read().decode(), "supernode_gpu_power_watts{"))
+            wait_for(lambda: gpu_series() == 4, 20, what=f"4 GPUs on {url}")
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stdout.read()
+        assert proc.wait(20) == 0, rest
+        assert "demo stopped" in rest
+        for url in urls:  # every agent it started is gone
+            with pytest.raises(OSError):
+                urllib.request.urlopen(url, timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)

@@ -1,0 +1,74 @@
+"""/metrics: the whole exposition of a fixed simulated rack against a golden file, and promtool's lint.
+
+The golden rack is frozen (no model ticks, fixed clock and durations), so
+every byte of the exposition is deterministic: a renamed metric, a lost
+label or a changed unit shows up as a diff. Regenerate on purpose with
+`UPDATE_GOLDEN=1 make test PYTEST_ARGS=tests/test_exposition.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from agent.config import parse_config
+from agent.demo import agent_config
+from agent.derived import RackPowerSource
+from agent.exposition import build_registry
+from agent.sim.server import Simulator
+from agent.snapshot import SnapshotStore
+from agent.sources import build_sources
+from tests.helpers import REPO, require_binary
+
+GOLDEN = REPO / "tests" / "golden" / "metrics.txt"
+FROZEN_TIME = 1_790_000_000.0
+
+
+async def frozen_exposition(tmp_path: Path) -> bytes:
+    sim = Simulator(nodes=2, gpus=4, tick=3600.0, workdir=tmp_path / "sim", advertise=False)
+    await sim.start()
+    try:
+        (tmp_path / "admin.token").write_text("t")
+        (tmp_path / "webhook.token").write_text("t")
+        cfg = agent_config(sim, "node01", 0, tmp_path, mode="observe")
+        cfg["sources"]["dom"]["module_timeout"] = 2.0
+        loaded = parse_config(cfg)
+        store = SnapshotStore(clock=lambda: FROZEN_TIME)
+        sources = build_sources(loaded)
+        sources.append(type(sources[0])(RackPowerSource(store, loaded.config.inventory.power_budget_watts),
+                                        loaded.config.sources.pdu))
+        for s in sources:  # rack power last: it reads the PDUs' inlets from the store
+            store.register(s.source.name, s.source.device, s.settings.interval, 2.0)
+            result = await s.source.poll()
+            store.publish(s.source.name, s.source.device, result.readings, 0.0125, result.partial_errors)
+            await s.source.close()
+        ident = {"rack": "r01", "node": "node01", "role": "compute", "version": "golden", "mode": "observe"}
+        return generate_latest(build_registry(store, lambda: ident))
+    finally:
+        await sim.stop()
+
+
+def test_exposition_matches_golden_file(tmp_path):
+    text = asyncio.run(frozen_exposition(tmp_path)).decode()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    expected = GOLDEN.read_text()
+    assert text == expected, "exposition differs from tests/golden/metrics.txt (UPDATE_GOLDEN=1 to accept)"
+    for family in ("supernode_gpu_power_watts", "supernode_nvlink_errors_total", "supernode_link_up",
+                   "supernode_optic_rx_power_dbm", "supernode_cdu_temperature_celsius", "supernode_leak_detected",
+                   "supernode_pdu_inlet_power_watts", "supernode_rack_power_watts", "supernode_source_up"):
+        assert f"# TYPE {family.removesuffix('_total')}" in text, family
+
+
+def test_golden_exposition_passes_promtool():
+    promtool = require_binary("promtool")
+    text = GOLDEN.read_bytes()
+    assert len(text) > 10_000  # the whole rack, not an empty scrape (promtool accepts empty input)
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    assert out.stdout.strip() == b"" and out.stderr.strip() == b"", out.stdout + out.stderr
