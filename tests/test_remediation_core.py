@@ -89,7 +89,9 @@ def test_shipped_playbooks_load_and_bad_playbook_names_field(tmp_path):
 
 
 def _xid_incident(eng, node="node01"):
-    return eng.fire("gpu_xid_critical", {"node": node}, "critical")
+    # An XID on another node reaches this agent only through Alertmanager (local detectors see local GPUs).
+    source = "local" if node == eng.identity.node else "alertmanager"
+    return eng.fire("gpu_xid_critical", {"node": node}, "critical", source=source)
 
 
 def test_incident_refire_runs_playbook_once_and_resolve_undoes(tmp_path):
@@ -221,11 +223,11 @@ def test_rate_limit_and_cooldown(tmp_path):
         eng2 = engine(tmp_path / "2", executors=Executors(scheduler=sched), inv=inv, cooldown_seconds=3600,
                       max_drained_nodes=10, max_drained_fraction=1.0)
         await eng2.start()
-        c = eng2.fire("gpu_lost", {"node": "node03", "gpu": "1"}, "critical")
+        c = eng2.fire("gpu_lost", {"node": "node03", "gpu": "1"}, "critical", source="alertmanager")
         await await_for(lambda: c.state == "mitigated")
         eng2.clear("gpu_lost", {"node": "node03", "gpu": "1"})
         await await_for(lambda: sched.nodes["node03"].state == "idle")
-        d = eng2.fire("gpu_lost", {"node": "node03", "gpu": "2"}, "critical")
+        d = eng2.fire("gpu_lost", {"node": "node03", "gpu": "2"}, "critical", source="alertmanager")
         await await_for(lambda: d.state == "mitigated")
         assert sched.nodes["node03"].state == "idle"
         assert [e for e in eng2.journal.entries() if e.kind == "blocked" and e.detail.get("guardrail") == "cooldown"]
