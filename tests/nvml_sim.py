@@ -18,10 +18,11 @@ from tests.helpers import free_port
 
 
 class NvmlSimServer:
-    """Serves `model` on a free port; `url` is what NvmlTwin takes."""
+    """Serves `model` on a free port; `url` is what NvmlTwin takes; `middlewares` may watch or hold requests."""
 
-    def __init__(self, model: RackModel):
+    def __init__(self, model: RackModel, middlewares: tuple = ()):
         self.model = model
+        self.middlewares = tuple(middlewares)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -34,7 +35,7 @@ class NvmlSimServer:
         return self
 
     async def _start(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=list(self.middlewares))
         add_nvml_routes(app, self.model)
         self._runner = web.AppRunner(app)
         await self._runner.setup()

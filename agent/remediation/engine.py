@@ -412,6 +412,9 @@ class RemediationEngine:
         try:
             plan = await act.plan(target, step.params, ctx)
         except ActionError as exc:
+            if exc.guardrail:
+                self._block(inc, book, step, aid, tgt, exc.guardrail, str(exc))
+                return "blocked"
             return self._result(inc, book, step, aid, tgt, "failed", {"error": str(exc), "phase": "apply"})
         if mode == "dry-run":
             return self._result(inc, book, step, aid, tgt, "dry_run", {"plan": plan, "phase": "apply"})

@@ -97,11 +97,17 @@ def _token(loaded: "LoadedConfig", configured: str | None, default: str) -> Any:
     return loaded.secrets.get(name)
 
 
+def build_engine(loaded: "LoadedConfig") -> RemediationEngine:
+    """The engine an agent runs for this config: its executors, journal in state_dir (not started)."""
+    cfg = loaded.config
+    return RemediationEngine(cfg.remediation, cfg.agent.mode, cfg.agent, cfg.inventory,
+                             cfg.agent.state_dir / "journal.db", build_executors(loaded))
+
+
 def attach(agent: "Agent") -> None:
     loaded = agent.loaded
     cfg = loaded.config
-    engine = RemediationEngine(cfg.remediation, cfg.agent.mode, cfg.agent, cfg.inventory,
-                               cfg.agent.state_dir / "journal.db", build_executors(loaded))
+    engine = build_engine(loaded)
     agent.remediation = RemediationHook(engine)
     agent.store.add_listener(engine.on_snapshot)
     agent.extra_collectors.append(engine.collector())

@@ -14,11 +14,17 @@ from typing import Any, Mapping, Protocol
 
 
 class ActionError(Exception):
-    """An action failed; `permanent` ones are not retried (bad target, refused by the device)."""
+    """An action failed; `permanent` ones are not retried (bad target, refused by the device).
 
-    def __init__(self, message: str, permanent: bool = False):
+    `guardrail` names a rule of ours that refused the step (a port not marked
+    isolatable, a program not allow-listed): the engine journals and counts
+    that as blocked by that guardrail, not as a failed action.
+    """
+
+    def __init__(self, message: str, permanent: bool = False, guardrail: str | None = None):
         super().__init__(message)
-        self.permanent = permanent
+        self.permanent = permanent or guardrail is not None
+        self.guardrail = guardrail
 
 
 @dataclass(slots=True)

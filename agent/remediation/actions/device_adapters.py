@@ -38,7 +38,7 @@ class IsolateLinkAction:
     async def plan(self, target, params, ctx) -> dict:
         port = target["port"]
         if port not in self.isolatable:
-            raise ActionError(f"port {port} is not marked isolatable in the inventory", permanent=True)
+            raise ActionError(f"port {port} is not marked isolatable in the inventory", guardrail="not_isolatable")
         state = await _call(self.read_state, port)
         return {"before": {"up": _is_up(state), "owned": _is_up(state)}}
 

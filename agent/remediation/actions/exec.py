@@ -26,9 +26,10 @@ def render_args(args: list[str], values: Mapping[str, Any]) -> list[str]:
         names = [f for _, f, _, _ in string.Formatter().parse(arg) if f]
         for f in names:
             if f not in FIELDS:
-                raise ActionError(f"exec: argument field {{{f}}} is not allowed", permanent=True)
+                raise ActionError(f"exec: argument field {{{f}}} is not allowed", guardrail="exec_args")
             if f not in values or not SAFE.match(str(values[f])):
-                raise ActionError(f"exec: value of {{{f}}} missing or unsafe: {values.get(f)!r}", permanent=True)
+                raise ActionError(f"exec: value of {{{f}}} missing or unsafe: {values.get(f)!r}",
+                                  guardrail="exec_args")
         out.append(arg.format(**{f: values[f] for f in names}))
     return out
 
@@ -42,7 +43,7 @@ class ExecAction:
     def _program(self, params: Mapping[str, Any]) -> ExecProgram:
         name = params.get("program")
         if name not in self.allow:
-            raise ActionError(f"exec: program {name!r} not in remediation.exec_allow", permanent=True)
+            raise ActionError(f"exec: program {name!r} not in remediation.exec_allow", guardrail="exec_allow")
         return self.allow[name]
 
     async def plan(self, target, params, ctx) -> dict:
@@ -50,7 +51,8 @@ class ExecAction:
         argv = [str(prog.path), *render_args(list(params.get("args", [])), {**ctx, **target})]
         undo = [str(prog.undo_path), *render_args(list(params.get("undo_args", [])), {**ctx, **target})] \
             if prog.undo_path else None
-        return {"before": {"undo_argv": undo}, "argv": argv}
+        # owned: there is something of ours to undo (the engine holds only owned effects for undo)
+        return {"before": {"undo_argv": undo, "owned": undo is not None}, "argv": argv}
 
     async def _run(self, argv: list[str], timeout: float) -> ActionResult:
         proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
