@@ -41,6 +41,7 @@ class SourceRunner:
         self.failures = 0
         self.next_allowed = 0.0
         self.polls = 0
+        self.running = False
 
     @property
     def job_id(self) -> str:
@@ -53,8 +54,15 @@ class SourceRunner:
 
     async def run_once(self) -> None:
         now = time.monotonic()
-        if now < self.next_allowed:
+        if now < self.next_allowed or self.running:
             return
+        self.running = True
+        try:
+            await self._poll()
+        finally:
+            self.running = False
+
+    async def _poll(self) -> None:
         start = time.perf_counter()
         src = self.source
         try:
@@ -106,6 +114,14 @@ class SourceScheduler:
         self.runners[runner.job_id] = runner
         self.scheduler.add_job(runner.run_once, "interval", seconds=runner.settings.interval, id=runner.job_id,
                                next_run_time=dt.datetime.now(dt.timezone.utc), replace_existing=True)
+
+    def poll_now(self, job_id: str) -> bool:
+        """Poll a source at once, off its timer (a leak confirmation); False if it is busy or unknown."""
+        runner = self.runners.get(job_id)
+        if runner is None or runner.running:
+            return False
+        asyncio.ensure_future(runner.run_once())
+        return True
 
     async def replace(self, sources: list[ScheduledSource], stale_after_intervals: float) -> None:
         old = self.runners

@@ -172,6 +172,11 @@ class Detectors:
                 events.append(Event(kind, obs.detector, dict(obs.targets), obs.severity, dict(obs.detail)))
         return events
 
+    def leak_awaiting_confirmation(self) -> bool:
+        """A zone read wet but not yet on enough consecutive polls: worth confirming at once."""
+        t = self.trackers["leak"]
+        return any(not st.active and 0 < st.count < t.consecutive for st in t.keys.values())
+
     def observe(self, snap: Snapshot) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
                    self._optic, self._rack_power):

@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from agent.snapshot import Snapshot
 
@@ -82,6 +82,7 @@ class RemediationEngine:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.settings = settings
         self.mode = mode
+        self.repoll: Callable[[str], None] | None = None  # set by the agent: poll a source now
         self.identity = identity
         self.inventory = inventory
         self.clock = clock
@@ -225,14 +226,18 @@ class RemediationEngine:
         loop = self.loop
         if loop is None or not self.started or loop.is_closed():
             return
-        loop.call_soon_threadsafe(self._evaluate, snap)
+        loop.call_soon_threadsafe(self._evaluate, snap, origin)
 
-    def _evaluate(self, snap: Snapshot) -> None:
+    def _evaluate(self, snap: Snapshot, origin: str = "") -> None:
         for ev in self.detectors.evaluate(snap):
             if ev.kind == "fire":
                 self.fire(ev.detector, ev.targets, ev.severity, "local", ev.detail)
             else:
                 self.clear(ev.detector, ev.targets)
+        # A first wet reading is confirmed by an immediate re-read of the same source rather than
+        # a whole poll interval later: two consecutive polls, within one interval plus a few ms.
+        if self.repoll is not None and origin.startswith("leak/") and self.detectors.leak_awaiting_confirmation():
+            self.repoll(origin)
 
     def fire(self, detector: str, targets: Mapping[str, str], severity: str, source: str = "local",
              detail: Mapping[str, Any] | None = None) -> Incident:

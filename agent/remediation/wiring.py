@@ -110,6 +110,7 @@ def attach(agent: "Agent") -> None:
     engine = build_engine(loaded)
     agent.remediation = RemediationHook(engine)
     agent.store.add_listener(engine.on_snapshot)
+    engine.repoll = agent.scheduler.poll_now
     agent.extra_collectors.append(engine.collector())
     admin = _token(loaded, cfg.remediation.admin_token_secret, "admin_token")
     webhook = _token(loaded, cfg.remediation.webhook_token_secret, "webhook_token")
