@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from agent.remediation.settings import RemediationSettings
+from exporters.validation import error_lines
 
 DEFAULT_CONFIG_PATH = Path("/etc/supernode-agent/agent.yaml")
 
@@ -208,21 +209,6 @@ class LoadedConfig:
             raise ConfigError(f"secrets.{name}: not defined") from None
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid config"]
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field (check spelling)"
-        elif e["type"] == "missing":
-            msg = "required field missing"
-        inp = e.get("input")
-        got = "" if e["type"] in ("missing",) or isinstance(inp, dict) else f" (got {inp!r})"
-        lines.append(f"  {path}: {msg}{got}")
-    return "\n".join(lines)
-
-
 def _read_secrets(config: Config) -> dict[str, SecretStr]:
     secrets: dict[str, SecretStr] = {}
     for name, ref in config.secrets.items():
@@ -247,7 +233,7 @@ def parse_config(data: Any, source: str = "<config>", path: Path | None = None) 
     try:
         config = Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
+        raise ConfigError(error_lines(err, f"{source}: invalid config", show_input=True)) from None
     return LoadedConfig(config, _read_secrets(config), path)
 
 

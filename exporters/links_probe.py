@@ -10,41 +10,10 @@ import asyncio
 from pathlib import Path
 from typing import Any, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import Collector, CollectorRegistry
-
 from exporters.dom import DomSource, make_reader
 from exporters.links import LinkSource
-from exporters.model import Kind, PollResult, Reading
-
-
-class _Readings(Collector):
-    def __init__(self, readings: list[Reading]):
-        self.readings = readings
-
-    def collect(self) -> Iterable[Metric]:
-        families: dict[str, Metric] = {}
-        for r in self.readings:
-            if not r.ok:
-                continue
-            spec = r.spec
-            fam = families.get(spec.name)
-            if fam is None:
-                if spec.kind is Kind.COUNTER:
-                    fam = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-                else:
-                    fam = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
-                families[spec.name] = fam
-            fam.add_metric([r.labels.get(k, "") for k in spec.labels], r.value)
-        return list(families.values())
-
-
-def render_readings(readings: list[Reading]) -> str:
-    """Prometheus text exposition of OK readings (not-OK ones are listed as comments by the caller)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Readings(readings))
-    return generate_latest(registry).decode()
+from exporters.model import PollResult
+from exporters.render import render_readings
 
 
 async def probe_links_async(ports: Iterable[Any], sysfs_root: Path | str = Path("/sys"),
@@ -75,4 +44,4 @@ def probe_links(config_ports: Iterable[Any], sysfs_root: Path | str = Path("/sys
     readings = link_result.readings + (dom_result.readings if dom_result else [])
     notes += [f"{r.reading_id()}: quality {r.quality.value}" for r in readings if not r.ok]
     head = "".join(f"# problem: {n}\n" for n in notes)
-    return head + render_readings(readings)
+    return head + render_readings(readings).decode()

@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporters import modbus_metrics
+from exporters.validation import error_lines
 from exporters.modbus_codec import WIDTH
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles" / "modbus"
@@ -242,17 +243,14 @@ def parse_profile(data: Any, source: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        lines = [f"{source}: invalid Modbus profile"]
-        for e in err.errors():
-            loc = list(e["loc"])
+        def point_names(loc: list[Any]) -> list[Any]:
             if len(loc) >= 2 and loc[0] == "points" and isinstance(loc[1], int):
                 pts = data.get("points") or []
                 if loc[1] < len(pts) and isinstance(pts[loc[1]], dict) and "name" in pts[loc[1]]:
                     loc[1] = pts[loc[1]]["name"]
-            path = ".".join(str(x) for x in loc) or "(top level)"
-            msg = "unknown field (check spelling)" if e["type"] == "extra_forbidden" else e["msg"]
-            lines.append(f"  {path}: {msg}")
-        raise ProfileError("\n".join(lines)) from None
+            return loc
+
+        raise ProfileError(error_lines(err, f"{source}: invalid Modbus profile", point_names)) from None
 
 
 @lru_cache(maxsize=64)

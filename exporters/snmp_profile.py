@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from exporters.model import Kind
 from exporters.pdu_metrics import PROFILE_METRICS
+from exporters.validation import error_lines
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles" / "snmp"
 _OID = re.compile(r"^1(\.(0|[1-9][0-9]*))+$")
@@ -217,12 +218,7 @@ def parse_profile(data: Any, source: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        lines = [f"{source}: invalid SNMP profile"]
-        for e in err.errors():
-            path = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            msg = "unknown field (check spelling)" if e["type"] == "extra_forbidden" else e["msg"]
-            lines.append(f"  {path}: {msg}")
-        raise ProfileError("\n".join(lines)) from None
+        raise ProfileError(error_lines(err, f"{source}: invalid SNMP profile")) from None
 
 
 def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Profile:

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from exporters.dom import OPTIC_ALARM, OPTIC_DOM, OPTIC_RX, OPTIC_THRESHOLD_DBM, module_readings, parse_module
-from exporters.links_probe import render_readings
+from exporters.render import render_readings
 from tests.helpers import shared_data
 
 FIX = Path(__file__).parent / "fixtures" / "links" / "ethtool"
@@ -36,7 +36,7 @@ def test_real_qsfp_plus_dark_lanes_are_minus_inf():
     assert dom.thresholds[("rx_power", "low", "alarm")] == -13.51
     # The module leaves its tx power thresholds unset (0 mW / -inf dBm): they are not thresholds.
     assert not any(q == "tx_power" for q, _, _ in dom.thresholds)
-    text = render_readings(module_readings("eth4", dom))
+    text = render_readings(module_readings("eth4", dom)).decode()
     assert 'supernode_optic_rx_power_dbm{lane="2",port="eth4"} -Inf' in text
     assert 'supernode_optic_rx_power_dbm{lane="1",port="eth4"} -1.15' in text
     assert 'supernode_optic_threshold_dbm{kind="rx_low_warning",port="eth4"} -9.5' in text
