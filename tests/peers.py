@@ -132,6 +132,20 @@ def alertmanager_server(workdir: Path, config_text: str) -> Iterator[Peer]:
         yield peer
 
 
+def agent_webhook_config(webhook_url: str, token_file: Path) -> str:
+    """Alertmanager config on a test time scale: remediation="agent" alerts go to the agent's webhook
+    (group_wait 0s, group_interval 1s, bearer token from a file, resolved sent); the rest go nowhere."""
+    timing = {"group_wait": "0s", "group_interval": "1s", "repeat_interval": "1h"}
+    return yaml.safe_dump({
+        "route": {"receiver": "people", "group_by": ["alertname", "rack"], **timing,
+                  "routes": [{"receiver": "agent", "matchers": ['remediation="agent"'],
+                              "group_by": ["alertname", "rack", "node"], **timing}]},
+        "receivers": [{"name": "people"}, {"name": "agent", "webhook_configs": [{
+            "url": webhook_url, "send_resolved": True, "max_alerts": 0,
+            "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(token_file)}}}]}],
+    }, sort_keys=False)
+
+
 _FOR = re.compile(r"^(\s*for:\s*)\S+\s*$", re.M)
 _RANGE = re.compile(r"\[(\d+)([smhd])\]")
 

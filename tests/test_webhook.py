@@ -123,3 +123,32 @@ def test_webhook_500_concurrent_distinct_payloads_all_recorded(tmp_path):
         await runner.cleanup()
         await eng.stop()
     asyncio.run(main())
+
+
+def test_webhook_alert_lands_in_its_detectors_incident_and_playbook(tmp_path):
+    """Shipped rules carry `detector`: the delivery runs that detector's playbook (no alertname trigger needed)."""
+    from agent.remediation.webhook import handle_payload
+
+    async def main():
+        sched = SimulatedScheduler(["node01", "node02"])
+        eng = engine(tmp_path, executors=Executors(scheduler=sched), max_drained_fraction=1.0)
+        await eng.start()
+        labels = {"alertname": "SupernodeNvlinkErrors", "detector": "nvlink_errors", "rack": "r01",
+                  "node": "node02", "gpu": "0", "link": "3", "uuid": "GPU-x", "severity": "critical"}
+        firing = alert(name="SupernodeNvlinkErrors", fp="nv1", labels=labels)
+        assert handle_payload(eng, json.dumps(payload(firing)).encode()) == {"accepted": 1, "duplicates": 0}
+        inc = eng.incidents.find("nvlink_errors", {"node": "node02", "gpu": "0", "link": "3"})
+        assert inc is not None and inc.source == "alertmanager" and inc.playbook == "nvlink-errors"
+        await await_for(lambda: inc.state == "mitigated", timeout=10)
+        assert (await sched.state("node02")).drained
+        # Without a `detector` label the alertname keys the incident, and no shipped playbook matches it.
+        bare = alert(name="SomeOtherAlert", fp="o1", labels={"alertname": "SomeOtherAlert", "node": "node01"})
+        handle_payload(eng, json.dumps(payload(bare)).encode())
+        other = eng.incidents.find("SomeOtherAlert", {"node": "node01"})
+        assert other is not None and other.playbook is None
+        resolved = {**firing, "status": "resolved", "endsAt": "2026-01-01T00:01:00Z"}
+        handle_payload(eng, json.dumps(payload(resolved)).encode())
+        await await_for(lambda: not sched.nodes["node02"].drained, timeout=10, what="node02 resumed")
+        assert inc.state == "resolved"
+        await eng.stop()
+    asyncio.run(main())

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .playbooks import find_playbook
+
 TARGET_LABELS = ("node", "gpu", "zone", "port", "cdu", "pdu", "link")
 
 
@@ -103,6 +105,17 @@ def fingerprint(alert: Alert) -> str:
     return hashlib.sha256(json.dumps(sorted(alert.labels.items())).encode()).hexdigest()[:16]
 
 
+def incident_name(engine: Any, alert: Alert, targets: dict[str, str]) -> str:
+    """The shipped rules label each alert with the local detector it mirrors (`detector`): the delivery
+    lands in that detector's incident and playbook, as a local detection would. A playbook keyed on
+    the alertname itself still wins; an alert without a `detector` label is keyed by its alertname."""
+    name = alert.labels["alertname"]
+    detector = alert.labels.get("detector")
+    if detector and find_playbook(engine.playbooks, name, targets) is None:
+        return detector
+    return name
+
+
 def handle_payload(engine: Any, body: bytes) -> dict[str, Any]:
     """Validate all alerts first (no partial action on a bad payload), then record and dispatch each."""
     payload = parse_payload(body)
@@ -117,7 +130,7 @@ def handle_payload(engine: Any, body: bytes) -> dict[str, Any]:
             duplicates += 1
             continue
         accepted += 1
-        name = alert.labels["alertname"]
+        name = incident_name(engine, alert, targets)
         if alert.status == "firing":
             engine.fire(name, targets, alert.labels.get("severity", "warning"), "alertmanager",
                         {"fingerprint": fingerprint(alert), "summary": alert.annotations.get("summary", "")})
