@@ -150,6 +150,73 @@ async def prometheus_path(tmp: Path, lib) -> tuple[list[float], list[float]]:
     return to_incident, to_intent
 
 
+AGENT_RUNS = 30
+
+
+def agent_path(tmp: Path) -> list[float]:
+    """The whole product: the simulator flips a Modbus leak bit, a real agent process polls it at POLL,
+    confirms it and acts; latency = the journal's first intent time - the flip time."""
+    import json
+    import sqlite3
+
+    from agentproc import running_agent
+    from simrack import sim_rack
+
+    from agent.demo import agent_config
+
+    lat: list[float] = []
+    with sim_rack(tmp / "agent-path") as rack:
+        for name in ("admin.token", "webhook.token"):
+            (tmp / name).write_text(TOKEN + "\n")
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp, mode="enforce")
+        cfg["sources"]["leak"] = {"interval": POLL, "timeout": 0.4}
+        cfg["remediation"] = {"slurm": {"backend": "simulated"},
+                              "detectors": {"leak": {"clear_seconds": 0.2}},
+                              "guardrails": {"automatic": ["resume_after_leak", "cdu_write_valve"],
+                                             "cooldown_seconds": 0, "max_drained_fraction": 1.0,
+                                             "breaker_max_actions": 100000, "rate_per_hour": {"default": 100000}}}
+        journal = Path(cfg["agent"]["state_dir"]) / "journal.db"
+        with running_agent(cfg, tmp / "agent-path") as agent:
+            def incidents() -> dict:
+                return json.loads(agent.get("/api/v1/incidents", token=TOKEN)[1])
+
+            def first_intent_after(seq: int) -> tuple[int, float] | None:
+                with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as db:
+                    return db.execute("SELECT seq, ts FROM journal WHERE kind = 'intent' AND seq > ? ORDER BY seq "
+                                      "LIMIT 1", (seq,)).fetchone()
+
+            def last_seq() -> int:
+                with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as db:
+                    return db.execute("SELECT COALESCE(MAX(seq), 0) FROM journal").fetchone()[0]
+
+            deadline = time.monotonic() + 30
+            while "supernode_source_up{device=\"leak1\",source=\"leak\"} 1.0" not in agent.metrics():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("leak source never came up")
+                time.sleep(0.05)
+            for _ in range(AGENT_RUNS):
+                seq = last_seq()
+                time.sleep(random.uniform(0, POLL))  # a random phase against the leak poll timer
+                t_flip = time.time()
+                rack.inject("leak", zone="zone-a")
+                deadline = time.monotonic() + 10
+                while (row := first_intent_after(seq)) is None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("no intent after the leak")
+                    time.sleep(0.005)
+                lat.append(row[1] - t_flip)
+                rack.clear()
+                deadline = time.monotonic() + 30
+                while True:  # resolved, undone, nothing pending: the rack is back to nominal
+                    inc = incidents()
+                    if not inc["open"] and not inc["pending_approvals"]:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"leak incident did not resolve: {inc['open']}")
+                    time.sleep(0.05)
+    return lat
+
+
 async def main() -> None:
     model = RackModel(nodes=2, gpus_per_node=4)
     runner, url = await nvml_twin_server(model)
@@ -159,8 +226,16 @@ async def main() -> None:
         lat = [await one(Path(d), lib, i) for i in range(RUNS)]
         prom_incident, prom_intent = await prometheus_path(Path(d), lib)
     await runner.cleanup()
+    with tempfile.TemporaryDirectory() as d:
+        agent_lat = await asyncio.to_thread(agent_path, Path(d))
+    g50, g99 = percentiles(agent_lat)
+    print(f"leak bit flip in the simulator -> first intent in a real agent's journal over {AGENT_RUNS} injections "
+          f"(Modbus leak poll {POLL}s, random phase, immediate confirmation re-read):")
+    print(f"  p50 {g50 * 1000:.1f} ms   p99 {g99 * 1000:.1f} ms   "
+          f"aim p99 < poll + 50 ms = {(POLL + 0.05) * 1000:.0f} ms -> {'met' if g99 < POLL + 0.05 else 'NOT met'}")
     p50, p99 = percentiles(lat)
-    print(f"leak to first intent over {RUNS} injections (leak poll {POLL}s, 2 consecutive wet polls):")
+    print(f"engine alone, leak reading published on a poll -> first intent over {RUNS} injections "
+          f"(leak poll {POLL}s, 2 consecutive wet polls):")
     print(f"  p50 {p50 * 1000:.1f} ms   p99 {p99 * 1000:.1f} ms   p99 - one poll interval: {(p99 - POLL) * 1000:.1f} ms")
     print(f"  aim: p99 < poll + 50 ms = {(POLL + 0.05) * 1000:.0f} ms -> {'met' if p99 < POLL + 0.05 else 'NOT met'}")
     i50, i99 = percentiles(prom_incident)
@@ -169,7 +244,7 @@ async def main() -> None:
           "(1 s scrape and evaluation, for: 0s, group_wait 0s, group_interval 1s):")
     print(f"  to webhook incident: p50 {i50 * 1000:.1f} ms   p99 {i99 * 1000:.1f} ms")
     print(f"  to first intent:     p50 {a50 * 1000:.1f} ms   p99 {a99 * 1000:.1f} ms")
-    print(f"  ratio Prometheus path / local path (first intent): p50 {a50 / p50:.1f}x   p99 {a99 / p99:.1f}x")
+    print(f"  ratio Prometheus path / agent path (first intent): p50 {a50 / g50:.1f}x   p99 {a99 / g99:.1f}x")
 
 
 if __name__ == "__main__":

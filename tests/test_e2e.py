@@ -161,9 +161,12 @@ def test_nvlink_storm_drains_through_alertmanager_webhook_and_resumes(stack):
     assert inc["id"] in reason
     # node02's own agent never saw an NVLink incident (its local detector is off).
     assert not [i for i in s.api("node02", "/api/v1/incidents")["open"] if i["detector"] == "nvlink_errors"]
-    entries = s.api("node01", "/api/v1/journal")["entries"]
-    mine = [e for e in entries if e["incident_id"] == inc["id"]]
-    assert [e["result"] for e in mine if e["kind"] == "result" and e["action"] == "drain"] == ["done"]
+    def incident_entries() -> list[dict]:
+        return [e for e in s.api("node01", "/api/v1/journal")["entries"] if e["incident_id"] == inc["id"]]
+    # Slurm shows the drain before the agent has read it back and written the result: wait for it.
+    wait_for(lambda: [e["result"] for e in incident_entries() if e["kind"] == "result" and e["action"] == "drain"] == ["done"],
+             timeout=15, interval=0.1, what="drain result journaled")
+    mine = incident_entries()
     assert [e["target"] for e in mine if e["kind"] == "intent"] == ["node=node02"]
     hooks = s.agents["node01"].metrics()
     assert re.search(r'supernode_webhook_requests_total\{result="accepted"\} [1-9]', hooks), "no accepted webhook"
