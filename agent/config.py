@@ -77,12 +77,21 @@ class Port(Strict):
     netdev: str | None = Field(default=None, description="Netdev name for DOM reads of an IB port.")
 
 
+class Coolant(Strict):
+    """The secondary loop's fluid, for heat removed = flow x density x heat capacity x dT."""
+
+    name: str = Field(default="PG25", description="Label only (PG25 = 25 % propylene glycol).")
+    density_kg_m3: float = Field(default=1025.0, gt=500, lt=2000, description="Density near loop temperature.")
+    heat_capacity_j_kgk: float = Field(default=3900.0, gt=1000, lt=5000, description="Specific heat, J/(kg K).")
+
+
 class ModbusDevice(Strict):
     name: str = Field(min_length=1)
     profile: str = Field(min_length=1, description="Profile name under exporters/profiles/modbus/.")
     host: str = "127.0.0.1"
     port: int = Field(default=502, ge=1, le=65535)
     unit: int | None = Field(default=None, ge=0, le=255, description="Overrides the profile's unit id.")
+    coolant: Coolant = Field(default_factory=Coolant, description="Coolant of the loop this CDU serves (PG25).")
     channels: dict[int, str] = Field(default_factory=dict,
                                      description="Profile leak/valve channel -> leak zone name (inventory leak_zones).")
 

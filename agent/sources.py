@@ -69,14 +69,16 @@ def _modbus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | Non
     s = cfg.sources
     if not (cfg.inventory.cdus or cfg.inventory.leak_controllers):
         return []
+    from exporters.coolant import CoolantProperties
     from exporters.modbus import ModbusSource, has_leak_points
 
     out: list[ScheduledSource] = []
     for d in cfg.inventory.cdus:
         common = dict(host=d.host, port=d.port, unit=d.unit, channels=d.channels)
         if s.cdu.enabled:
+            coolant = CoolantProperties(d.coolant.density_kg_m3, d.coolant.heat_capacity_j_kgk, d.coolant.name)
             out.append(ScheduledSource(ModbusSource("cdu", d.name, d.profile, timeout=s.cdu.timeout, subset="cdu",
-                                                    rack_power_w=rack_power_w, **common), s.cdu))
+                                                    rack_power_w=rack_power_w, coolant=coolant, **common), s.cdu))
         if s.leak.enabled and has_leak_points(d.profile):
             # A CDU's own leak inputs run on the fast leak schedule, over the same connection.
             out.append(ScheduledSource(ModbusSource("leak", d.name, d.profile, timeout=s.leak.timeout,

@@ -13,6 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from agent.config import parse_config
@@ -72,3 +73,26 @@ def test_golden_exposition_passes_promtool():
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
     assert out.stdout.strip() == b"" and out.stderr.strip() == b"", out.stdout + out.stderr
+
+
+def test_configured_coolant_sets_heat_removed(tmp_path):
+    """heat = flow x density x heat capacity x dT: the inventory's coolant, not a constant in code."""
+    async def heat(density: float, cp: float) -> float:
+        sim = Simulator(nodes=2, gpus=4, tick=3600.0, workdir=tmp_path / f"sim{density}", advertise=False)
+        await sim.start()
+        try:
+            for name in ("admin.token", "webhook.token"):
+                (tmp_path / name).write_text("t")
+            cfg = agent_config(sim, "node01", 0, tmp_path, mode="observe")
+            cdu = next(c for c in cfg["inventory"]["cdus"] if c["name"] == "cdu1")
+            cdu["coolant"] = {"name": "test", "density_kg_m3": density, "heat_capacity_j_kgk": cp}
+            src = next(s.source for s in build_sources(parse_config(cfg))
+                       if s.source.name == "cdu" and s.source.device == "cdu1")
+            result = await src.poll()
+            await src.close()
+            return next(r.value for r in result.readings if r.name == "supernode_cdu_heat_removed_watts")
+        finally:
+            await sim.stop()
+
+    water, pg25 = asyncio.run(heat(998.0, 4182.0)), asyncio.run(heat(1025.0, 3900.0))
+    assert water / pg25 == pytest.approx((998.0 * 4182.0) / (1025.0 * 3900.0), rel=1e-9)
