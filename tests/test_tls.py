@@ -1,0 +1,135 @@
+"""HTTPS with client certificates: the agent's listener, /metrics and the webhook behind mutual TLS."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.agentproc import AgentProcess, base_config
+from tests.helpers import REPO, wait_for
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[Path, Path]:
+    key_path, cert_path = path.with_suffix(".key"), path.with_suffix(".crt")
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def _cert(subject: str, key, issuer_key, issuer_name: x509.Name | None, ca: bool, server: bool) -> x509.Certificate:
+    now = dt.datetime.now(dt.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    b = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name or name)
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if server:
+        b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
+    elif not ca:
+        b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+@pytest.fixture
+def pki(tmp_path):
+    ca_key = _key()
+    ca = _cert("supernode test CA", ca_key, ca_key, None, ca=True, server=False)
+    ca_crt, _ = _write(tmp_path / "ca", ca_key, ca)
+    srv_key = _key()
+    srv_crt, srv_key_path = _write(tmp_path / "server", srv_key, _cert("127.0.0.1", srv_key, ca_key, ca.subject,
+                                                                      ca=False, server=True))
+    cli_key = _key()
+    cli_crt, cli_key_path = _write(tmp_path / "client", cli_key, _cert("alertmanager", cli_key, ca_key, ca.subject,
+                                                                      ca=False, server=False))
+    rogue_key = _key()  # a client certificate from a CA the agent does not trust
+    rogue = _cert("rogue", rogue_key, rogue_key, None, ca=False, server=False)
+    rogue_crt, rogue_key_path = _write(tmp_path / "rogue", rogue_key, rogue)
+    return {"ca": ca_crt, "server": (srv_crt, srv_key_path), "client": (cli_crt, cli_key_path),
+            "rogue": (rogue_crt, rogue_key_path)}
+
+
+def _context(pki, client: str | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+    if client:
+        ctx.load_cert_chain(*map(str, pki[client]))
+    return ctx
+
+
+def _get(url: str, ctx: ssl.SSLContext, data: bytes | None = None, token: str | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_mutual_tls_guards_metrics_and_webhook(tmp_path, pki):
+    (tmp_path / "webhook.token").write_text("hook-token\n")
+    cfg = base_config(tmp_path)
+    cfg["listen"]["tls"] = {"cert_file": str(pki["server"][0]), "key_file": str(pki["server"][1]),
+                            "client_ca_file": str(pki["ca"])}
+    cfg["secrets"]["webhook_token"] = {"file": str(tmp_path / "webhook.token")}
+    cfg["inventory"] = {"nodes": ["node01"]}
+    cfg["remediation"] = {"slurm": {"backend": "simulated"}}
+    agent = AgentProcess(cfg, tmp_path)  # started by hand: its health wait speaks plain HTTP
+    url = f"https://127.0.0.1:{agent.port}"
+    agent.write_config(cfg)
+    log = open(agent.log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(agent.config_path), "run"],
+                            stdout=log, stderr=log, cwd=REPO)
+    try:
+        good = _context(pki, "client")
+
+        def up() -> bool:
+            try:
+                return _get(url + "/healthz", good)[0] == 200
+            except (OSError, ssl.SSLError):
+                return False
+        wait_for(up, 20, what="agent answering over mutual TLS")
+        status, body = _get(url + "/metrics", good)
+        assert status == 200 and b"supernode_agent_info" in body
+
+        for client in (None, "rogue"):  # no certificate, or one from a CA the agent does not trust
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                _get(url + "/metrics", _context(pki, client))
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            urllib.request.urlopen(f"http://127.0.0.1:{agent.port}/metrics", timeout=5).read()
+
+        alert = {"version": "4", "status": "firing", "receiver": "agent", "groupKey": "k", "truncatedAlerts": 0,
+                 "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://am",
+                 "alerts": [{"status": "firing", "labels": {"alertname": "SupernodeGpuLost", "node": "node01",
+                                                            "gpu": "0", "rack": "r01", "severity": "critical"},
+                             "annotations": {}, "startsAt": "2026-11-30T00:00:00Z",
+                             "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": "f1"}]}
+        data = json.dumps(alert).encode()
+        assert _get(url + "/api/v1/alerts", good, data)[0] == 401  # TLS alone is not enough: token too
+        status, body = _get(url + "/api/v1/alerts", good, data, token="hook-token")
+        assert status == 200, body
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
