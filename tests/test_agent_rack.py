@@ -64,9 +64,17 @@ def test_a_dead_cdu_goes_stale_without_touching_other_sources(rack_agent):
     assert _up(text, "nvml", "gpus") == 1.0 and _series(text, "supernode_gpu_power_watts{")
     assert re.search(r'^supernode_source_errors_total\{device="cdu1",kind="(connection|timeout)",source="cdu"\} [1-9]',
                      text, re.M)
+    failures = re.findall(r'^supernode_source_errors_total\{device="cdu1",kind="\w+",source="cdu"\} (\S+)$', text, re.M)
+    assert sum(float(n) for n in failures) >= 2  # it kept failing...
+
+    def failed_lines() -> list[str]:
+        return [l for l in agent.log().splitlines() if 'event="source failed"' in l and "device=cdu1" in l
+                and "source=cdu " in l + " "]
+    assert len(failed_lines()) == 1, failed_lines()  # ...but said so once
     rack.clear()
     wait_for(lambda: _series(agent.metrics(), 'supernode_cdu_temperature_celsius{cdu="cdu1"'), 20,
              what="cdu1 back by itself")
+    assert any('event="source recovered"' in l and "device=cdu1" in l for l in agent.log().splitlines())
 
 
 def test_a_hung_gpu_marks_nvml_down_and_drops_gpu_series(rack_agent):

@@ -1,0 +1,105 @@
+"""The CLI as an operator uses it: probes against the simulated devices, fault injection, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from agent.demo import agent_config
+from tests.helpers import REPO, free_port, require_binary
+from tests.simrack import SimRack
+
+
+@pytest.fixture(scope="module")
+def rack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("clirack")
+    rack = SimRack(work).start()
+    # The simulator advertises itself here so `sim inject` finds it without --sim.
+    (work / "sim.json").write_text(json.dumps({"url": rack.url}))
+    rack.discovery = work / "sim.json"
+    yield rack
+    rack.stop()
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def endpoint(rack, name: str) -> str:
+    host, port = rack.sim.devices[name].endpoint
+    return f"{host}:{port}"
+
+
+def promtool_ok(text: str) -> None:
+    out = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text.encode(), capture_output=True)
+    assert out.returncode == 0 and not out.stdout.strip(), out
+
+
+@pytest.mark.parametrize("device, profile, metric", [
+    ("cdu1", "reference-cdu", "supernode_cdu_temperature_celsius"),
+    ("rdhx1", "vertiv-liebert-dcd", "supernode_cdu_temperature_celsius"),
+    ("leak1", "rle-ld2100", "supernode_leak_detected"),
+])
+def test_probe_modbus_prints_the_exposition(rack, device, profile, metric):
+    out = cli("probe", "modbus", "--profile", profile, "--target", endpoint(rack, device))
+    assert out.returncode == 0, out.stderr
+    assert f"\n{metric}{{" in out.stdout
+    promtool_ok(out.stdout)
+
+
+def test_probe_modbus_errors_are_clear(rack):
+    dead = f"127.0.0.1:{free_port()}"
+    out = cli("probe", "modbus", "--profile", "reference-cdu", "--target", dead, "--timeout", "0.5")
+    assert out.returncode == 1 and dead.split(":")[1] in out.stderr and out.stdout == ""
+    out = cli("probe", "modbus", "--profile", "no-such-profile", "--target", endpoint(rack, "cdu1"))
+    assert out.returncode == 1 and "no-such-profile" in out.stderr
+
+
+def test_probe_snmp_against_the_simulated_pdu(rack):
+    out = cli("probe", "snmp", "--profile", "raritan-pdu2", "--target", endpoint(rack, "pdu-a"))
+    assert out.returncode == 0, out.stderr
+    assert "\nsupernode_pdu_inlet_power_watts{" in out.stdout and "\nsupernode_pdu_outlet_power_watts{" in out.stdout
+    promtool_ok(out.stdout)
+    out = cli("probe", "snmp", "--profile", "raritan-pdu2", "--target", f"127.0.0.1:{free_port()}",
+              "--timeout", "0.3", "--retries", "0")
+    assert out.returncode == 1 and "timeout" in out.stderr
+
+
+def test_probe_links_and_nvml_from_a_config(rack, tmp_path):
+    for name in ("admin.token", "webhook.token"):
+        (tmp_path / name).write_text("t\n")
+    cfg_path = tmp_path / "agent.yaml"
+    cfg_path.write_text(yaml.safe_dump(agent_config(rack.sim, "node02", free_port(), tmp_path)))
+    out = cli("--config", str(cfg_path), "probe", "links")
+    assert out.returncode == 0, out.stderr
+    assert '\nsupernode_link_up{kind="ib",port="mlx5_0/1"} 1.0' in out.stdout
+    assert "\nsupernode_optic_rx_power_dbm{" in out.stdout
+    out = cli("probe", "nvml", "--sim", rack.url, "--node", "node02", "--expect-gpus", "4")
+    assert out.returncode == 0, out.stderr
+    uuids = {g.uuid for g in rack.sim.model.nodes["node02"].gpus}
+    assert all(f'uuid="{u}"' in out.stdout for u in uuids)
+
+
+def test_sim_inject_finds_the_simulator_and_names_bad_parameters(rack):
+    env = {"SUPERNODE_SIM_FILE": str(rack.discovery)}
+    out = cli("sim", "inject", "workload", "--ratio", "2", env=env)
+    assert out.returncode == 1 and "ratio" in out.stderr
+    out = cli("sim", "inject", "xid", "--node", "node01", env=env)
+    assert out.returncode == 1 and "'code' is required" in out.stderr
+    out = cli("sim", "inject", "nosuchfault", env=env)
+    assert out.returncode == 1 and "unknown fault" in out.stderr
+    out = cli("sim", "inject", "workload", "--node", "node02", "--ratio", "0.5", env=env)
+    assert out.returncode == 0, out.stderr
+    assert {g.workload for g in rack.sim.model.nodes["node02"].gpus} == {0.5}
+    out = cli("sim", "clear", env=env)
+    assert out.returncode == 0
+    assert {g.workload for g in rack.sim.model.nodes["node02"].gpus} == {0.85}
+    out = cli("sim", "state", env={"SUPERNODE_SIM_FILE": str(rack.discovery.with_name("missing.json"))})
+    assert out.returncode == 2 and "no running simulator" in out.stderr
