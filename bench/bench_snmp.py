@@ -138,7 +138,7 @@ def main() -> None:
 
     med = statistics.median
     print(f"device: simulated Raritan PX3, 1 inlet, 3 poles, 24 outlets; columns: {len(fast)}; runs: {runs}")
-    print(f"ours (pysnmp 7, steady state): wall {1000 * med(ours_wall):.1f} ms, cpu {1000 * med(ours_cpu):.1f} ms, "
+    print(f"ours (steady state):           wall {1000 * med(ours_wall):.1f} ms, cpu {1000 * med(ours_cpu):.1f} ms, "
           f"requests {med(ours_req):.0f}")
     if go_wall:
         print(f"prometheus-snmp-exporter:      wall {1000 * med(go_wall):.1f} ms, cpu {1000 * med(go_cpu):.1f} ms "

@@ -1,10 +1,14 @@
-"""A small asyncio SNMP client on pysnmp 7: multi-column GETBULK walks, GET and SET, numeric OIDs only.
+"""A small asyncio SNMP client: multi-column GETBULK walks, GET and SET, numeric OIDs only.
 
 Why its own module: the collector, the outlet switch and the probe all talk
 to a device the same way, and every transport failure must become one
 `SourceError` kind (timeout, auth, protocol) that `supernode_source_errors_total`
-can count. Walking several columns in one GETBULK (snmp_exporter walks one
-subtree per request chain) keeps the request count per poll low.
+can count. v2c goes over one UDP socket per device with the agent's own BER
+codec (snmp_v2c: pysnmp's engine cost ~4 ms CPU per request); v3 needs USM
+and stays on pysnmp's engine. Walking several columns in one GETBULK, and
+from the second walk on splitting long columns into segments at the rows
+seen last time (snmp_exporter walks one subtree per request chain), keeps
+the request count per poll low.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from pysnmp.hlapi.v3arch.asyncio import (CommunityData, ContextData, ObjectIdent
 from pysnmp.hlapi.v3arch.asyncio import auth as _auth
 from pysnmp.proto import rfc1902, rfc1905
 
+from exporters import snmp_v2c
 from exporters.model import SourceError
+from exporters.snmp_v2c import END, TOO_BIG, Oid, error_name
 
 AUTH_PROTOCOLS = {
     "MD5": _auth.usmHMACMD5AuthProtocol, "SHA": _auth.usmHMACSHAAuthProtocol,
@@ -94,18 +100,21 @@ def to_python(value: Any) -> int | str | None:
         return str(value)
 
 
-class SnmpClient:
-    """One engine and one transport per device; counts requests (for the benchmark and the probe)."""
+Varbinds = list[tuple[Oid, Any]]  # (oid, python value or END)
+MAX_CURSORS = 48  # varbinds per GETBULK request at most (x max-repetitions in the response)
 
-    def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float = 1.0, retries: int = 1):
+
+class _EngineBackend:
+    """pysnmp's engine (v3, USM): one engine and one transport per device, values converted to Python."""
+
+    def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float, retries: int):
         self.where = f"{host}:{port}"
         self._host, self._port = host, port
-        self._creds = credentials
         self._auth = credentials.auth_data()
+        self._context = credentials.context.encode()
         self._timeout, self._retries = timeout, retries
         self._engine: SnmpEngine | None = None
         self._target: UdpTransportTarget | None = None
-        self.requests = 0
 
     async def _ctx(self) -> tuple[SnmpEngine, UdpTransportTarget, ContextData]:
         if self._engine is None:
@@ -113,70 +122,161 @@ class SnmpClient:
         if self._target is None:
             self._target = await UdpTransportTarget.create((self._host, self._port), timeout=self._timeout,
                                                            retries=self._retries)
-        return self._engine, self._target, ContextData(contextName=self._creds.context.encode())
+        return self._engine, self._target, ContextData(contextName=self._context)
 
-    async def get(self, oids: list[str]) -> dict[str, int | str | None]:
-        engine, target, ctx = await self._ctx()
-        self.requests += 1
-        ind, status, index, vbs = await get_cmd(engine, self._auth, target, ctx,
-                                                *(ObjectType(ObjectIdentity(o)) for o in oids), lookupMib=False)
+    def _result(self, answer: tuple) -> tuple[int, int, Varbinds]:
+        ind, status, index, vbs = answer
         if ind:
             raise _error(self.where, ind)
-        if int(status):
-            raise SourceError("protocol", f"{self.where}: GET error {status.prettyPrint()} at {index}")
-        return {str(vb[0]): to_python(vb[1]) for vb in vbs}
+        return int(status), int(index), [(tuple(n), END if isinstance(v, _END) else to_python(v)) for n, v in vbs]
 
-    async def set_int(self, oid: str, value: int) -> None:
+    async def get(self, oids: list[Oid]) -> tuple[int, int, Varbinds]:
         engine, target, ctx = await self._ctx()
-        self.requests += 1
-        ind, status, index, _ = await set_cmd(engine, self._auth, target, ctx,
-                                              ObjectType(ObjectIdentity(oid), rfc1902.Integer32(value)),
-                                              lookupMib=False)
-        if ind:
-            raise _error(self.where, ind)
-        if int(status):
-            raise SourceError("protocol", f"{self.where}: SET {oid}={value} refused: {status.prettyPrint()}")
+        return self._result(await get_cmd(engine, self._auth, target, ctx,
+                                          *(ObjectType(ObjectIdentity(rfc1902.ObjectName(o))) for o in oids),
+                                          lookupMib=False))
 
-    async def walk_columns(self, oids: list[str], max_repetitions: int = 10) -> dict[str, dict[tuple[int, ...], Any]]:
-        """Walk several table columns together; returns column oid -> {index tuple: value}.
-
-        Each GETBULK carries the current position of every column still
-        inside its subtree, so a 3-column table of 24 rows with
-        max-repetitions 10 costs 3 requests instead of 9.
-        """
+    async def bulk(self, oids: list[Oid], max_repetitions: int) -> tuple[int, int, Varbinds]:
         engine, target, ctx = await self._ctx()
-        out: dict[str, dict[tuple[int, ...], Any]] = {o: {} for o in oids}
-        prefixes = {o: tuple(int(p) for p in o.split(".")) for o in oids}
-        cursor = {o: prefixes[o] for o in oids}
-        active = list(oids)
-        while active:
-            self.requests += 1
-            ind, status, index, vbs = await bulk_cmd(
-                engine, self._auth, target, ctx, 0, max_repetitions,
-                *(ObjectType(ObjectIdentity(rfc1902.ObjectName(cursor[o]))) for o in active), lookupMib=False)
-            if ind:
-                raise _error(self.where, ind)
-            if int(status):
-                raise SourceError("protocol", f"{self.where}: GETBULK error {status.prettyPrint()} at {index}")
-            if not vbs:
-                raise SourceError("protocol", f"{self.where}: empty GETBULK response")
-            done: set[str] = set()
-            for i, (name, value) in enumerate(vbs):
-                col = active[i % len(active)]
-                if col in done:
-                    continue
-                oid = tuple(name)
-                prefix = prefixes[col]
-                if isinstance(value, _END) or oid[:len(prefix)] != prefix or oid <= cursor[col]:
-                    done.add(col)
-                    continue
-                out[col][oid[len(prefix):]] = to_python(value)
-                cursor[col] = oid
-            active = [c for c in active if c not in done]
-        return out
+        return self._result(await bulk_cmd(engine, self._auth, target, ctx, 0, max_repetitions,
+                                           *(ObjectType(ObjectIdentity(rfc1902.ObjectName(o))) for o in oids),
+                                           lookupMib=False))
+
+    async def set_int(self, oid: Oid, value: int) -> tuple[int, int, Varbinds]:
+        engine, target, ctx = await self._ctx()
+        return self._result(await set_cmd(engine, self._auth, target, ctx,
+                                          ObjectType(ObjectIdentity(rfc1902.ObjectName(oid)),
+                                                     rfc1902.Integer32(value)), lookupMib=False))
 
     def close(self) -> None:
         if self._engine is not None:
             self._engine.close_dispatcher()
             self._engine = None
             self._target = None
+
+
+class _V2cBackend:
+    """v2c without pysnmp's engine: snmp_v2c's codec over one UDP socket per device."""
+
+    def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float, retries: int):
+        credentials.auth_data()  # validates (community present)
+        self._t = snmp_v2c.V2cTransport(host, port, credentials.community or "", timeout, retries)
+
+    async def get(self, oids: list[Oid]) -> tuple[int, int, Varbinds]:
+        return await self._t.request(snmp_v2c.GET, [(o, snmp_v2c.NULL) for o in oids])
+
+    async def bulk(self, oids: list[Oid], max_repetitions: int) -> tuple[int, int, Varbinds]:
+        return await self._t.request(snmp_v2c.GETBULK, [(o, snmp_v2c.NULL) for o in oids], 0, max_repetitions)
+
+    async def set_int(self, oid: Oid, value: int) -> tuple[int, int, Varbinds]:
+        return await self._t.request(snmp_v2c.SET, [(oid, snmp_v2c.integer(value))])
+
+    def close(self) -> None:
+        self._t.close()
+
+
+def _oid(text: str) -> Oid:
+    try:
+        return tuple(int(p) for p in text.strip(".").split("."))
+    except ValueError:
+        raise SourceError("config", f"OID {text!r} is not numeric") from None
+
+
+class _Cursor:
+    """One walk position: column `col`, last OID seen `pos`, and the last row it must read (None: column end)."""
+
+    __slots__ = ("col", "pos", "bound")
+
+    def __init__(self, col: str, pos: Oid, bound: Oid | None):
+        self.col, self.pos, self.bound = col, pos, bound
+
+
+class SnmpClient:
+    """One transport per device (v2c: own codec; v3: pysnmp engine); counts requests (benchmark and probe)."""
+
+    def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float = 1.0, retries: int = 1):
+        self.where = f"{host}:{port}"
+        backend = _V2cBackend if credentials.version == "2c" else _EngineBackend
+        self._backend = backend(host, port, credentials, timeout, retries)
+        self._rows: dict[str, list[Oid]] = {}  # column -> row OIDs of its last walk (segment boundaries)
+        self.requests = 0
+
+    async def get(self, oids: list[str]) -> dict[str, int | str | None]:
+        self.requests += 1
+        status, index, vbs = await self._backend.get([_oid(o) for o in oids])
+        if status:
+            raise SourceError("protocol", f"{self.where}: GET error {error_name(status)} at {index}")
+        return {".".join(map(str, o)): None if v is END else v for o, v in vbs}
+
+    async def set_int(self, oid: str, value: int) -> None:
+        self.requests += 1
+        status, _, _ = await self._backend.set_int(_oid(oid), value)
+        if status:
+            raise SourceError("protocol", f"{self.where}: SET {oid}={value} refused: {error_name(status)}")
+
+    def _cursors(self, oids: list[str], prefixes: dict[str, Oid], max_repetitions: int) -> list[_Cursor]:
+        """One cursor per column, or several for a column whose last walk needed more than one GETBULK.
+
+        Segment k of a column reads the rows after boundary k-1 up to and
+        including boundary k (rows of the last walk), the last one up to the
+        column end: together they cover the whole column whatever changed
+        since, and unchanged they finish in one request.
+        """
+        # a segment reads up to max_repetitions rows; the last one also needs the varbind past the column end
+        want = {o: -(-(len(self._rows.get(o, ())) + 1) // max_repetitions) for o in oids}
+        total = sum(want.values())
+        out: list[_Cursor] = []
+        for o in oids:
+            n = want[o] if total <= MAX_CURSORS else max(1, want[o] * MAX_CURSORS // total)
+            rows = self._rows.get(o, [])
+            bounds = [rows[k * (len(rows) + 1) // n - 1] for k in range(1, n)]
+            out += [_Cursor(o, start, bound) for start, bound in zip([prefixes[o]] + bounds, bounds + [None])]
+        return out
+
+    async def walk_columns(self, oids: list[str], max_repetitions: int = 10) -> dict[str, dict[tuple[int, ...], Any]]:
+        """Walk several table columns together; returns column oid -> {index tuple: value}.
+
+        Each GETBULK carries the current position of every column (segment)
+        still inside its range, so a 3-column table of 24 rows with
+        max-repetitions 10 costs 3 requests instead of 9 the first time, and
+        1 from then on. A tooBig answer halves max-repetitions, then the
+        varbinds per request.
+        """
+        out: dict[str, dict[tuple[int, ...], Any]] = {o: {} for o in oids}
+        prefixes = {o: _oid(o) for o in oids}
+        pending = self._cursors(oids, prefixes, max_repetitions)
+        reps, limit = max_repetitions, MAX_CURSORS
+        while pending:
+            batch = pending[:limit]
+            self.requests += 1
+            status, index, vbs = await self._backend.bulk([c.pos for c in batch], reps)
+            if status == TOO_BIG and (reps > 1 or len(batch) > 1):
+                reps, limit = (reps // 2, limit) if reps > 1 else (reps, len(batch) // 2)
+                continue
+            if status:
+                raise SourceError("protocol", f"{self.where}: GETBULK error {error_name(status)} at {index}")
+            if not vbs:
+                raise SourceError("protocol", f"{self.where}: empty GETBULK response")
+            done: set[int] = set()
+            for i, (oid, value) in enumerate(vbs):
+                k = i % len(batch)
+                if k in done:
+                    continue
+                c = batch[k]
+                prefix = prefixes[c.col]
+                if (value is END or oid[:len(prefix)] != prefix or oid <= c.pos
+                        or (c.bound is not None and oid > c.bound)):
+                    done.add(k)
+                    continue
+                out[c.col][oid[len(prefix):]] = value
+                c.pos = oid
+                if oid == c.bound:
+                    done.add(k)
+            pending = [c for k, c in enumerate(batch) if k not in done] + pending[limit:]
+        for o in oids:  # segments fill a column out of order: rows go back in OID order
+            out[o] = dict(sorted(out[o].items()))
+            self._rows[o] = [prefixes[o] + index for index in out[o]]
+        return out
+
+    def close(self) -> None:
+        self._backend.close()
