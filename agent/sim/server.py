@@ -141,6 +141,7 @@ class Simulator:
             raise faults.FaultError(f"kind: unknown fault {kind!r}; known: {', '.join(sorted(faults.REGISTRY))}")
         parsed = fk.parse(params)
         result = fk.apply(self, parsed)
+        self._update_devices()  # a sensor's register flips when the fault happens, not at the next tick
         self.active_faults.append({"kind": kind, "params": parsed, "at": time.time()})
         log.info("fault injected", extra={"kind": kind, "result": result})
         return result
@@ -165,6 +166,7 @@ class Simulator:
             if callable(clear):
                 clear()
         self.active_faults.clear()
+        self._update_devices()
         log.info("faults cleared")
 
     # -- lifecycle -----------------------------------------------------------------
