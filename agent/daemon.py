@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from agent import __version__
 from agent.config import ConfigError, LoadedConfig, load_config
-from agent.exposition import build_registry
+from agent.exposition import build_registry, inventory_readings
 from agent.http import RouteMount, build_app, start_server
 from agent.runtime import ScheduledSource, SourceScheduler
 from agent.sdnotify import Notifier
@@ -48,7 +48,8 @@ class Agent:
         self._reload_lock = asyncio.Lock()
         self._watchdog_task: asyncio.Task | None = None
         self._setup_remediation()
-        self.registry = build_registry(self.store, self.identity, self.extra_collectors)
+        self.registry = build_registry(self.store, self.identity, self.extra_collectors,
+                                       static=lambda: inventory_readings(self.loaded.config.inventory))
 
     # -- identity and state ------------------------------------------------------
 

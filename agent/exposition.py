@@ -7,15 +7,18 @@ scrape reads memory only and never touches a device. Readings that are not
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agent.snapshot import SnapshotStore
-from exporters.model import Quality, counter, gauge, info
+from exporters.model import Quality, Reading, counter, gauge, info
 from exporters.render import families_from_readings
+
+if TYPE_CHECKING:
+    from agent.config import Inventory
 
 AGENT_INFO = info("supernode_agent_info", "Agent identity and remediation mode; rack and node as configured.",
                   ("rack", "node", "role", "version", "mode"))
@@ -29,15 +32,19 @@ SOURCE_ERRORS = counter("supernode_source_errors_total", "Failed polls and parti
                         ("source", "device", "kind"))
 SOURCE_INTERVAL = gauge("supernode_source_interval_seconds", "Configured poll interval of this source, in seconds.",
                         ("source", "device"), "seconds")
+LEAK_ZONE_INFO = info("supernode_leak_zone_info", "Which nodes a leak zone endangers (from the inventory).",
+                      ("zone", "nodes"))
 READING_QUALITY = gauge("supernode_reading_quality",
                         "1 for each reading that is not ok (stale, sensor_fault, unsupported); its value is not exported.",
                         ("source", "device", "reading", "quality"))
 
 
 class SnapshotCollector(Collector):
-    def __init__(self, store: SnapshotStore, agent_info: Callable[[], dict[str, str]]):
+    def __init__(self, store: SnapshotStore, agent_info: Callable[[], dict[str, str]],
+                 static: Callable[[], list[Reading]] = list):
         self._store = store
         self._agent_info = agent_info
+        self._static = static
 
     def collect(self) -> Iterator[Metric]:
         snap = self._store.snapshot()
@@ -76,16 +83,22 @@ class SnapshotCollector(Collector):
                     quality_seen.add(key)
                     quality.add_metric(list(key), 1.0)
         yield from (up, dur, last, interval, errors, quality)
-        yield from families_from_readings(snap.readings)
+        yield from families_from_readings(list(snap.readings) + self._static())
 
 
 def build_registry(store: SnapshotStore, agent_info: Callable[[], dict[str, str]],
-                   extra: Iterable[Collector] = ()) -> CollectorRegistry:
+                   extra: Iterable[Collector] = (), static: Callable[[], list[Reading]] = list) -> CollectorRegistry:
+    """`static`: facts from the config itself (the inventory), exported alongside the readings."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(store, agent_info))
+    registry.register(SnapshotCollector(store, agent_info, static))
     for collector in extra:
         registry.register(collector)
     return registry
 
 
 __all__ = ["build_registry", "SnapshotCollector"]
+
+
+def inventory_readings(inventory: "Inventory") -> list[Reading]:
+    """Static facts of the rack inventory that dashboards join against (leak zone -> nodes)."""
+    return [Reading(LEAK_ZONE_INFO, 1.0, {"zone": z.name, "nodes": ",".join(z.nodes)}) for z in inventory.leak_zones]

@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from agent.config import parse_config
 from agent.demo import agent_config
 from agent.derived import RackPowerSource
-from agent.exposition import build_registry
+from agent.exposition import build_registry, inventory_readings
 from agent.sim.server import Simulator
 from agent.snapshot import SnapshotStore
 from agent.sources import build_sources
@@ -48,7 +48,8 @@ async def frozen_exposition(tmp_path: Path) -> bytes:
             store.publish(s.source.name, s.source.device, result.readings, 0.0125, result.partial_errors)
             await s.source.close()
         ident = {"rack": "r01", "node": "node01", "role": "compute", "version": "golden", "mode": "observe"}
-        return generate_latest(build_registry(store, lambda: ident))
+        return generate_latest(build_registry(store, lambda: ident,
+                                              static=lambda: inventory_readings(loaded.config.inventory)))
     finally:
         await sim.stop()
 
