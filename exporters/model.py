@@ -108,6 +108,25 @@ class Reading:
         }
 
 
+_new_reading = object.__new__
+_set_spec, _set_value, _set_labels, _set_quality, _set_timestamp = (
+    getattr(Reading, f).__set__ for f in ("spec", "value", "labels", "quality", "timestamp"))
+
+
+def make_reading(spec: MetricSpec, value: float, labels: Mapping[str, str], quality: Quality,
+                 timestamp: float) -> Reading:
+    """`Reading(spec, value, labels, quality, timestamp)` at about a third of the cost, for collectors'
+    hot loops (an NVML cycle builds ~1500). The frozen dataclass's __init__ sets each field through
+    object.__setattr__; this sets the slots directly. Same object: Reading has no __post_init__."""
+    r = _new_reading(Reading)
+    _set_spec(r, spec)
+    _set_value(r, value)
+    _set_labels(r, labels)
+    _set_quality(r, quality)
+    _set_timestamp(r, timestamp)
+    return r
+
+
 class SourceError(Exception):
     """A poll failed as a whole. `kind` feeds `supernode_source_errors_total{kind}`.
 

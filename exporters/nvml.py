@@ -21,18 +21,21 @@ import asyncio
 import ctypes
 import logging
 import math
+import struct
 import threading
 import time
 from typing import Any
 
 from exporters import nvml_metrics as M
 from exporters.base import BlockingCaller
-from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError
+from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.nvml_profile import LinkField, NvmlProfile, load_profile
 
 log = logging.getLogger("exporters.nvml")
 
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_DOUBLE, _ULL = 0, 3  # NVML_VALUE_TYPE_DOUBLE, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: the types decoded from bytes
+_OK = Quality.OK
 
 
 def _text(v: Any) -> str:
@@ -40,28 +43,81 @@ def _text(v: Any) -> str:
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
-def _numeric_getter(values: Any) -> Any:
-    """Attribute reader for numeric struct fields.
+_layouts: dict[type, tuple[struct.Struct, struct.Struct] | None] = {}
 
-    pynvml's structs override __getattribute__ in Python (to decode bytes),
-    which costs most of a cycle at ~700 field reads; numeric ctypes fields
-    need no decoding, so read them through ctypes' own C getter.
+
+def _field_layout(t: Any) -> tuple[struct.Struct, struct.Struct] | None:
+    """Unpackers for one c_nvmlFieldValue_t in a buffer: (valueType, nvmlReturn, value as u64) and (value as double).
+
+    Built from the ctypes type's own field offsets, so it follows whatever
+    pynvml declares; None if the layout is not the expected one (then the
+    entries are read attribute by attribute).
     """
-    if len(values) and isinstance(values[0], ctypes.Structure):
-        return ctypes.Structure.__getattribute__
-    return getattr
+    if t in _layouts:
+        return _layouts[t]
+    layout = None
+    try:
+        vt, ret, val, size = t.valueType, t.nvmlReturn, t.value, ctypes.sizeof(t)
+        if (vt.size, ret.size, val.size) == (4, 4, 8) and ret.offset == vt.offset + 4 and val.offset == ret.offset + 4:
+            tail = size - val.offset - 8
+            layout = (struct.Struct(f"={vt.offset}xIIQ{tail}x"), struct.Struct(f"={val.offset}xd{tail}x"))
+    except (AttributeError, TypeError):
+        pass
+    _layouts[t] = layout
+    return layout
+
+
+def _field_value(fv: Any) -> float:
+    get = ctypes.Structure.__getattribute__ if isinstance(fv, ctypes.Structure) else getattr
+    return float(getattr(get(fv, "value"), _VALUE_ATTR.get(get(fv, "valueType"), "ullVal")))
+
+
+def _field_answers(values: Any, success: int) -> list[tuple[int, float]]:
+    """(nvmlReturn, value) of each entry of an nvmlDeviceGetFieldValues answer, in order.
+
+    pynvml returns a ctypes array of c_nvmlFieldValue_t whose struct
+    overrides __getattribute__ in Python (to decode bytes): ~4 reads per
+    entry at ~1500 entries a cycle. The numeric fields are unpacked from the
+    array's buffer in C instead; only value types other than double and
+    unsigned long long (a few device fields) are read through the struct.
+    The value is NaN where nvmlReturn is not `success` (the entry's value is then undefined).
+    """
+    layout = _field_layout(values._type_) if isinstance(values, ctypes.Array) else None
+    if layout is None:
+        get = ctypes.Structure.__getattribute__ if len(values) and isinstance(values[0], ctypes.Structure) else getattr
+        return [(ret, _field_value(fv) if ret == success else math.nan)
+                for fv in values for ret in (get(fv, "nvmlReturn"),)]
+    ints, dbl = layout
+    raw = bytes(values)
+    return [(ret, math.nan if ret != success else float(u) if vt == _ULL else d if vt == _DOUBLE
+             else _field_value(values[i]))
+            for i, ((vt, ret, u), (d,)) in enumerate(zip(ints.iter_unpack(raw), dbl.iter_unpack(raw)))]
+
+
+class _GpuPlan:
+    """What one GPU's cycle reuses, built once per (index, uuid): label sets, the info labels,
+    the field batch and the per-link calls. Keyed by index too, since every label set carries
+    `gpu` (the index) and NVML renumbers GPUs when one falls off the bus."""
+
+    __slots__ = ("labels", "info", "fields", "links")
+
+    def __init__(self, base: dict[str, str]):
+        self.labels: dict[tuple, dict[str, str]] = {(): base}  # never mutated once built
+        self.info: dict[str, str] | None = None
+        self.fields: tuple[list, list] | None = None  # rebuilt after a field answers NotSupported
+        self.links: list[tuple] | None = None
 
 
 class _GpuCycle:
     """Readings of one GPU in one cycle; `ask` applies the NotSupported-once rule."""
 
-    __slots__ = ("src", "uuid", "base", "out", "partial", "ts", "labels")
+    __slots__ = ("src", "uuid", "base", "out", "partial", "ts", "plan", "labels")
 
-    def __init__(self, src: "NvmlSource", uuid: str, base: dict[str, str], partial: dict[str, int], ts: float,
-                 labels: dict[tuple, dict[str, str]]):
-        self.src, self.uuid, self.base, self.partial, self.ts = src, uuid, base, partial, ts
+    def __init__(self, src: "NvmlSource", uuid: str, partial: dict[str, int], ts: float, plan: _GpuPlan):
+        self.src, self.uuid, self.partial, self.ts, self.plan = src, uuid, partial, ts, plan
+        self.labels = plan.labels
+        self.base = plan.labels[()]
         self.out: list[Reading] = []
-        self.labels = labels  # label sets of this GPU, built once and reused every cycle (never mutated)
 
     def ask(self, key: str, spec: MetricSpec, fn: Any, *args: Any) -> Any:
         src = self.src
@@ -86,7 +142,7 @@ class _GpuCycle:
         self.src._log_once(("err", self.uuid, key), "nvml call failed gpu=%s call=%s error=%r", self.base["gpu"], key, str(e))
 
     def add(self, spec: MetricSpec, value: float, labels: dict[str, str] | None = None) -> None:
-        self.out.append(Reading(spec, float(value), labels or self.base, Quality.OK, self.ts))
+        self.out.append(make_reading(spec, float(value), labels or self.base, _OK, self.ts))
 
     def with_(self, *kv: str) -> dict[str, str]:
         """Base labels plus extra key, value pairs: with_("link", "3", "type", "replay")."""
@@ -120,13 +176,12 @@ class NvmlSource:
         self._initialized = False
         self._system: tuple[str, str] = ("", "")
         self._static: dict[str, dict[str, Any]] = {}  # uuid -> facts read once
+        self._plans: dict[tuple[int, str], _GpuPlan] = {}  # (index, uuid) -> what each cycle reuses
         self._uuids: dict[int, str] = {}  # index -> last uuid seen there
         self._unsupported: set[tuple[str, str]] = set()  # (uuid, call or "field:<id>")
-        self._field_plans: dict[str, tuple[list, list]] = {}  # uuid -> (field ids still asked, what each fills)
         self._field_meaning: dict[int, Any] = {f.id: key for key, f in self._p.gpu_fields.items()}
         self._field_meaning.update({f.id: f for f in self._p.nvlink_fields})
         self._logged: set[tuple] = set()
-        self._label_cache: dict[tuple[int, str], dict[tuple, dict[str, str]]] = {}
         self._links = [str(link) for link in range(nvlinks)]
         self._xid_lock = threading.Lock()
         self._xids: dict[str, dict[int, int]] = {}
@@ -199,10 +254,10 @@ class NvmlSource:
             self._log_once(("handle", i), "nvml gpu unreadable gpu=%s error=%r", i, str(e))
             return [self._lost_reading(i, ts)]
         self._uuids[i] = uuid
-        labels = self._label_cache.get((i, uuid))
-        if labels is None:
-            labels = self._label_cache[(i, uuid)] = {(): {"gpu": str(i), "uuid": uuid}}
-        c = _GpuCycle(self, uuid, labels[()], partial, ts, labels)
+        plan = self._plans.get((i, uuid))
+        if plan is None:
+            plan = self._plans[(i, uuid)] = _GpuPlan({"gpu": str(i), "uuid": uuid})
+        c = _GpuCycle(self, uuid, partial, ts, plan)
         try:
             self._read_gpu(c, h)
         except self._lost:
@@ -217,7 +272,9 @@ class NvmlSource:
     def _read_gpu(self, c: _GpuCycle, h: Any) -> None:
         lib = self._lib
         st = self._static.get(c.uuid) or self._read_static(c, h)
-        c.add(M.GPU_INFO, 1.0, st["info"])
+        if c.plan.info is None:
+            c.plan.info = {**c.base, **st["info"]}
+        c.add(M.GPU_INFO, 1.0, c.plan.info)
         c.add(M.GPU_UP, 1.0)
         for label, value in st["thresholds"]:
             c.add(M.THRESHOLD, value, c.with_("threshold", label))
@@ -277,7 +334,7 @@ class NvmlSource:
             txt[key] = _text(v) if v is not None else ""
         pci = c.ask("nvmlDeviceGetPciInfo", M.GPU_INFO, lib.nvmlDeviceGetPciInfo, h)
         driver, cuda = self._system
-        info = {**c.base, "name": txt["name"], "serial": txt["serial"],
+        info = {"name": txt["name"], "serial": txt["serial"],
                 "pci_bus_id": _text(pci.busId) if pci is not None else "", "vbios": txt["vbios"],
                 "driver": driver, "cuda": cuda}
         thresholds = []
@@ -312,7 +369,7 @@ class NvmlSource:
         Built once per GPU (and again after a field answers NotSupported), so
         a cycle does no label or lookup work per field beyond the reading itself.
         """
-        plan = self._field_plans.get(c.uuid)
+        plan = c.plan.fields
         if plan is None:
             unsup = self._unsupported
             ids: list = []
@@ -329,7 +386,7 @@ class NvmlSource:
                 for link in range(self._nvlinks):
                     ids.append((f.id, link))
                     fills.append((spec, c.with_("link", self._links[link], *extra), f.scale))
-            plan = self._field_plans[c.uuid] = (ids, fills)
+            plan = c.plan.fields = (ids, fills)
         return plan
 
     def _read_fields(self, c: _GpuCycle, h: Any) -> None:
@@ -341,12 +398,10 @@ class NvmlSource:
         if values is None:
             return
         success, not_supported, lost = lib.NVML_SUCCESS, lib.NVML_ERROR_NOT_SUPPORTED, lib.NVML_ERROR_GPU_IS_LOST
-        get = _numeric_getter(values)
-        out, ts, ok = c.out, c.ts, Quality.OK
+        out, ts, new = c.out, c.ts, make_reading
         dropped = False
         # NVML fills the answers in the order of the request, so the request says which field and link each is.
-        for want, fill, fv in zip(ids, fills, values):
-            ret = get(fv, "nvmlReturn")
+        for want, fill, (ret, v) in zip(ids, fills, _field_answers(values, success)):
             if ret != success:
                 fid = want[0] if isinstance(want, tuple) else want
                 key = f"field:{fid}"
@@ -359,15 +414,14 @@ class NvmlSource:
                 else:
                     c.error(key, self._nvml_error(ret))
                 continue
-            v = float(getattr(get(fv, "value"), _VALUE_ATTR.get(get(fv, "valueType"), "ullVal")))
             if fill is not None:
                 spec, labels, scale = fill
-                out.append(Reading(spec, v * scale, labels, ok, ts))
+                out.append(new(spec, v * scale, labels, _OK, ts))
             else:  # the recovery action, as a state set
                 for a in self._p.recovery_actions:
                     c.add(M.RECOVERY, 1.0 if int(v) == a.id else 0.0, c.with_("action", a.label))
         if dropped:
-            self._field_plans.pop(c.uuid, None)
+            c.plan.fields = None
 
     @staticmethod
     def _field_spec(c: _GpuCycle, what: Any) -> tuple[MetricSpec, dict[str, str]]:
@@ -379,17 +433,25 @@ class NvmlSource:
             return M.RECOVERY, c.base
         return M.TEMPERATURE, c.with_("sensor", "memory")
 
+    def _link_calls(self, c: _GpuCycle) -> list[tuple]:
+        """(key, family, function, extra args, labels per link) of the per-link calls: built once per GPU."""
+        calls = c.plan.links
+        if calls is None:
+            lib = self._lib
+            calls = [("nvmlDeviceGetNvLinkState", M.NVLINK_UP, lib.nvmlDeviceGetNvLinkState, (),
+                      [c.with_("link", s) for s in self._links])]
+            calls += [(f"nvmlDeviceGetNvLinkErrorCounter:{k.label}", M.NVLINK_ERRORS,
+                       lib.nvmlDeviceGetNvLinkErrorCounter, (k.id,),
+                       [c.with_("link", s, "type", k.label) for s in self._links])
+                      for k in self._p.nvlink_error_counters]
+            c.plan.links = calls
+        return calls
+
     def _read_links(self, c: _GpuCycle, h: Any) -> None:
         """Link state and the per-link counters that have no scoped field (18 calls each per GPU: kept tight)."""
-        lib = self._lib
-        enabled = lib.NVML_FEATURE_ENABLED
-        out, ts, ok = c.out, c.ts, Quality.OK
-        link_labels = [c.with_("link", s) for s in self._links]
-        calls = [("nvmlDeviceGetNvLinkState", M.NVLINK_UP, lib.nvmlDeviceGetNvLinkState, (), link_labels)]
-        calls += [(f"nvmlDeviceGetNvLinkErrorCounter:{k.label}", M.NVLINK_ERRORS, lib.nvmlDeviceGetNvLinkErrorCounter,
-                   (k.id,), [c.with_("link", s, "type", k.label) for s in self._links])
-                  for k in self._p.nvlink_error_counters]
-        for key, spec, fn, extra, labels in calls:
+        enabled = self._lib.NVML_FEATURE_ENABLED
+        out, ts, new = c.out, c.ts, make_reading
+        for key, spec, fn, extra, labels in self._link_calls(c):
             if (c.uuid, key) in self._unsupported:
                 if spec is M.NVLINK_UP:
                     return  # a GPU without NVLink: no link series at all
@@ -407,7 +469,7 @@ class NvmlSource:
                     continue
                 if spec is M.NVLINK_UP:
                     v = 1.0 if v == enabled else 0.0
-                out.append(Reading(spec, float(v), lab, ok, ts))
+                out.append(new(spec, float(v), lab, _OK, ts))
             else:
                 continue
             if spec is M.NVLINK_UP:

@@ -323,3 +323,60 @@ def test_unreachable_simulator_is_a_driver_error():
     with pytest.raises(SourceError) as err:
         run(lambda: poll_close(src))
     assert err.value.kind == "driver" and "nvmlInit" in str(err.value)
+
+
+def test_renumbered_gpu_carries_its_new_index_on_every_series(sim, model):
+    """NVML renumbers when a GPU falls off the bus: the next GPU's info, field and link series all follow."""
+    async def scenario():
+        src = source(sim)
+        try:
+            await src.poll()
+            await src.poll()  # steady state: NotSupported fields dropped, per-GPU plans built
+            model.gpu(NODE, 0).missing = True
+            return await src.poll()
+        finally:
+            await src.close()
+
+    res = run(scenario)
+    moved = model.gpu(NODE, 1).uuid
+    mine = [r for r in res.readings if r.labels.get("uuid") == moved]
+    assert {r.spec.name for r in mine} >= {M.GPU_INFO.name, M.TEMPERATURE.name, M.NVLINK_TX.name, M.NVLINK_UP.name}
+    assert {r.labels["gpu"] for r in mine} == {"0"}
+    assert one(res, M.TEMPERATURE, gpu="0", sensor="memory") == round(model.gpu(NODE, 1).mem_temp_c)
+
+
+def test_field_answers_decode_every_value_type_as_the_struct_does():
+    """The buffer decoding of a real pynvml c_nvmlFieldValue_t array agrees with reading each struct."""
+    from exporters.nvml import _field_answers
+
+    cases = [(pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", 2.5e-9),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 4_000_000_000),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ulVal", 2**40 + 3),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 2**63 + 5),
+             (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -7), (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -9),
+             (6, "usVal", 65535)]  # NVML_VALUE_TYPE_UNSIGNED_SHORT
+    arr = (pynvml.c_nvmlFieldValue_t * (len(cases) + 1))()
+    for fv, (vtype, attr, value) in zip(arr, cases):
+        fv.fieldId, fv.valueType, fv.nvmlReturn = 100 + vtype, vtype, pynvml.NVML_SUCCESS
+        setattr(fv.value, attr, value)
+    arr[-1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    got = _field_answers(arr, pynvml.NVML_SUCCESS)
+    assert got[:-1] == [(pynvml.NVML_SUCCESS, float(value)) for _, _, value in cases]
+    assert got[-1][0] == pynvml.NVML_ERROR_NOT_SUPPORTED and math.isnan(got[-1][1])
+    # anything else shaped like the struct (a plain sequence of objects) is read attribute by attribute
+    from types import SimpleNamespace as NS
+    plain = [NS(nvmlReturn=0, valueType=3, value=NS(ullVal=12)), NS(nvmlReturn=pynvml.NVML_ERROR_UNKNOWN)]
+    assert _field_answers(plain, 0)[0] == (0, 12.0) and _field_answers(plain, 0)[1][0] == pynvml.NVML_ERROR_UNKNOWN
+
+
+def test_make_reading_is_the_same_reading():
+    from exporters.model import Reading, make_reading
+
+    labels = {"gpu": "0", "uuid": "GPU-x"}
+    fast = make_reading(M.NVLINK_TX, 3.0, labels, Quality.OK, 12.5)
+    slow = Reading(M.NVLINK_TX, 3.0, labels, Quality.OK, 12.5)
+    assert fast == slow and type(fast) is Reading
+    assert (fast.spec, fast.value, fast.labels, fast.quality, fast.timestamp) == (
+        M.NVLINK_TX, 3.0, labels, Quality.OK, 12.5)
+    with pytest.raises(AttributeError):
+        fast.value = 4.0  # still frozen

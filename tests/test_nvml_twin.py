@@ -130,3 +130,21 @@ def test_bad_profile_names_the_field(tmp_path: Path, text: str, where: str):
     with pytest.raises(ProfileError) as e:
         load_profile(p)
     assert where in str(e.value)
+
+
+def test_field_values_are_fresh_arrays_packed_once_per_fetched_state(twin, model):
+    ids = [pynvml.NVML_FI_DEV_POWER_INSTANT, (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1),
+           (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 3)]
+    h = twin.nvmlDeviceGetHandleByIndex(0)
+    first = twin.nvmlDeviceGetFieldValues(h, ids)
+    first[1].value.ullVal = 999_999  # a caller's array is its own, as with pynvml
+    again = twin.nvmlDeviceGetFieldValues(h, ids)
+    assert again is not first and again[1].value.ullVal == int(model.gpu(NODE, 0).nvlink_tx_kib[1])
+    assert [(v.fieldId, v.scopeId, v.valueType) for v in again] == [
+        (pynvml.NVML_FI_DEV_POWER_INSTANT, 0, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT),
+        (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG),
+        (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 3, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)]
+    assert again[2].value.uiVal == 1 and again[0].timestamp > 0
+    model.gpu(NODE, 0).nvlink_up[3] = False
+    twin._state = None  # the next call fetches a new state: new answers
+    assert twin.nvmlDeviceGetFieldValues(h, ids)[2].value.uiVal == 0

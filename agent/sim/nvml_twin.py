@@ -27,6 +27,7 @@ import ctypes
 import http.client
 import inspect
 import json
+import struct
 import threading
 import time
 import urllib.parse
@@ -37,8 +38,6 @@ from pynvml import NVMLError
 
 from agent.sim.nvml_api import PREFIX
 
-_ATTR = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-         pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal"}
 _UI, _ULL, _D = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_DOUBLE
 _NVLINK5 = pynvml.NVML_NVLINK_VERSION_5_0
 _LINK_BITS_PER_S = 8e11  # an NVLink5 link: 100 GB/s per direction (the BER the twin derives from the error rate)
@@ -56,6 +55,30 @@ def _field_names() -> dict[int, frozenset[str]]:
 
 
 _FIELD_NAMES = _field_names()
+
+
+def _entry_formats() -> dict[int | None, str]:
+    """struct formats of one c_nvmlFieldValue_t per value type (None: no value), from pynvml's own offsets.
+
+    Field answers are packed in one struct.pack call and copied into the
+    ctypes array, rather than set attribute by attribute (~1500 entries a cycle).
+    """
+    t = pynvml.c_nvmlFieldValue_t
+    out: dict[int | None, str] = {}
+    for vtype, code in ((_D, "d"), (_UI, "I4x"), (_ULL, "Q"), (None, "8x")):
+        fmt, pos = "", 0
+        for name, c in (("fieldId", "I"), ("scopeId", "I"), ("timestamp", "q"), ("latencyUsec", "q"),
+                        ("valueType", "I"), ("nvmlReturn", "I"), ("value", code)):
+            off = getattr(t, name).offset
+            fmt += (f"{off - pos}x" if off > pos else "") + c
+            pos = off + struct.calcsize("=" + c)
+        fmt += f"{ctypes.sizeof(t) - pos}x" if ctypes.sizeof(t) > pos else ""
+        assert struct.calcsize("=" + fmt) == ctypes.sizeof(t), (fmt, ctypes.sizeof(t))
+        out[vtype] = fmt
+    return out
+
+
+_ENTRY = _entry_formats()
 
 
 class TwinDevice:
@@ -92,15 +115,18 @@ class _EventSet:
 class _State:
     """One fetched node state: GPUs by model index, and the enumerated (present) ones in order."""
 
-    __slots__ = ("at", "by_index", "present", "driver", "cuda", "xid_seq")
+    __slots__ = ("at", "by_index", "present", "healthy", "driver", "cuda", "xid_seq")
 
     def __init__(self, raw: dict[str, Any], at: float):
         self.at = at
         self.driver, self.cuda, self.xid_seq = raw["driver"], raw["cuda"], raw["xid_seq"]
         for g in raw["gpus"]:
             g["unsupported"] = frozenset(g["unsupported"])
+            g["field_values"] = {}  # tuple(fieldIds) -> packed answer: built once per fetched state
         self.by_index = {g["index"]: g for g in raw["gpus"]}
         self.present = [g for g in raw["gpus"] if not g["missing"]]
+        # GPUs every call may answer from without a fault check (not lost, missing or hung)
+        self.healthy = {g["index"]: g for g in self.present if not g["lost"] and g["hang_s"] <= 0}
 
 
 def _err(code: int) -> NVMLError:
@@ -138,7 +164,8 @@ class NvmlTwin:
         """Constants, struct types and error classes are pynvml's own; functions not twinned are 'not found'."""
         value = getattr(pynvml, name)
         if inspect.isfunction(value):
-            return _not_found(name)
+            value = _not_found(name)
+        self.__dict__[name] = value  # looked up once: the exporter reads constants every cycle
         return value
 
     # -- transport -----------------------------------------------------------------
@@ -179,6 +206,13 @@ class NvmlTwin:
 
     def _dev(self, handle: TwinDevice, fn: str) -> dict[str, Any]:
         """The GPU's state after the fault checks every NVML call goes through."""
+        st = self._state
+        if self._inits and st is not None and time.monotonic() - st.at <= self._ttl:
+            g = st.healthy.get(handle.index)  # the common case, ~70 calls per GPU per cycle: kept short
+            if g is not None:
+                if fn in g["unsupported"]:
+                    raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+                return g
         if not self._inits:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         g = self._node().by_index.get(handle.index)
@@ -379,26 +413,13 @@ class NvmlTwin:
         return g["nvlink_errors"][link][counter]
 
     def nvmlDeviceGetFieldValues(self, h: TwinDevice, fieldIds: list) -> Any:
+        """A fresh c_nvmlFieldValue_t array, as pynvml returns; the answer is packed once per fetched state."""
         g = self._dev(h, "nvmlDeviceGetFieldValues")
-        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
-        now_us = int(time.time() * 1e6)
-        unsupported = g["unsupported"]
-        put = ctypes.Structure.__setattr__  # numeric fields: skip pynvml's Python-level str->bytes hook
-        for v, fid in zip(values, fieldIds):
-            fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
-            put(v, "fieldId", fid)
-            put(v, "scopeId", scope)
-            put(v, "timestamp", now_us)
-            names = _FIELD_NAMES.get(fid) if unsupported else None
-            if names is not None and not names.isdisjoint(unsupported):
-                put(v, "nvmlReturn", pynvml.NVML_ERROR_NOT_SUPPORTED)
-                continue
-            ret, vtype, value = _field(g, fid, scope)
-            put(v, "nvmlReturn", ret)
-            if ret == pynvml.NVML_SUCCESS:
-                put(v, "valueType", vtype)
-                setattr(ctypes.Structure.__getattribute__(v, "value"), _ATTR[vtype], value)
-        return values
+        key = tuple(fieldIds)
+        packed = g["field_values"].get(key)
+        if packed is None:
+            packed = g["field_values"][key] = _pack_fields(g, key, int(time.time() * 1e6))
+        return (pynvml.c_nvmlFieldValue_t * len(key)).from_buffer_copy(packed)
 
     # -- events ------------------------------------------------------------------------
 
@@ -440,21 +461,50 @@ class NvmlTwin:
         es.pending.clear()
 
 
-def _field(g: dict[str, Any], fid: int, scope: int) -> tuple[int, int, Any]:
-    """(nvmlReturn, valueType, value) of one field for one GPU state."""
+def _pack_fields(g: dict[str, Any], field_ids: tuple, now_us: int) -> bytes:
+    """The c_nvmlFieldValue_t entries answering `field_ids` (ids or (id, scopeId) pairs) for one GPU state."""
+    fmt: list[str] = ["="]
+    args: list[Any] = []
+    answers: dict[int, tuple[int, int, Any, bool]] = {}  # per field id, computed once for all its links
+    nlinks = len(g["nvlink_up"])
+    for want in field_ids:
+        fid, scope = want if isinstance(want, tuple) else (want, 0)
+        a = answers.get(fid)
+        if a is None:
+            a = answers[fid] = _answer(g, fid)
+        ret, vtype, value, per_link = a
+        if per_link and ret == pynvml.NVML_SUCCESS:
+            if 0 <= scope < nlinks:
+                value = value[scope]
+            else:
+                ret = pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if ret == pynvml.NVML_SUCCESS:
+            fmt.append(_ENTRY[vtype])
+            args += (fid & 0xFFFFFFFF, scope & 0xFFFFFFFF, now_us, 0, vtype, ret, value)
+        else:
+            fmt.append(_ENTRY[None])
+            args += (fid & 0xFFFFFFFF, scope & 0xFFFFFFFF, now_us, 0, 0, ret)
+    return struct.pack("".join(fmt), *args)
+
+
+def _answer(g: dict[str, Any], fid: int) -> tuple[int, int, Any, bool]:
+    """(nvmlReturn, valueType, value, per_link) of one field for one GPU state; per_link: value is a list by link."""
+    names = _FIELD_NAMES.get(fid)
+    if names is not None and not names.isdisjoint(g["unsupported"]):
+        return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
     getter = _DEVICE_FIELDS.get(fid)
     if getter is not None:
-        return pynvml.NVML_SUCCESS, *getter(g)
-    getter = _LINK_FIELDS.get(fid)
-    if getter is None or (fid in _NVLINK5_FIELDS and g["nvlink_version"] < _NVLINK5):
-        return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0
-    if not 0 <= scope < len(g["nvlink_up"]):
-        return pynvml.NVML_ERROR_INVALID_ARGUMENT, 0, 0
-    return pynvml.NVML_SUCCESS, *getter(g, scope)
+        return pynvml.NVML_SUCCESS, *getter(g), False
+    column = _LINK_FIELDS.get(fid)
+    if column is None or (fid in _NVLINK5_FIELDS and g["nvlink_version"] < _NVLINK5):
+        return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
+    return pynvml.NVML_SUCCESS, *column(g), True
 
 
-def _rate(g: dict[str, Any], link: int) -> float:
-    return float(g["nvlink_error_rate"].get(str(link), 0.0))
+def _ber(g: dict[str, Any], errors_per_flit_error: int) -> list[float]:
+    rate = g["nvlink_error_rate"]
+    return [errors_per_flit_error * float(rate.get(str(link), 0.0)) / _LINK_BITS_PER_S
+            for link in range(len(g["nvlink_up"]))]
 
 
 _DEVICE_FIELDS: dict[int, Callable[[dict], tuple[int, Any]]] = {
@@ -463,19 +513,21 @@ _DEVICE_FIELDS: dict[int, Callable[[dict], tuple[int, Any]]] = {
     pynvml.NVML_FI_DEV_POWER_INSTANT: lambda g: (_UI, g["power_mw"]),
     pynvml.NVML_FI_DEV_ENERGY: lambda g: (_ULL, g["energy_mj"]),
 }
-# Simulated NVLink5 counters are derived from the model's flit-CRC counts: ~4 symbol errors per flit error.
-_LINK_FIELDS: dict[int, Callable[[dict, int], tuple[int, Any]]] = {
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: lambda g, l: (_ULL, g["nvlink_errors"][l][0]),
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: lambda g, l: (_ULL, g["nvlink_errors"][l][1]),
-    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: lambda g, l: (_ULL, g["nvlink_errors"][l][2]),
-    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: lambda g, l: (_ULL, g["tx_kib"][l]),
-    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: lambda g, l: (_ULL, g["rx_kib"][l]),
-    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: lambda g, l: (_UI, int(g["nvlink_up"][l])),
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: lambda g, l: (_ULL, 4 * g["nvlink_errors"][l][2]),
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: lambda g, l: (_ULL, g["nvlink_errors"][l][2]),
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS: lambda g, l: (_ULL, 0 if g["nvlink_up"][l] else 1),
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: lambda g, l: (_D, 4 * _rate(g, l) / _LINK_BITS_PER_S),
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: lambda g, l: (_D, _rate(g, l) / _LINK_BITS_PER_S),
+# Per-link fields as (valueType, value of every link). Simulated NVLink5 counters are derived from the
+# model's flit-CRC counts: ~4 symbol errors per flit error.
+_LINK_FIELDS: dict[int, Callable[[dict], tuple[int, list]]] = {
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: lambda g: (_ULL, [e[0] for e in g["nvlink_errors"]]),
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: lambda g: (_ULL, [e[1] for e in g["nvlink_errors"]]),
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: lambda g: (_ULL, [e[2] for e in g["nvlink_errors"]]),
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: lambda g: (_ULL, g["tx_kib"]),
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: lambda g: (_ULL, g["rx_kib"]),
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: lambda g: (_UI, [int(up) for up in g["nvlink_up"]]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: lambda g: (_ULL, [4 * e[2] for e in g["nvlink_errors"]]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: lambda g: (_ULL, [e[2] for e in g["nvlink_errors"]]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS:
+        lambda g: (_ULL, [0 if up else 1 for up in g["nvlink_up"]]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: lambda g: (_D, _ber(g, 4)),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: lambda g: (_D, _ber(g, 1)),
 }
 _NVLINK5_FIELDS = frozenset({
     pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS,
