@@ -18,7 +18,7 @@ from pydantic import SecretStr
 
 from agent import __version__
 from agent.config import ConfigError, LoadedConfig, load_config
-from agent.exposition import build_registry, inventory_readings
+from agent.exposition import build_registry, inventory_readings, render_metrics
 from agent.http import RouteMount, build_app, start_server
 from agent.runtime import ScheduledSource, SourceScheduler
 from agent.sdnotify import Notifier
@@ -48,8 +48,7 @@ class Agent:
         self._reload_lock = asyncio.Lock()
         self._watchdog_task: asyncio.Task | None = None
         self._setup_remediation()
-        self.registry = build_registry(self.store, self.identity, self.extra_collectors,
-                                       static=lambda: inventory_readings(self.loaded.config.inventory))
+        self.registry = build_registry(self.store, self.identity, self.extra_collectors)
 
     # -- identity and state ------------------------------------------------------
 
@@ -72,6 +71,10 @@ class Agent:
 
         pdu = loaded.config.sources.pdu
         return sources + [ScheduledSource(RackPowerSource(self.store, loaded.config.inventory.power_budget_watts), pdu)]
+
+    def render_metrics(self) -> bytes:
+        """What /metrics serves: memory only, never a device."""
+        return render_metrics(self.registry, self.store, inventory_readings(self.loaded.config.inventory))
 
     def rack_power_w(self) -> float | None:
         """The rack power the PDUs reported last (None until they have): feeds the CDU's flow per kW."""

@@ -13,7 +13,7 @@ import ssl
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
 
 from agent.config import Listen
@@ -58,7 +58,7 @@ def build_app(agent: "Agent") -> web.Application:
     app = web.Application(client_max_size=agent.loaded.config.listen.max_body_bytes)
 
     async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(agent.registry)
+        body = agent.render_metrics()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:

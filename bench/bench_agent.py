@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
 
-from agent.exposition import build_registry  # noqa: E402
+from agent.exposition import build_registry, render_metrics  # noqa: E402
 from agent.sim.nvml_twin import NvmlTwin  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from exporters.model import Kind  # noqa: E402
@@ -86,8 +86,8 @@ def render_comparison(sim_url: str, runs: int) -> tuple[float, float, int]:
     store = SnapshotStore()
     store.register("nvml", "gpus", 1.0, 2.0)
     store.publish("nvml", "gpus", readings, 0.01)
-    ours = build_registry(store, lambda: {"rack": "r01", "node": "node01", "role": "compute", "version": "b",
-                                          "mode": "observe"})
+    registry = build_registry(store, lambda: {"rack": "r01", "node": "node01", "role": "compute", "version": "b",
+                                              "mode": "observe"})
     peer = CollectorRegistry()
     families: dict[str, object] = {}
     for r in readings:
@@ -105,8 +105,11 @@ def render_comparison(sim_url: str, runs: int) -> tuple[float, float, int]:
             child.inc(r.value)
         else:
             child.set(r.value)
-    series = sum(1 for line in generate_latest(ours).decode().splitlines() if line and not line.startswith("#"))
-    return _median_ms(lambda: generate_latest(ours), runs), _median_ms(lambda: generate_latest(peer), runs), series
+    def ours() -> bytes:
+        return render_metrics(registry, store)
+
+    series = sum(1 for line in ours().decode().splitlines() if line and not line.startswith("#"))
+    return _median_ms(ours, runs), _median_ms(lambda: generate_latest(peer), runs), series
 
 
 def main() -> int:

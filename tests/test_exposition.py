@@ -14,12 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
 
 from agent.config import parse_config
 from agent.demo import agent_config
 from agent.derived import RackPowerSource
-from agent.exposition import build_registry, inventory_readings
+from agent.exposition import build_registry, inventory_readings, render_metrics
 from agent.sim.server import Simulator
 from agent.snapshot import SnapshotStore
 from agent.sources import build_sources
@@ -29,7 +28,19 @@ GOLDEN = REPO / "tests" / "golden" / "metrics.txt"
 FROZEN_TIME = 1_790_000_000.0
 
 
+async def frozen_readings(tmp_path: Path) -> list:
+    """Every reading of one poll of every source of the frozen rack."""
+    store = await frozen_store(tmp_path)
+    return list(store[0].snapshot().readings)
+
+
 async def frozen_exposition(tmp_path: Path) -> bytes:
+    store, loaded = await frozen_store(tmp_path)
+    ident = {"rack": "r01", "node": "node01", "role": "compute", "version": "golden", "mode": "observe"}
+    return render_metrics(build_registry(store, lambda: ident), store, inventory_readings(loaded.config.inventory))
+
+
+async def frozen_store(tmp_path: Path):
     sim = Simulator(nodes=2, gpus=4, tick=3600.0, workdir=tmp_path / "sim", advertise=False)
     await sim.start()
     try:
@@ -47,9 +58,7 @@ async def frozen_exposition(tmp_path: Path) -> bytes:
             result = await s.source.poll()
             store.publish(s.source.name, s.source.device, result.readings, 0.0125, result.partial_errors)
             await s.source.close()
-        ident = {"rack": "r01", "node": "node01", "role": "compute", "version": "golden", "mode": "observe"}
-        return generate_latest(build_registry(store, lambda: ident,
-                                              static=lambda: inventory_readings(loaded.config.inventory)))
+        return store, loaded
     finally:
         await sim.stop()
 
@@ -97,3 +106,22 @@ def test_configured_coolant_sets_heat_removed(tmp_path):
 
     water, pg25 = asyncio.run(heat(998.0, 4182.0)), asyncio.run(heat(1025.0, 3900.0))
     assert water / pg25 == pytest.approx((998.0 * 4182.0) / (1025.0 * 3900.0), rel=1e-9)
+
+
+def test_fast_text_is_byte_identical_to_prometheus_client(tmp_path):
+    """render_text must say exactly what prometheus_client's generate_latest says for the same readings."""
+    from exporters.model import Quality, Reading, counter, gauge
+    from exporters.render import render_readings, render_text
+
+    g = gauge("supernode_test_edge_ratio", "Edge cases: escaping \\\\ and\\nnewlines in HELP.", ("a", "b"))
+    c = counter("supernode_test_edge_total", "A counter.", ("a",))
+    bare = gauge("supernode_test_bare", "No labels.")
+    edge = [Reading(g, float("nan"), {"a": 'quote " back \\ nl \n', "b": "x"}),
+            Reading(g, float("inf"), {"a": "inf", "b": ""}), Reading(g, float("-inf"), {"a": "-inf"}),
+            Reading(g, 1e21, {"a": "big", "b": "y", "zextra": "z"}), Reading(g, -0.0, {"a": "zero", "b": "z"}),
+            Reading(g, 5.0, {"a": "dup", "b": "1"}), Reading(g, 6.0, {"a": "dup", "b": "1"}),
+            Reading(g, 7.0, {"a": "bad", "b": "1"}, quality=Quality.SENSOR_FAULT),
+            Reading(c, 12345678.9, {"a": "ü"}), Reading(bare, 0.1)]
+    rack = asyncio.run(frozen_readings(tmp_path))
+    for readings in (edge, rack):
+        assert render_text(readings) == render_readings(readings).decode()
