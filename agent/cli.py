@@ -6,12 +6,11 @@ import argparse
 import asyncio
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
 from agent.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from agent.httpclient import request_json
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -48,23 +47,6 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 # -- simulator -----------------------------------------------------------------------
 
 
-def _http_json(method: str, url: str, body: Any = None, token: str | None = None, timeout: float = 5.0) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as err:
-        try:
-            return err.code, json.loads(err.read() or b"null")
-        except ValueError:
-            return err.code, {"error": err.reason}
-
-
 def _parse_fault_params(extra: Sequence[str]) -> dict[str, str]:
     """`--rx-dbm -12 --port p1` -> {"rx_dbm": "-12", "port": "p1"}; a bare flag means true."""
     params: dict[str, str] = {}
@@ -97,14 +79,14 @@ def _cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
         return 2
     try:
         if args.sim_cmd == "inject":
-            status, body = _http_json("POST", f"{url}/api/v1/inject",
+            status, body = request_json("POST", f"{url}/api/v1/inject",
                                       {"kind": args.kind, "params": _parse_fault_params(extra)})
         elif args.sim_cmd == "clear":
-            status, body = _http_json("POST", f"{url}/api/v1/clear", {})
+            status, body = request_json("POST", f"{url}/api/v1/clear", {})
         elif args.sim_cmd == "faults":
-            status, body = _http_json("GET", f"{url}/api/v1/faults")
+            status, body = request_json("GET", f"{url}/api/v1/faults")
         else:
-            status, body = _http_json("GET", f"{url}/api/v1/state")
+            status, body = request_json("GET", f"{url}/api/v1/state")
     except OSError as exc:
         print(f"supernode-agent sim: simulator at {url} does not answer: {exc}", file=sys.stderr)
         return 2

@@ -154,3 +154,37 @@ def test_first_wet_reading_is_confirmed_at_once_not_a_poll_later(tmp_path):
             # Next poll finds it wet (~1 interval), the immediate re-read confirms it: well under the
             # 2 intervals that waiting for the following timed poll would take.
             assert elapsed < 1.5 * interval, elapsed
+
+
+def test_demo_leak_story_through_the_cli(tmp_path):
+    """Leak -> the node's GPUs capped and node drained at once -> valve waits for `approve` -> journal shows it."""
+    import os
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agent.cli", "--config", str(tmp_path / "agent.yaml"), *args],
+                              capture_output=True, text=True, cwd=REPO, timeout=30, env=dict(os.environ))
+
+    with sim_rack(tmp_path) as rack:
+        for name in ("admin.token", "webhook.token"):
+            (tmp_path / name).write_text("token-for-tests\n")
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce")
+        cfg["remediation"]["slurm"] = {"backend": "simulated"}
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 20, what="agent ready")
+            rack.inject("leak", zone="zone-a")
+            gpus = rack.sim.model.nodes["node01"].gpus
+            wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 10, what="zone GPUs capped")
+            out = wait_for(lambda: (o := cli("incidents")).returncode == 0 and "cdu_write" in o.stdout and o, 10,
+                           what="valve step pending approval")
+            incident = re.search(r"^(leak-\w+)\s+leak\s+zone=zone-a", out.stdout, re.M).group(1)
+            assert "mitigating" in out.stdout or "mitigated" in out.stdout
+            assert rack.sim.model.coolant.valve_open["zone-a"] is True  # nothing closes without a person
+            approved = cli("approve", incident)
+            assert approved.returncode == 0 and "approved" in approved.stdout, approved.stderr
+            wait_for(lambda: rack.sim.model.coolant.valve_open["zone-a"] is False, 10, what="valve closed")
+            journal = cli("journal")
+            assert journal.returncode == 0
+            for action in ("gpu_power_cap", "drain", "cdu_write"):
+                assert re.search(rf"\bintent\b.*\b{action}\b", journal.stdout), action
+                assert re.search(rf"\bresult\s+done\b.*\b{action}\b", journal.stdout), action
+            assert cli("approve", "no-such-id").returncode == 1

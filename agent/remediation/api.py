@@ -8,15 +8,14 @@ run in tests on a loopback port. Tokens are compared in constant time.
 from __future__ import annotations
 
 import hmac
-import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from aiohttp import web
 from pydantic import SecretStr
+
+from agent.httpclient import request_json
 
 from .journal import Journal
 from .webhook import WebhookError, handle_payload
@@ -96,18 +95,18 @@ def _entry_dict(e) -> dict:
 
 # -- CLI helpers (agent/cli.py calls these) -------------------------------------
 
-def _request(url: str, token_file: Path | str | None, method: str = "GET") -> tuple[int, dict]:
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-    if token_file:
-        req.add_header("Authorization", "Bearer " + Path(token_file).read_text().strip())
+def _call(base_url: str, path: str, token_file: Path | str | None, method: str = "GET") -> dict | int:
+    """The agent's answer as a dict, or the CLI's exit code after printing why there is none."""
+    token = Path(token_file).read_text().strip() if token_file else None
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read() or b"{}")
-        except ValueError:
-            return exc.code, {"error": exc.reason}
+        status, data = request_json(method, base_url.rstrip("/") + path, token=token)
+    except OSError as exc:
+        print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
+        return 2
+    if status != 200:
+        print(f"error: {status} {(data or {}).get('error', '')}", file=sys.stderr)
+        return 1
+    return data
 
 
 def _fmt_ts(ts: float | None) -> str:
@@ -124,14 +123,9 @@ def _table(rows: list[list[str]], out=None) -> None:
 
 
 def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
-    try:
-        status, data = _request(base_url.rstrip("/") + "/api/v1/incidents", token_file)
-    except OSError as exc:
-        print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
-        return 2
-    if status != 200:
-        print(f"error: {status} {data.get('error', '')}", file=sys.stderr)
-        return 1
+    data = _call(base_url, "/api/v1/incidents", token_file)
+    if isinstance(data, int):
+        return data
     rows = [["ID", "DETECTOR", "TARGETS", "SEVERITY", "STATE", "OPENED", "DURATION_S", "PLAYBOOK"]]
     for inc in data["open"] + list(reversed(data["recent"])):
         rows.append([inc["id"], inc["detector"], ",".join(f"{k}={v}" for k, v in sorted(inc["targets"].items())),
@@ -148,15 +142,9 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
 
 
 def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | str) -> int:
-    try:
-        status, data = _request(f"{base_url.rstrip('/')}/api/v1/incidents/{incident_or_action_id}/approve",
-                                token_file, method="POST")
-    except OSError as exc:
-        print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
-        return 2
-    if status != 200:
-        print(f"error: {status} {data.get('error', '')}", file=sys.stderr)
-        return 1
+    data = _call(base_url, f"/api/v1/incidents/{incident_or_action_id}/approve", token_file, method="POST")
+    if isinstance(data, int):
+        return data
     for aid in data["approved"]:
         print(f"approved {aid}")
     return 0
