@@ -10,7 +10,9 @@ from agent.remediation.actions.slurm import SlurmScheduler
 from agent.remediation.engine import Executors
 
 from helpers import await_for, require_binary
-from remediation_support import engine, inventory, results
+from agent.remediation.engine import RemediationEngine
+from agent.remediation.settings import RemediationSettings
+from remediation_support import engine, identity, inventory, results
 from slurm import SlurmCluster
 
 
@@ -52,3 +54,54 @@ def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_pa
         await eng.stop()
     asyncio.run(main())
     cluster.scontrol("update", "NodeName=node02", "State=RESUME")
+
+
+def test_checkpoint_signal_reaches_the_running_job_before_the_drain(cluster, tmp_path):
+    """`checkpoint_signal`: the node's batch jobs get the signal (a chance to checkpoint), then the node drains."""
+    import subprocess
+    import time
+
+    from helpers import wait_for
+
+    for b in ("sbatch", "squeue", "scancel"):
+        require_binary(b)
+    marker, ready = tmp_path / "got-usr1", tmp_path / "ready"
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/bash
+trap 'echo checkpointed > {marker}' USR1
+touch {ready}
+for i in $(seq 600); do sleep 0.1; done
+""")
+    script.chmod(0o755)
+    sub = subprocess.run(["sbatch", "-w", "node01", "-o", str(tmp_path / "job.out"), str(script)],
+                         capture_output=True, text=True, env=cluster.env, timeout=20)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.split()[-1]
+    try:
+        wait_for(lambda: ready.exists(), 30, what="job running on node01")
+
+        async def main():
+            sched = SlurmScheduler(slurm_conf=cluster.conf)
+            inv = inventory(nodes=("node01", "node02", "node03"))
+            settings = RemediationSettings.model_validate({
+                "slurm": {"checkpoint_signal": "USR1"},
+                "guardrails": {"cooldown_seconds": 0, "max_drained_fraction": 1.0, "max_drained_nodes": 3}})
+            eng = RemediationEngine(settings, "enforce", identity("enforce"), inv, tmp_path / "journal.db",
+                                    Executors(scheduler=sched))
+            await eng.start()
+            t0 = time.time()
+            inc = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
+            await await_for(lambda: inc.state == "mitigated", timeout=20)
+            st = await sched.state("node01")
+            assert st.reason.startswith("supernode-agent: ") and st.state in ("draining", "drained")
+            eng.clear("gpu_xid_critical", {"node": "node01"})
+            await await_for(lambda: cluster.states().get("node01") in ("idle", "mixed", "allocated"), timeout=20,
+                            what="node01 resumed")
+            await eng.stop()
+            return t0
+
+        t0 = asyncio.run(main())
+        wait_for(lambda: marker.exists(), 10, what="the job trapped USR1")
+        assert marker.stat().st_mtime >= t0 - 1
+    finally:
+        subprocess.run(["scancel", job], env=cluster.env, capture_output=True, timeout=20)
