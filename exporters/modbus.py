@@ -64,7 +64,7 @@ class ModbusSource:
         self.coolant = coolant
         self.rack_power_w = rack_power_w
         self.busy_retries, self.backoff_s = busy_retries, backoff_s
-        points = [p for p in self.profile.expanded() if p.metric is not None or p.bits]
+        points = [p for p in self.profile.expanded() if p.metric is not None or p.bits or p.info]
         if subset == "leak":
             points = [p for p in points if _feeds_leak(p)]
         elif subset == "cdu":
@@ -74,6 +74,7 @@ class ModbusSource:
         self.subset = subset
         self.blocks: list[Block] = plan_blocks(self.profile, points)
         self.stats = GatewayStats()
+        self.info: dict[str, str] = {}  # static facts read from the device (firmware), for the _info metric
         self._gateway: Gateway | None = None
 
     # -- Source protocol ----------------------------------------------------------
@@ -96,14 +97,17 @@ class ModbusSource:
                 partial[f"exception_{exc.code}"] += 1
                 continue
             for p in block.points:
-                if self.wired(p):
+                if p.info is not None:
+                    self.info[p.info] = self._info_value(p, block, values)
+                elif self.wired(p):
                     readings.extend(self._point_readings(p, block, values, now))
         if failed == len(self.blocks) and last_exc is not None:
             raise SourceError("protocol", f"{self.device}: every request refused; last: {last_exc}")
         readings = _apply_leak_faults(readings)
         if self.profile.kind == "cdu" and self.subset != "leak":
             readings.append(Reading(mm.CDU_INFO, 1.0, {"cdu": self.device, "vendor": self.profile.vendor,
-                                                        "model": self.profile.model, "firmware": "unknown",
+                                                        "model": self.profile.model,
+                                                        "firmware": self.info.get("firmware", "unknown"),
                                                         "profile": self.profile.name}, timestamp=now))
             readings.extend(derived_readings(self.device, readings, self.coolant,
                                              self.rack_power_w() if self.rack_power_w else None, now))
@@ -144,6 +148,14 @@ class ModbusSource:
         if channel is None:
             return self.device
         return self.channels.get(channel, f"{self.device}-ch{channel}")
+
+    @staticmethod
+    def _info_value(p: Point, block: Block, values: list[int]) -> str:
+        off = p.address - block.start
+        raw = values[off] if p.type == "bit" else decode(values[off:off + p.width], p.type, p.order)
+        if p.is_sentinel(raw):
+            return "unknown"
+        return f"{raw * p.scale + p.offset:g}"
 
     def _point_readings(self, p: Point, block: Block, values: list[int], now: float) -> Iterable[Reading]:
         off = p.address - block.start

@@ -91,6 +91,8 @@ class Point(_Strict):
     invalid: list[float | str] = Field(default_factory=list, description="Raw sentinels meaning no reading (NaN ok).")
     range: tuple[float, float] | None = Field(default=None, description="Physical range in the device unit.")
     metric: str | None = None
+    info: Literal["firmware"] | None = Field(
+        default=None, description="A static fact exported as this label of the device's _info metric, not as a value.")
     labels: dict[str, str] = Field(default_factory=dict)
     channel: int | None = Field(default=None, description="Leak channel; mapped to a zone by the inventory.")
     control: Control | None = None
@@ -127,8 +129,8 @@ class Point(_Strict):
             raise ValueError("bits need a 16-bit register type (u16)")
         if self.bits is not None and any(not 0 <= b <= 15 for b in self.bits):
             raise ValueError("bit numbers must be 0..15")
-        if self.metric is None and self.bits is None and self.control is None:
-            raise ValueError("point feeds nothing: give a metric, bits or a control")
+        if self.metric is None and self.bits is None and self.control is None and self.info is None:
+            raise ValueError("point feeds nothing: give a metric, bits, a control or an info label")
         if self.control is not None and self.table not in ("holding", "coil"):
             raise ValueError(f"control points must be holding registers or coils, not {self.table}")
         if self.range is not None and self.range[0] > self.range[1]:

@@ -45,9 +45,9 @@ def test_every_shipped_profile_loads_and_names_its_sources():
 def test_reference_cdu_needs_one_request_per_contiguous_block():
     p = load_profile("reference-cdu")
     blocks = plan_blocks(p)
-    # input 0..15 contiguous, 2 discrete inputs, 2 holding, 2 coils: four requests
+    # input 0..15 contiguous, 2 discrete inputs, 3 holding (2 set points + firmware), 2 coils: four requests
     assert sorted((b.table, b.start, b.count) for b in blocks) == [
-        ("coil", 0, 2), ("discrete", 0, 2), ("holding", 0, 2), ("input", 0, 16)]
+        ("coil", 0, 2), ("discrete", 0, 2), ("holding", 0, 3), ("input", 0, 16)]
 
 
 def test_block_size_limit_splits_and_gap_joins():

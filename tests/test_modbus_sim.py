@@ -472,3 +472,18 @@ def test_mbpoll_reads_the_simulator_and_agrees_with_the_profile():
         assert value(rs, mm.TEMPERATURE, loop="primary", point="return").value == pytest.approx(floats[1], abs=1e-4)
 
     asyncio.run(run())
+
+
+def test_firmware_register_feeds_cdu_info():
+    """A profile point marked `info: firmware` becomes the firmware label of supernode_cdu_info (drift alerts)."""
+    async def run():
+        model = RackModel()
+        async with simulated("reference-cdu", model) as (model, dev):
+            src = source(dev)
+            info = value((await src.poll()).readings, mm.CDU_INFO)
+            assert info.labels["firmware"] == "2.14"
+            dev.set_sentinel("firmware_version")
+            info = value((await src.poll()).readings, mm.CDU_INFO)
+            assert info.labels["firmware"] == "unknown"  # an unreadable version is not a version
+            await src.close()
+    asyncio.run(run())
