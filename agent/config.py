@@ -243,7 +243,18 @@ def parse_config(data: Any, source: str = "<config>", path: Path | None = None) 
         config = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(error_lines(err, f"{source}: invalid config", show_input=True)) from None
+    _check_playbooks(config)
     return LoadedConfig(config, _read_secrets(config), path)
+
+
+def _check_playbooks(config: Config) -> None:
+    """Playbooks are part of the config: a bad one fails check-config, start and reload alike."""
+    from agent.remediation.playbooks import PlaybookError, load_playbooks
+
+    try:
+        load_playbooks(config.remediation.playbook_dir)
+    except PlaybookError as exc:
+        raise ConfigError(f"remediation.playbook_dir: {exc}") from None
 
 
 def load_config(path: Path | str) -> LoadedConfig:

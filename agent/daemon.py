@@ -133,6 +133,9 @@ class Agent:
             try:
                 new = load_config(path)
                 sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
+                # Remediation is built too before anything running changes: a playbook that does not
+                # load refuses the whole reload.
+                prepared = self.remediation.prepare(new) if self.remediation is not None else None
             except ConfigError as exc:
                 log.error("reload refused, keeping running config", extra={"error": str(exc)})
                 return False, str(exc)
@@ -141,8 +144,8 @@ class Agent:
                 return False, f"{type(exc).__name__}: {exc}"
             self.loaded = new
             await self.scheduler.replace(sources, new.config.sources.stale_after_intervals)
-            if self.remediation is not None and hasattr(self.remediation, "reconfigure"):
-                self.remediation.reconfigure(new)
+            if self.remediation is not None:
+                await self.remediation.swap(prepared)
             log.info("config reloaded", extra={"path": str(path), "sources": len(sources)})
             return True, "reloaded"
 

@@ -117,3 +117,15 @@ def test_shipped_examples_validate(example, tmp_path):
         f.write_text("x")
         ref["file"] = str(f)
     parse_config(data, example.name)
+
+
+def test_playbooks_are_checked_with_the_config(tmp_path):
+    books = tmp_path / "books"
+    books.mkdir()
+    cfg = minimal(tmp_path, remediation={"playbook_dir": str(books)})
+    assert "no playbooks" in error_of(cfg, tmp_path)
+    (books / "bad.yaml").write_text("name: x\ntrigger: {detector: leak}\nsteps: [{action: teleport}]\n")
+    msg = error_of(cfg, tmp_path)
+    assert "remediation.playbook_dir" in msg and "bad.yaml" in msg and "steps.0.action" in msg, msg
+    cfg["remediation"]["playbook_dir"] = str(tmp_path / "missing")
+    assert "not a directory" in error_of(cfg, tmp_path)

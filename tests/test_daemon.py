@@ -76,3 +76,37 @@ def test_sigterm_stops_within_5s_and_notifies_systemd(tmp_path):
             assert "agent stopped" in agent.log()
     finally:
         sock.close()
+
+
+def test_reload_swaps_remediation_settings_and_rotates_tokens(tmp_path):
+    cfg = base_config(tmp_path)
+    cfg["inventory"] = {"nodes": ["node01"]}
+    cfg["remediation"] = {"slurm": {"backend": "simulated"}}
+    with running_agent(cfg, tmp_path) as agent:
+        def incidents(token: str) -> tuple[int, dict]:
+            status, body = agent.get("/api/v1/incidents", token=token)
+            return status, (json.loads(body) if status == 200 else {})
+
+        assert incidents(TOKEN)[1]["mode"] == "observe"
+        # A playbook directory that does not exist: the whole reload is refused, nothing changes.
+        bad = copy.deepcopy(cfg)
+        bad["agent"]["mode"] = "enforce"
+        bad["remediation"]["playbook_dir"] = str(tmp_path / "no-such-dir")
+        agent.write_config(bad)
+        status, body = agent.request("POST", "/-/reload", token=TOKEN)
+        assert status == 400 and b"no-such-dir" in body, body
+        assert incidents(TOKEN)[1]["mode"] == "observe"
+
+        # Enforce mode, a tighter guardrail and a rotated admin token, applied without a restart.
+        good = copy.deepcopy(cfg)
+        good["agent"]["mode"] = "enforce"
+        good["remediation"]["guardrails"] = {"max_drained_nodes": 1}
+        agent.write_config(good)
+        (tmp_path / "admin.token").write_text("rotated-token\n")
+        status, body = agent.request("POST", "/-/reload", token=TOKEN)
+        assert status == 200, body
+        assert incidents(TOKEN)[0] == 401
+        status, data = incidents("rotated-token")
+        assert status == 200 and data["mode"] == "enforce"
+        assert 'supernode_remediation_mode{mode="enforce"} 1.0' in agent.metrics()
+        assert "rotated-token" not in agent.log()

@@ -11,6 +11,7 @@ import hmac
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from aiohttp import web
 from pydantic import SecretStr
@@ -21,8 +22,17 @@ from .journal import Journal
 from .webhook import WebhookError, handle_payload
 
 
-def _authorized(request: web.Request, token: SecretStr | None) -> bool:
-    if token is None:
+TokenSource = SecretStr | None | Callable[[], SecretStr | None]
+
+
+def _resolve(token: TokenSource) -> SecretStr | None:
+    """Tokens may be given as callables so a reload (secret rotation) applies to the next request."""
+    return token() if callable(token) else token
+
+
+def _authorized(request: web.Request, token: TokenSource) -> bool:
+    token = _resolve(token)
+    if token is None or not token.get_secret_value():
         return False
     header = request.headers.get("Authorization", "")
     if not header.startswith("Bearer "):
@@ -30,8 +40,8 @@ def _authorized(request: web.Request, token: SecretStr | None) -> bool:
     return hmac.compare_digest(header[7:].strip().encode(), token.get_secret_value().encode())
 
 
-def add_remediation_routes(app: web.Application, engine, admin_token: SecretStr | None,
-                           webhook_token: SecretStr | None, max_body: int) -> None:
+def add_remediation_routes(app: web.Application, engine, admin_token: TokenSource,
+                           webhook_token: TokenSource, max_body: int) -> None:
     async def alerts(request: web.Request) -> web.Response:
         if not _authorized(request, webhook_token):
             engine.count_webhook("unauthorized")
@@ -55,7 +65,7 @@ def add_remediation_routes(app: web.Application, engine, admin_token: SecretStr 
         return web.json_response(out, status=200)
 
     async def incidents(request: web.Request) -> web.Response:
-        if admin_token is not None and not _authorized(request, admin_token):
+        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
             return web.json_response({"error": "unauthorized"}, status=401)
         return web.json_response(engine.incidents_view())
 
@@ -68,7 +78,7 @@ def add_remediation_routes(app: web.Application, engine, admin_token: SecretStr 
         return web.json_response({"approved": done})
 
     async def journal(request: web.Request) -> web.Response:
-        if admin_token is not None and not _authorized(request, admin_token):
+        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
             return web.json_response({"error": "unauthorized"}, status=401)
         try:
             limit = min(int(request.query.get("limit", "200")), 5000)

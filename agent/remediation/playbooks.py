@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from exporters.validation import error_lines
+
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 MODES = ("observe", "dry-run", "enforce")
 
@@ -66,8 +68,13 @@ class Playbook(_Strict):
 
 def load_playbooks(directory: Path | None = None) -> list[Playbook]:
     directory = Path(directory or SHIPPED_DIR)
+    if not directory.is_dir():
+        raise PlaybookError(f"{directory}: not a directory of playbooks")
+    paths = sorted(directory.glob("*.yaml"))
+    if not paths:  # an empty directory would silently switch every playbook off
+        raise PlaybookError(f"{directory}: no playbooks (*.yaml) in it")
     books: list[Playbook] = []
-    for path in sorted(directory.glob("*.yaml")):
+    for path in paths:
         try:
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
@@ -75,10 +82,7 @@ def load_playbooks(directory: Path | None = None) -> list[Playbook]:
         try:
             books.append(Playbook.model_validate(data))
         except ValidationError as err:
-            lines = [f"{path}: invalid playbook"]
-            for e in err.errors():
-                lines.append(f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
-            raise PlaybookError("\n".join(lines)) from None
+            raise PlaybookError(error_lines(err, f"{path}: invalid playbook")) from None
     names = [b.name for b in books]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

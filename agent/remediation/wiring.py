@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from agent.remediation.api import add_remediation_routes
 from agent.remediation.engine import Executors, RemediationEngine
@@ -105,28 +108,63 @@ def build_engine(loaded: "LoadedConfig") -> RemediationEngine:
 
 
 def attach(agent: "Agent") -> None:
-    loaded = agent.loaded
-    cfg = loaded.config
-    engine = build_engine(loaded)
-    agent.remediation = RemediationHook(engine)
-    agent.store.add_listener(engine.on_snapshot)
-    engine.repoll = agent.scheduler.poll_now
-    agent.extra_collectors.append(engine.collector())
-    admin = _token(loaded, cfg.remediation.admin_token_secret, "admin_token")
-    webhook = _token(loaded, cfg.remediation.webhook_token_secret, "webhook_token")
-    agent.route_mounts.append(lambda app: add_remediation_routes(app, engine, admin, webhook,
-                                                                 cfg.listen.max_body_bytes))
+    """Run remediation in this agent: one engine at a time behind a hook, so a reload can swap it."""
+    hook = RemediationHook(agent.loaded, build_engine(agent.loaded), agent.scheduler.poll_now)
+    agent.remediation = hook
+    agent.store.add_listener(hook.on_snapshot)
+    agent.extra_collectors.append(_CurrentCollector(hook))
+    cfg = agent.loaded.config
+    agent.route_mounts.append(lambda app: add_remediation_routes(
+        app, _CurrentEngine(hook), hook.admin_token, hook.webhook_token, cfg.listen.max_body_bytes))
+
+
+class _CurrentEngine:
+    """Forwards to whichever engine the hook runs now, so the HTTP routes survive a reload."""
+
+    def __init__(self, hook: "RemediationHook"):
+        self._hook = hook
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._hook.engine, name)
+
+
+class _CurrentCollector(Collector):
+    """The remediation metrics of whichever engine runs now."""
+
+    def __init__(self, hook: "RemediationHook"):
+        self._hook = hook
+
+    def collect(self) -> Iterator[Metric]:
+        return self._hook.engine.collector().collect()
 
 
 class RemediationHook:
-    """What the daemon calls: start before the sources (journal reconciliation first), stop, reload."""
+    """What the daemon calls: start before the sources (journal reconciliation first), stop, reload.
 
-    def __init__(self, engine: RemediationEngine):
+    A reload builds a whole new engine from the new config (`prepare`, which may refuse), then
+    stops the old one and starts the new one on the same journal (`swap`): exactly what a restart
+    does, so an action cut off by the swap is reconciled like one cut off by a crash, and no
+    setting (thresholds, guardrails, playbooks, executors, tokens) needs a restart to apply.
+    """
+
+    def __init__(self, loaded: "LoadedConfig", engine: RemediationEngine, repoll: Any):
+        self.loaded = loaded
         self.engine = engine
+        self.repoll = repoll
+        engine.repoll = repoll
 
     @property
     def mode(self) -> str:
         return self.engine.mode
+
+    def on_snapshot(self, snap: Any, origin: str) -> None:
+        self.engine.on_snapshot(snap, origin)
+
+    def admin_token(self) -> Any:
+        return _token(self.loaded, self.loaded.config.remediation.admin_token_secret, "admin_token")
+
+    def webhook_token(self) -> Any:
+        return _token(self.loaded, self.loaded.config.remediation.webhook_token_secret, "webhook_token")
 
     async def start(self) -> None:
         await self.engine.start()
@@ -134,10 +172,16 @@ class RemediationHook:
     async def stop(self) -> None:
         await asyncio.wait_for(self.engine.stop(), 3.0)
 
-    def reconfigure(self, loaded: "LoadedConfig") -> None:
-        """A reload may change the mode (observe -> enforce); other remediation settings need a restart."""
-        new_mode = loaded.config.agent.mode
-        if new_mode != self.engine.mode:
-            log.info("remediation mode changed", extra={"from": self.engine.mode, "to": new_mode})
-            self.engine.mode = new_mode
-            self.engine.journal.append("engine", result="mode_changed", detail={"mode": new_mode})
+    def prepare(self, loaded: "LoadedConfig") -> tuple["LoadedConfig", RemediationEngine]:
+        """The engine for a new config, built but not started (raises if the config cannot run)."""
+        return loaded, build_engine(loaded)
+
+    async def swap(self, prepared: tuple["LoadedConfig", RemediationEngine]) -> None:
+        loaded, engine = prepared
+        old = self.engine
+        engine.repoll = self.repoll
+        await self.stop()
+        self.loaded, self.engine = loaded, engine
+        await engine.start()
+        if engine.mode != old.mode:
+            log.info("remediation mode changed", extra={"from": old.mode, "to": engine.mode})
