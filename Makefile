@@ -29,7 +29,8 @@ peers:
 	  [ -n "$$created" ] && rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	fi
 
-demo: $(STAMP)
+# The demo drains through a real Slurm of its own when slurmctld is installed: set up the peers too.
+demo: $(STAMP) peers
 	$(VENV)/bin/supernode-agent demo $(DEMO_ARGS)
 
 test: $(STAMP) peers
