@@ -119,7 +119,9 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int) -
         print(f"webhook-token: {workdir / 'webhook.token'}")
         print(f"admin-token: {workdir / 'admin.token'}")
         print(f"logs and configs: {workdir}")
-        print(TRY_THIS.format(port=first_port, node=next(iter(sim.model.nodes)), token=workdir / "admin.token"),
+        sinfo = (f'SLURM_CONF={slurm.conf} sinfo -N -o "%N %T %E"' if slurm
+                 else f"supernode-agent --config {workdir}/node01/agent.yaml incidents   # simulated scheduler")
+        print(TRY_THIS.format(port=first_port, node=next(iter(sim.model.nodes)), workdir=workdir, sinfo=sinfo),
               flush=True)
         try:
             await asyncio.wait_for(stop.wait(), timeout=duration)
@@ -151,14 +153,19 @@ def _free_port() -> int:
 
 
 TRY_THIS = """
-try this:
+try this (another shell, `. .venv/bin/activate` first):
   curl -s http://127.0.0.1:{port}/metrics | grep supernode_gpu_power_watts
-  supernode-agent sim inject thermal --node {node} --gpu 0        # GPU 0 heats into HW slowdown
-  supernode-agent sim inject xid --node {node} --gpu 1 --code 79   # GPU fallen off the bus
+  supernode-agent sim inject leak --zone zone-a          # {node}: GPUs capped, node drained at once
+  supernode-agent --config {workdir}/{node}/agent.yaml incidents      # the valve close waits for you
+  supernode-agent --config {workdir}/{node}/agent.yaml approve ID     # ID from `incidents`
+  supernode-agent --config {workdir}/{node}/agent.yaml journal
+  {sinfo}
+  supernode-agent sim clear                              # a leak never resumes a node without `approve`
+  supernode-agent sim inject flow-drop --percent 40      # every GPU of the rack capped to 60 %
+  supernode-agent sim inject thermal --node {node} --gpu 0
   supernode-agent sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
-  supernode-agent sim faults                                       # every fault kind
-  supernode-agent sim clear
-Ctrl-C stops the simulator and every agent."""
+  supernode-agent sim faults                             # every fault kind and its parameters
+Ctrl-C stops the simulator, Slurm and every agent."""
 
 
 def run_demo(nodes: int = 2, gpus: int = 4, duration: float | None = None, base_port: int = 0) -> int:
