@@ -29,6 +29,12 @@ class Kind(str, enum.Enum):
     INFO = "info"
 
 
+# Base units a metric name may end in (longest first, so `_cubic_meters_per_second` wins over `_second`).
+BASE_UNITS = ("cubic_meters_per_second", "cubic_meters_per_joule", "bytes_per_second", "volt_amperes",
+              "celsius", "watts", "joules", "pascals", "seconds", "bytes", "ratio", "dbm", "amperes", "volts",
+              "hertz", "meters", "rpm", "siemens_per_meter")
+
+
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
     """Name, type and HELP of one metric family; declared once next to the code that fills it.
@@ -44,6 +50,10 @@ class MetricSpec:
     unit: str = ""
 
     def __post_init__(self) -> None:
+        if not self.unit:  # the base unit is in the name, by convention: say it once, there
+            base = self.name.removesuffix("_total")
+            unit = next((u for u in BASE_UNITS if base.endswith("_" + u)), "")
+            object.__setattr__(self, "unit", unit)
         if self.kind is Kind.COUNTER and not self.name.endswith("_total"):
             raise ValueError(f"counter {self.name} must end in _total")
         if self.kind is Kind.INFO and not self.name.endswith("_info"):
@@ -102,6 +112,7 @@ class Reading:
         return {
             "metric": self.spec.name,
             "value": self.value,
+            "unit": self.spec.unit,
             "labels": dict(self.labels),
             "quality": self.quality.value,
             "timestamp": self.timestamp,

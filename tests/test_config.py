@@ -129,3 +129,4 @@ def test_playbooks_are_checked_with_the_config(tmp_path):
     assert "remediation.playbook_dir" in msg and "bad.yaml" in msg and "steps.0.action" in msg, msg
     cfg["remediation"]["playbook_dir"] = str(tmp_path / "missing")
     assert "not a directory" in error_of(cfg, tmp_path)
+

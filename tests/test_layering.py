@@ -1,0 +1,45 @@
+"""The layering rule of ARCHITECTURE.md, checked: exporters never import agent; remediation never
+reaches into collector internals (only the shared model, validation and the device control primitives)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers import REPO
+
+# What remediation may use from exporters: the shared model and the control primitives it acts through.
+REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.nvml_control"}
+
+
+def imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_exporters_never_import_agent():
+    offenders = {str(p.relative_to(REPO)): sorted(m for m in imports(p) if m == "agent" or m.startswith("agent."))
+                 for p in (REPO / "exporters").rglob("*.py")}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_remediation_uses_only_the_model_and_control_primitives():
+    bad = {}
+    for p in (REPO / "agent" / "remediation").rglob("*.py"):
+        if p.name == "wiring.py":  # the one place that hands devices to the engine
+            continue
+        used = {m for m in imports(p) if m.startswith("exporters")} - REMEDIATION_MAY_IMPORT
+        if used:
+            bad[str(p.relative_to(REPO))] = sorted(used)
+    assert not bad
+
+
+def test_the_check_sees_imports():
+    # The checks above would pass vacuously if imports() found nothing.
+    assert "exporters.model" in imports(REPO / "agent" / "remediation" / "detectors.py")
+    assert "agent.snapshot" in imports(REPO / "agent" / "exposition.py")
