@@ -198,6 +198,17 @@ class Config(Strict):
     remediation: RemediationSettings = Field(default_factory=RemediationSettings,
                                              description="Detectors, playbooks and guardrails.")
 
+    @model_validator(mode="after")
+    def _pdu_retries_fit_the_poll(self) -> "Config":
+        """One SNMP request with its retries must fit the PDU poll's timeout, or the retries never happen."""
+        limit = self.sources.pdu.timeout
+        for p in self.inventory.pdus:
+            worst = p.request_timeout * (p.retries + 1)
+            if worst > limit:
+                raise ValueError(f"inventory.pdus.{p.name}: request_timeout x (retries + 1) = {worst:g}s "
+                                 f"exceeds sources.pdu.timeout ({limit:g}s)")
+        return self
+
     def dump(self) -> dict[str, Any]:
         """A JSON-safe dump; secret values are never in it (only their file paths)."""
         return self.model_dump(mode="json")

@@ -52,6 +52,8 @@ def test_minimal_config_loads_with_observe_default(tmp_path):
     (lambda c: c.update(inventory={"nodes": ["node01"], "leak_zones": [{"name": "z", "nodes": ["node09"]}]}),
      "inventory", "not in inventory.nodes"),
     (lambda c: c.update(inventory={"ports": [{"name": "ib0", "kind": "fc"}]}), "inventory.ports.0.kind", "'ib' or 'eth'"),
+    (lambda c: c.update(inventory={"pdus": [{"name": "p1", "profile": "raritan-pdu2", "request_timeout": 2,
+                                             "retries": 2}]}), "inventory.pdus.p1", "exceeds sources.pdu.timeout"),
 ])
 def test_bad_field_is_named(tmp_path, mutate, path, expect):
     cfg = minimal(tmp_path)

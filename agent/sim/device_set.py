@@ -86,4 +86,4 @@ def demo_inventory(sim: "Simulator", node: str, cfg: dict[str, Any]) -> None:
     if pdus:
         # A budget the rack exceeds at full load, so `workload --ratio 1` shows power capping.
         inv["power_budget_watts"] = round(sim.model.rack_power_w() * 1.1, -2)
-        src["pdu"] = {"interval": 1.0, "timeout": 0.9}
+        src["pdu"] = {"interval": 1.0, "timeout": 1.0}
