@@ -9,6 +9,7 @@ reading the real device, never the agent's memory.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
@@ -25,6 +26,23 @@ class ActionError(Exception):
         super().__init__(message)
         self.permanent = permanent or guardrail is not None
         self.guardrail = guardrail
+
+
+async def run_program(argv: list[str], timeout: float, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a program run from an argument list (never a shell).
+
+    Raises TimeoutError after killing it when it runs past `timeout`: a hung
+    scontrol or hook must not hold an action, or the engine, forever.
+    """
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise TimeoutError(f"{argv[0]} timed out after {timeout}s") from None
+    return proc.returncode or 0, out.decode(), err.decode()
 
 
 @dataclass(slots=True)

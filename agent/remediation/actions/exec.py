@@ -8,13 +8,12 @@ Alertmanager payload reaches argv unvalidated.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import string
 from typing import Any, Mapping
 
 from ..settings import ExecProgram
-from . import ActionError, ActionResult
+from . import ActionError, ActionResult, run_program
 
 SAFE = re.compile(r"^[A-Za-z0-9_.:/@=+-]{1,128}$")
 FIELDS = {"node", "gpu", "port", "zone", "cdu", "incident_id", "detector", "link"}
@@ -55,16 +54,13 @@ class ExecAction:
         return {"before": {"undo_argv": undo, "owned": undo is not None}, "argv": argv}
 
     async def _run(self, argv: list[str], timeout: float) -> ActionResult:
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+            rc, out, err = await run_program(argv, timeout)
+        except TimeoutError:
             raise ActionError(f"exec: {argv[0]} timed out") from None
-        if proc.returncode != 0:
-            raise ActionError(f"exec: {argv[0]} exit {proc.returncode}: {err.decode()[-200:]}")
-        return ActionResult(True, f"{argv[0]} exit 0", after={"stdout": out.decode()[-500:]})
+        if rc != 0:
+            raise ActionError(f"exec: {argv[0]} exit {rc}: {err[-200:]}")
+        return ActionResult(True, f"{argv[0]} exit 0", after={"stdout": out[-500:]})
 
     async def apply(self, target, params, ctx, plan) -> ActionResult:
         res = await self._run(plan["argv"], self._program(params).timeout_seconds)

@@ -7,10 +7,11 @@ only (no shell); the reason is one argv element, so no quoting games.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import run_program
 
 DRAINED_WORDS = ("drain", "down", "fail")
 
@@ -46,17 +47,13 @@ class SlurmScheduler:
             self.env["SLURM_CONF"] = str(slurm_conf)
 
     async def _run(self, *args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE, env=self.env)
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise SchedulerError(f"{args[0]} timed out after {self.timeout}s") from None
-        if proc.returncode != 0:
-            raise SchedulerError(f"{' '.join(args[:3])}: exit {proc.returncode}: {err.decode().strip()}")
-        return out.decode()
+            rc, out, err = await run_program(list(args), self.timeout, self.env)
+        except TimeoutError as exc:
+            raise SchedulerError(str(exc)) from None
+        if rc != 0:
+            raise SchedulerError(f"{' '.join(args[:3])}: exit {rc}: {err.strip()}")
+        return out
 
     async def list(self) -> dict[str, NodeState]:
         out = await self._run(self.sinfo, "-h", "-N", "-o", "%N|%T|%E")
