@@ -178,6 +178,15 @@ class Agent:
 
 def run(config_path: Path) -> int:
     loaded = load_config(config_path)
-    agent = Agent(loaded)
-    asyncio.run(agent.run_until_stopped())
+    try:
+        agent = Agent(loaded)
+    except OSError as exc:  # the journal's state_dir, a device file: say which, not a traceback
+        raise ConfigError(f"cannot start: {exc.strerror or exc}: {exc.filename or ''} "
+                          f"(agent.state_dir is {loaded.config.agent.state_dir})") from None
+    try:
+        asyncio.run(agent.run_until_stopped())
+    except OSError as exc:  # the listen address taken or not ours
+        listen = loaded.config.listen
+        raise ConfigError(f"cannot start: {exc.strerror or exc} "
+                          f"(listen.address {listen.address}, listen.port {listen.port})") from None
     return 0

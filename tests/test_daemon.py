@@ -110,3 +110,34 @@ def test_reload_swaps_remediation_settings_and_rotates_tokens(tmp_path):
         assert status == 200 and data["mode"] == "enforce"
         assert 'supernode_remediation_mode{mode="enforce"} 1.0' in agent.metrics()
         assert "rotated-token" not in agent.log()
+
+
+def test_start_failures_name_the_setting(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.helpers import REPO
+
+    def start(cfg) -> subprocess.CompletedProcess:
+        path = tmp_path / "agent.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return subprocess.run([sys.executable, "-m", "agent.cli", "--config", str(path), "run"], cwd=REPO,
+                              capture_output=True, text=True, timeout=30)
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    cfg = base_config(tmp_path)
+    cfg["agent"]["state_dir"] = str(blocker / "state")
+    out = start(cfg)
+    assert out.returncode == 2 and "agent.state_dir" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = base_config(tmp_path)
+        cfg["listen"]["port"] = taken.getsockname()[1]
+        out = start(cfg)
+    assert out.returncode == 2 and "listen.port" in out.stderr and "Traceback" not in out.stderr, out.stderr
