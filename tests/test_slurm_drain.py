@@ -105,3 +105,9 @@ for i in $(seq 600); do sleep 0.1; done
         assert marker.stat().st_mtime >= t0 - 1
     finally:
         subprocess.run(["scancel", job], env=cluster.env, capture_output=True, timeout=20)
+
+        def gone() -> bool:  # let slurmd reap the job's step before the cluster is torn down
+            q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=cluster.env, capture_output=True,
+                               text=True, timeout=20)
+            return job not in q.stdout
+        wait_for(gone, 30, interval=0.2, what=f"job {job} gone from the queue")
