@@ -92,10 +92,10 @@ def _gpu(sim: "Simulator", p: dict[str, Any]):
 
 @fault("gpu-lost", "GPU falls off the bus: every NVML call on it answers GPU_IS_LOST.", NODE, GPU)
 def _gpu_lost(sim: "Simulator", p: dict[str, Any]) -> str:
-    with sim.model.lock:
-        g = _gpu(sim, p)
-        g.lost = True
-    return f"{g.node} gpu {g.index} lost"
+    from agent.sim.nvml_faults import set_lost
+
+    g = _gpu(sim, p)
+    return set_lost(sim.model, g.node, g.index, True)
 
 
 @fault("xid", "Raise an XID event on a GPU.", NODE, GPU, Param("code", int, True, None, "XID number"))
@@ -128,10 +128,10 @@ def _thermal(sim: "Simulator", p: dict[str, Any]) -> str:
 @fault("gpu-hang", "NVML calls on the GPU block (a wedged driver).", NODE, GPU,
        Param("seconds", float, False, 30.0, "how long each call blocks"))
 def _hang(sim: "Simulator", p: dict[str, Any]) -> str:
-    with sim.model.lock:
-        g = _gpu(sim, p)
-        g.hang_seconds = p["seconds"]
-    return f"{g.node} gpu {g.index} hangs {p['seconds']}s per call"
+    from agent.sim.nvml_faults import set_hang
+
+    g = _gpu(sim, p)
+    return set_hang(sim.model, g.node, g.index, p["seconds"])
 
 
 @fault("workload", "Set the GPU workload (fraction of the default power limit the job would draw).", NODE,
