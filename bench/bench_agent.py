@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from agent.sim.nvml_twin import NvmlTwin  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from exporters.model import Kind  # noqa: E402
 from exporters.nvml import NvmlSource  # noqa: E402
+from timing import median_wall_cpu  # noqa: E402
 
 GPUS, LINKS = 8, 18
 
@@ -52,12 +52,7 @@ def _free_port() -> int:
 
 
 def _median_ms(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times)
+    return median_wall_cpu(fn, runs)[0] * 1000
 
 
 def _rss_kib(pid: int) -> int:

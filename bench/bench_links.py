@@ -14,28 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from agent.sim.links_tree import SimLinkTree
 from agent.sim.rack import RackModel
 from exporters.dom import DirReader, DomSource
 from exporters.links import LinkSource
+from timing import median_wall_cpu
 
 PORTS = tuple((f"mlx5_{i}/1", "ib", f"ib{i}") for i in range(4)) + tuple((f"eth{i}", "eth", None) for i in range(4))
-
-
-def _measure(fn, runs: int) -> tuple[float, float]:
-    walls, cpus = [], []
-    for _ in range(runs):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - w0)
-        cpus.append(time.process_time() - c0)
-    return statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
@@ -54,8 +43,8 @@ def main() -> None:
     dom = DomSource(tree.port_specs(), DirReader(tree.dom_dir))
     try:
         loop.run_until_complete(links.poll())  # warm-up (thread start, profile load)
-        link_wall, link_cpu = _measure(lambda: loop.run_until_complete(links.poll()), args.runs)
-        dom_wall, dom_cpu = _measure(lambda: loop.run_until_complete(dom.poll()), args.runs)
+        link_wall, link_cpu = median_wall_cpu(lambda: loop.run_until_complete(links.poll()), args.runs)
+        dom_wall, dom_cpu = median_wall_cpu(lambda: loop.run_until_complete(dom.poll()), args.runs)
         n_readings = len(loop.run_until_complete(links.poll()).readings)
         n_dom = len(loop.run_until_complete(dom.poll()).readings)
         print(f"port-state poll, 8 ports ({n_readings} readings): wall {link_wall * 1e3:.2f} ms, "
@@ -64,13 +53,13 @@ def main() -> None:
               f"cpu {dom_cpu * 1e3:.2f} ms  (median of {args.runs})")
         ip = shutil.which("ip")
         if ip:
-            ip_wall, _ = _measure(lambda: subprocess.run([ip, "-s", "-j", "link", "show"], capture_output=True,
+            ip_wall, _ = median_wall_cpu(lambda: subprocess.run([ip, "-s", "-j", "link", "show"], capture_output=True,
                                                          check=True), args.runs)
             print(f"peer: ip -s -j link show (one call): wall {ip_wall * 1e3:.2f} ms; "
                   f"port-state poll / peer = {link_wall / ip_wall:.2f}")
         ethtool = shutil.which("ethtool") or "/usr/sbin/ethtool"
         if Path(ethtool).exists():
-            eth_wall, _ = _measure(lambda: [subprocess.run([ethtool, "-m", "lo"], capture_output=True)
+            eth_wall, _ = median_wall_cpu(lambda: [subprocess.run([ethtool, "-m", "lo"], capture_output=True)
                                             for _ in range(8)], max(3, args.runs // 3))
             print(f"peer: 8 x ethtool -m spawns (no EEPROM time): wall {eth_wall * 1e3:.2f} ms; "
                   f"DOM poll / peer = {dom_wall / eth_wall:.2f}")

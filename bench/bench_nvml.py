@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.sim.nvml_twin import NvmlTwin  # noqa: E402
 from exporters.model import Quality  # noqa: E402
 from exporters.nvml import NvmlSource  # noqa: E402
+from timing import median_wall_cpu  # noqa: E402
 
 GPUS, LINKS = 8, 18
 
@@ -53,16 +52,6 @@ def _serve(port_q: "multiprocessing.Queue[int]") -> None:
     asyncio.run(main())
 
 
-def _median_cycle(fn, runs: int) -> tuple[float, float]:
-    cpu, wall = [], []
-    for _ in range(runs):
-        c0, w0 = time.process_time(), time.perf_counter()
-        fn()
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - w0)
-    return statistics.median(cpu), statistics.median(wall)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=50)
@@ -81,9 +70,9 @@ def main() -> None:
             result[0] = src._collect()  # the cycle itself, on this thread (what the driver thread runs)
 
         before = twin.requests
-        cpu, wall = _median_cycle(cycle, args.runs)
+        wall, cpu = median_wall_cpu(cycle, args.runs)
         per_cycle = (twin.requests - before) / args.runs
-        peer_cpu, peer_wall = _median_cycle(lambda: twin.nvmlDeviceGetCount(), args.runs)
+        peer_wall, peer_cpu = median_wall_cpu(lambda: twin.nvmlDeviceGetCount(), args.runs)
         readings = result[0].readings
         ok = sum(1 for r in readings if r.quality is Quality.OK)
         print(f"nvml cycle, {GPUS} GPUs x {LINKS} NVLinks on the twin, median of {args.runs} runs")
