@@ -1,4 +1,4 @@
-"""snmpsim as a real SNMP peer: serves ../shared/data recordings in place on a free 127.0.0.1 UDP port."""
+"""snmpsim as a real SNMP peer: serves the recordings of tests/fixtures/recordings on a free 127.0.0.1 UDP port."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from helpers import require_binary, shared_data, wait_for
+from helpers import require_binary, recording, wait_for
 
 V3_USER, V3_AUTH, V3_PRIV = "agentv3", "auth-key-0123", "priv-key-4567"
 
@@ -79,4 +79,4 @@ def run_snmpsim(workdir: Path, data_dirs: list[Path], probe_community: str) -> I
 
 def recordings() -> list[Path]:
     """The recording folders, read in place (community = file stem: apc-8641, apc-7902b, raritan-pdu2)."""
-    return [shared_data("snmprec/apc-8641.snmprec").parent, shared_data("snmpwalk/raritan-pdu2.snmpwalk").parent]
+    return [recording("snmprec/apc-8641.snmprec").parent, recording("snmpwalk/raritan-pdu2.snmpwalk").parent]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from exporters.dom import OPTIC_ALARM, OPTIC_DOM, OPTIC_RX, OPTIC_THRESHOLD_DBM, module_readings, parse_module
 from exporters.render import render_readings
-from tests.helpers import shared_data
+from tests.helpers import recording
 
 FIX = Path(__file__).parent / "fixtures" / "links" / "ethtool"
 
@@ -22,7 +22,7 @@ def _values(readings, spec):
 
 
 def test_real_qsfp_plus_dark_lanes_are_minus_inf():
-    dom = parse_module(shared_data("ethtool/qsfp-plus-40g-sr4.txt").read_text())
+    dom = parse_module(recording("ethtool/qsfp-plus-40g-sr4.txt").read_text())
     assert dom.has_dom and not dom.bad_fields
     assert dom.info["identifier"].startswith("0x0d") and dom.info["vendor"] == "AVAGO"
     assert dom.temperature == 42.17 and dom.voltage == 3.2917
