@@ -55,15 +55,32 @@ class SourceState:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """An immutable view of every fresh reading at one moment; what detectors evaluate."""
+    """An immutable view of every fresh reading at one moment; what detectors evaluate.
+
+    Readings are indexed by metric name once, when the snapshot is taken: the
+    detectors look up dozens of families per evaluation, and a scan of every
+    reading per lookup was most of the agent's CPU.
+    """
 
     taken_at: float
     readings: tuple[Reading, ...]
     sources: tuple[SourceState, ...]
+    by_name: dict[str, list[Reading]] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.by_name and self.readings:
+            index: dict[str, list[Reading]] = {}
+            for r in self.readings:
+                index.setdefault(r.spec.name, []).append(r)
+            object.__setattr__(self, "by_name", index)
 
     def select(self, metric: str, **labels: str) -> Iterator[Reading]:
-        for r in self.readings:
-            if r.spec.name == metric and all(r.labels.get(k) == v for k, v in labels.items()):
+        family = self.by_name.get(metric, ())
+        if not labels:
+            yield from family
+            return
+        for r in family:
+            if all(r.labels.get(k) == v for k, v in labels.items()):
                 yield r
 
     def value(self, metric: str, **labels: str) -> float | None:
