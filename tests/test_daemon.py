@@ -67,12 +67,9 @@ def test_sigterm_stops_within_5s_and_notifies_systemd(tmp_path):
             while time.monotonic() < deadline and not ({"READY=1", "WATCHDOG=1"} <= set(messages)):
                 messages.append(sock.recv(256).decode())
             assert "READY=1" in messages and "WATCHDOG=1" in messages, messages
-            t0 = time.monotonic()
             agent.signal(signal.SIGTERM)
-            rc = agent.proc.wait(5)
-            elapsed = time.monotonic() - t0
+            rc = agent.proc.wait(5)  # the unit's stop deadline: TimeoutExpired fails the test
             assert rc == 0, agent.log()
-            assert elapsed < 5.0
             assert "agent stopped" in agent.log()
     finally:
         sock.close()

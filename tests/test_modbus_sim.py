@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import re
 import subprocess
-import time
 
 import pytest
 
@@ -228,28 +227,33 @@ def test_cable_break_is_a_sensor_fault_never_a_leak(profile, sensor, zone_channe
     asyncio.run(run())
 
 
-def test_injected_leak_shows_within_two_leak_poll_intervals():
-    interval = 0.5
+def test_injected_leak_shows_within_two_leak_polls():
+    """Counted in polls, not seconds: the poll under way when the zone turns wet may miss it, the next must not."""
 
     async def run():
         async with simulated("rle-ld2100") as (model, dev):
-            src = source(dev, "leak", timeout=0.4)
+            src = source(dev, "leak", timeout=2.0)
             seen: dict[str, float] = {}
+            polls = 0
+            wet_at: int | None = None
 
             async def poller():
+                nonlocal polls
                 while True:
                     for r in (await src.poll()).readings:
                         if r.spec is mm.LEAK_DETECTED and r.ok:
                             seen[r.label("zone")] = r.value
-                    await asyncio.sleep(interval)
+                    polls += 1
+                    await asyncio.sleep(0.05)
 
             task = asyncio.create_task(poller())
-            await await_for(lambda: seen.get("zone-b") == 0.0, timeout=5, what="first leak poll")
+            await await_for(lambda: seen.get("zone-b") == 0.0, timeout=10, what="first leak poll")
             with model.lock:
                 model.coolant.leak_zones["zone-b"] = "wet"
-            t0 = time.monotonic()
-            await await_for(lambda: seen.get("zone-b") == 1.0, timeout=2 * interval, what="leak within two polls")
-            assert time.monotonic() - t0 <= 2 * interval + 0.05
+            injected_after = polls
+            await await_for(lambda: seen.get("zone-b") == 1.0, timeout=20, what="the leak in a poll")
+            wet_at = polls
+            assert wet_at - injected_after <= 2, (injected_after, wet_at)
             assert seen.get("zone-a") == 0.0
             task.cancel()
             await src.close()
@@ -282,12 +286,12 @@ async def _poll_ok(src):
 def test_slow_device_times_out_and_answers_again_when_fast():
     async def run():
         async with simulated("rle-ld5000") as (model, dev):
-            src = source(dev, "leak", timeout=0.2)
-            dev.set_slow(400)
+            src = source(dev, "leak", timeout=0.5)
+            dev.set_slow(3000)
             with pytest.raises(SourceError) as err:
                 await src.poll()
             assert err.value.kind == "timeout"
-            dev.set_slow(150)  # slow but within the timeout: a real answer
+            dev.set_slow(50)  # slow but well within the timeout: a real answer
             rs = (await src.poll()).readings
             assert value(rs, mm.LEAK_DETECTED, zone="zone-a", sensor="rope").ok
             dev.set_slow(0)
