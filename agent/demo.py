@@ -49,6 +49,10 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
         # A demo rack of two nodes: let a leak drain either; act quickly so the story is visible.
         "guardrails": {"max_drained_fraction": 1.0, "max_drained_nodes": len(model.nodes), "cooldown_seconds": 5},
     }
+    tree_root = cfg["sources"].get("sysfs_root")
+    if tree_root:  # the simulator's stand-in for `ip` and `ibportstate` acts on its link tree
+        shim = [sys.executable, "-m", "agent.sim.link_shim", str(tree_root)]
+        cfg["remediation"]["link_control"] = {"ip": shim, "ibportstate": shim}
     return cfg
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import math
 import threading
 from pathlib import Path
@@ -83,13 +84,17 @@ def test_optic_degradation_raises_the_module_flags(sim):
 
 
 def test_isolate_link_on_the_simulated_tree(sim):
+    """The agent runs the same commands as on a host; the simulator's stand-in programs act on its tree."""
     model, tree = sim
+    shim = [sys.executable, "-m", "agent.sim.link_shim", str(tree.root)]
+    programs = {"ip": shim, "ibportstate": shim}
     links = LinkSource(tree.port_specs(), tree.root)
     asyncio.run(links.poll())
     for name in ("eth1", "mlx5_1/1"):
         port = PortSpec(name, "eth" if name.startswith("eth") else "ib", isolatable=True)
-        action = isolate_link(port, up=False, sysfs_root=tree.root)
-        assert action.written is not None and action.written.read_text() == "down\n"
+        action = isolate_link(port, up=False, **programs)
+        assert action.argv[:len(shim)] == tuple(shim)
+        assert action.argv[-1] in ("down", "disable")
         _tick(model, tree)
         assert read_link_state(port, tree.root) == "down"
     readings = asyncio.run(links.poll()).readings
@@ -99,11 +104,11 @@ def test_isolate_link_on_the_simulated_tree(sim):
     # Dark optics on the isolated link.
     rx = _by(asyncio.run(DomSource(tree.port_specs(), DirReader(tree.dom_dir)).poll()).readings, OPTIC_RX, "port", "lane")
     assert rx[("eth1", "1")] == -math.inf
-    isolate_link(PortSpec("eth1", isolatable=True), up=True, sysfs_root=tree.root)
+    isolate_link(PortSpec("eth1", isolatable=True), up=True, **programs)
     _tick(model, tree)
     assert read_link_state(PortSpec("eth1"), tree.root) == "up"
     with pytest.raises(LinkControlError):
-        isolate_link(PortSpec("eth0"), up=False, sysfs_root=tree.root)
+        isolate_link(PortSpec("eth0"), up=False, **programs)
     asyncio.run(links.close())
 
 

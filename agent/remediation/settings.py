@@ -100,6 +100,18 @@ class ExecProgram(_Strict):
     timeout_seconds: float = Field(default=30.0, gt=0)
 
 
+class LinkControlSettings(_Strict):
+    """How isolate_link steps take a port down: the programs (argv prefixes) and the read-back wait."""
+
+    ip: list[str] = Field(default_factory=lambda: ["ip"], min_length=1,
+                          description="Argv prefix of `ip` (Ethernet/RoCE: `... link set dev X down|up`).")
+    ibportstate: list[str] = Field(default_factory=lambda: ["ibportstate"], min_length=1,
+                                   description="Argv prefix of `ibportstate` (InfiniBand: `... disable|enable`).")
+    timeout_seconds: float = Field(default=5.0, gt=0, description="Longest one isolation command may run.")
+    settle_seconds: float = Field(default=2.0, ge=0, description=(
+        "How long the read-back waits for the port's state to follow the command (IB and some NICs lag)."))
+
+
 class RemediationSettings(_Strict):
     detectors: DetectorSettings = DetectorSettings()
     guardrails: Guardrails = Guardrails()
@@ -108,6 +120,7 @@ class RemediationSettings(_Strict):
     notify_url: str | None = Field(default=None, description="notify steps POST their JSON event here.")
     notify_timeout_seconds: float = Field(default=5.0, gt=0)
     exec_allow: dict[str, ExecProgram] = Field(default_factory=dict, description="Name -> program exec steps may run.")
+    link_control: LinkControlSettings = LinkControlSettings()
     rack_leader: str | None = Field(default=None, description=(
         "Node whose agent drives shared rack devices (valves, outlets); default: the first inventory node."))
     webhook_token_secret: str | None = Field(default=None, description="Name in `secrets` of the webhook bearer token.")

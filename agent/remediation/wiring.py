@@ -60,13 +60,16 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
         from exporters.link_control import isolate_link, read_link_state
 
         root = cfg.sources.sysfs_root
-        ex.link_isolate = lambda port, up: isolate_link(ports[port], up, sysfs_root=root)
+        lc = cfg.remediation.link_control
+        ex.link_isolate = lambda port, up: isolate_link(ports[port], up, timeout=lc.timeout_seconds, ip=lc.ip,
+                                                        ibportstate=lc.ibportstate)
 
         def link_read(port: str) -> str:
-            # The simulator applies an isolation on its next tick: wait for the state to settle.
+            # A port's state follows `ip link set`/`ibportstate` with a lag (IB training, some NICs):
+            # read back until it is definite or settle_seconds pass.
             import time
 
-            deadline = time.monotonic() + 2.0
+            deadline = time.monotonic() + lc.settle_seconds
             state = read_link_state(ports[port], root)
             while state not in ("up", "down") and time.monotonic() < deadline:
                 time.sleep(0.05)

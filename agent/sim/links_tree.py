@@ -20,8 +20,10 @@ from pathlib import Path
 
 from agent.sim.ethtool_text import SimModule, render
 from agent.sim.rack import RackModel
-from exporters.link_control import SIM_ADMIN_FILE
 from exporters.links_profile import load_links_profile
+
+# Where the simulator's `ip`/`ibportstate` stand-in leaves the wanted admin state of a port.
+SIM_ADMIN_FILE = "sim_admin_state"
 
 # name, kind, netdev (for the DOM of IB ports)
 DEFAULT_PORTS: tuple[tuple[str, str, str | None], ...] = (
@@ -196,7 +198,7 @@ class SimLinkTree:
                 self._bump(p, "link_downed", 1)
 
     def _apply_admin(self, p: SimPort) -> None:
-        """Honour what link_control wrote (`sim_admin_state`), as the kernel would honour `ip link set`."""
+        """Honour what the `ip`/`ibportstate` stand-in wrote (agent/sim/link_shim.py), as the kernel would."""
         try:
             wanted = (self._port_dir(p) / SIM_ADMIN_FILE).read_text().strip()
         except OSError:
