@@ -19,6 +19,7 @@ from exporters.model import Reading
 
 from agent.snapshot import Snapshot
 
+from .flow_baseline import FlowBaselines
 from .settings import DetectorSettings, Hold
 
 Targets = tuple[tuple[str, str], ...]
@@ -149,10 +150,10 @@ class Detectors:
         self.s = settings
         self.ctx = ctx
         self.rates = _Rates()
-        self.peak_flow: dict[str, float] = {}
+        self.flow_baselines = FlowBaselines(settings.flow_baseline_window_seconds, settings.flow_setpoint_settle_seconds)
         self.flaps: dict[str, list[tuple[float, float]]] = {}
         self.trackers: dict[str, Tracker] = {}
-        for name in ("leak", "leak_sensor_fault", "coolant_flow_low", "coolant_supply_hot", "condensation_risk",
+        for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot", "condensation_risk",
                      "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
                      "rack_power_over_budget"):
             hold: Hold = getattr(settings, name)
@@ -227,21 +228,9 @@ class Detectors:
             if isinstance(item, Observation):
                 yield item
                 continue
-            cdu = item.label("cdu")
-            nominal = s.nominal_flow_cubic_meters_per_second
-            if nominal is None:
-                nominal = self.peak_flow[cdu] = max(self.peak_flow.get(cdu, 0.0), item.value)
-            if nominal <= 0:
-                continue
-            ratio = item.value / nominal
-            cond: bool | None = True if ratio < s.flow_low_ratio else False if ratio >= s.flow_clear_ratio else None
-            if cond and s.flow_confirm_delta_t_celsius > 0:
-                sup = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="supply")
-                ret = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="return")
-                if sup is not None and ret is not None and ret - sup < s.flow_confirm_delta_t_celsius:
-                    cond = None
-            yield Observation("coolant_flow_low", targets_of(cdu=cdu), "critical", cond,
-                              detail={"flow_ratio": round(ratio, 3)})
+            obs = self._flow_low(snap, item)
+            if obs is not None:
+                yield obs
         for item in self._ok_or_fault(snap.select("supernode_cdu_temperature_celsius", loop="secondary", point="supply")):
             if isinstance(item, Observation):
                 yield item
@@ -259,14 +248,52 @@ class Detectors:
             yield Observation("condensation_risk", targets_of(cdu=item.label("cdu")), "warning", cond,
                               detail={"margin_celsius": v})
 
+    def _flow_low(self, snap: Snapshot, flow: Reading) -> Observation | None:
+        """Flow against the configured nominal or the rolling baseline, confirmed by a rising ΔT.
+
+        A pump set point change is not a fault: the baseline restarts once the
+        new flow has settled, and no decision is taken meanwhile. Only healthy
+        samples (at or above the clear ratio) feed the baseline.
+        """
+        s, base, now = self.s, self.flow_baselines, snap.taken_at
+        cdu = flow.label("cdu")
+        setpoint = snap.value("supernode_cdu_pump_speed_setpoint_ratio", cdu=cdu)
+        if setpoint is not None:
+            base.setpoint(cdu, setpoint, now)
+        if base.settling(cdu, now):
+            return Observation("coolant_flow_low", targets_of(cdu=cdu), "critical", None,
+                               detail={"settling_after_setpoint": setpoint})
+        sup = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="supply")
+        ret = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="return")
+        delta_t = ret - sup if sup is not None and ret is not None else None
+        nominal = s.nominal_flow_cubic_meters_per_second or base.flow(cdu, now)
+        if nominal is None:  # the first sample starts the baseline
+            base.add(cdu, flow.timestamp, flow.value, delta_t)
+            return None
+        if nominal <= 0:
+            return None
+        ratio = flow.value / nominal
+        cond: bool | None = True if ratio < s.flow_low_ratio else False if ratio >= s.flow_clear_ratio else None
+        detail: dict[str, Any] = {"flow_ratio": round(ratio, 3), "baseline_cubic_meters_per_second": nominal}
+        mean_dt = base.delta_t(cdu, now)
+        if cond and s.flow_confirm_delta_t and delta_t is not None and mean_dt is not None:
+            detail.update(delta_t_celsius=round(delta_t, 2), baseline_delta_t_celsius=round(mean_dt, 2))
+            if delta_t < mean_dt + s.flow_confirm_delta_t_rise_celsius:
+                cond = None  # flow reads low but the loop carries heat as before: a meter, not the loop
+        if cond is False:
+            base.add(cdu, flow.timestamp, flow.value, delta_t)
+        return Observation("coolant_flow_low", targets_of(cdu=cdu), "critical", cond, detail=detail)
+
     # -- GPUs --------------------------------------------------------------------
 
     def _gpu_thermal(self, snap: Snapshot) -> Iterator[Observation]:
         s = self.s
         hw: dict[tuple[str, str], bool] = {}
-        for r in snap.select("supernode_gpu_clock_event_active", reason="hw_thermal"):
-            if r.ok:
-                hw[(_node(r, self.ctx), r.label("gpu"))] = r.value >= 0.5
+        reasons = set(s.gpu_thermal_clock_events)
+        for r in snap.select("supernode_gpu_clock_event_active"):
+            if r.ok and r.label("reason") in reasons:
+                key = (_node(r, self.ctx), r.label("gpu"))
+                hw[key] = hw.get(key, False) or r.value >= 0.5
         for item in self._ok_or_fault(snap.select("supernode_gpu_temperature_celsius", sensor="gpu")):
             if isinstance(item, Observation):
                 yield item
@@ -279,7 +306,7 @@ class Detectors:
             cond = True if (near or throttled) else False if far else None
             yield Observation("gpu_thermal", targets_of(node=node, gpu=gpu), "warning", cond,
                               detail={"temperature_celsius": item.value, "slowdown_celsius": slowdown,
-                                      "hw_thermal": throttled})
+                                      "thermal_clock_event": throttled})
 
     def _gpu_xid(self, snap: Snapshot) -> Iterator[Observation]:
         critical = set(self.s.xid_critical)
@@ -318,26 +345,38 @@ class Detectors:
                                   detail={"seen": n, "expected": expected})
 
     def _nvlink(self, snap: Snapshot) -> Iterator[Observation]:
-        worst: dict[tuple[str, str], float] = {}
+        """Per GPU: its worst link's error rate (summed over the counted types), effective BER, links down."""
+        types = set(self.s.nvlink_error_types)
+        per_link: dict[tuple[str, str, str], float] = {}
         down: dict[tuple[str, str], list[str]] = {}
+        ber: dict[tuple[str, str], list[str]] = {}
         for r in snap.select("supernode_nvlink_errors_total"):
-            if not r.ok or r.label("type") not in ("crc_flit", "crc_data", "replay", "recovery"):
+            if not r.ok or r.label("type") not in types:
                 continue
-            key = (_node(r, self.ctx), r.label("gpu"))
-            rate = self.rates.rate(r)
-            worst[key] = max(worst.get(key, 0.0), rate or 0.0)
+            key = (_node(r, self.ctx), r.label("gpu"), r.label("link"))
+            per_link[key] = per_link.get(key, 0.0) + (self.rates.rate(r) or 0.0)
+        for r in snap.select("supernode_nvlink_bit_error_rate", kind="effective"):
+            if r.ok:
+                key = (_node(r, self.ctx), r.label("gpu"))
+                ber.setdefault(key, [])
+                if r.value > self.s.nvlink_effective_ber:
+                    ber[key].append(r.label("link"))
         for r in snap.select("supernode_nvlink_up"):
             if r.ok:
                 key = (_node(r, self.ctx), r.label("gpu"))
                 down.setdefault(key, [])
                 if r.value < 0.5:
                     down[key].append(r.label("link"))
-        for key in set(worst) | set(down):
+        worst: dict[tuple[str, str], float] = {}
+        for (node, gpu, _link), rate in per_link.items():
+            worst[(node, gpu)] = max(worst.get((node, gpu), 0.0), rate)
+        for key in set(worst) | set(down) | set(ber):
             rate = worst.get(key, 0.0)
-            links_down = down.get(key, [])
-            cond = rate > self.s.nvlink_error_rate_per_second or bool(links_down)
+            links_down, links_ber = down.get(key, []), ber.get(key, [])
+            cond = rate > self.s.nvlink_error_rate_per_second or bool(links_down) or bool(links_ber)
             yield Observation("nvlink_errors", targets_of(node=key[0], gpu=key[1]), "critical", cond,
-                              detail={"errors_per_second": round(rate, 3), "links_down": links_down})
+                              detail={"errors_per_second": round(rate, 3), "links_down": links_down,
+                                      "links_ber_high": links_ber})
 
     # -- optics and links --------------------------------------------------------
 

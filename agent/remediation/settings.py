@@ -36,12 +36,22 @@ class DetectorSettings(_Strict):
     leak_consecutive_polls: int = Field(default=2, ge=1, description="Wet on this many consecutive polls fires a leak.")
     leak: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     leak_sensor_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    leak_source_down: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     nominal_flow_cubic_meters_per_second: float | None = Field(
-        default=None, gt=0, description="Secondary nominal flow; default: highest OK flow seen since start.")
+        default=None, gt=0, description=(
+            "Secondary nominal flow; default: a rolling baseline (highest healthy flow over "
+            "flow_baseline_window_seconds since the last pump set point change)."))
+    flow_baseline_window_seconds: float = Field(
+        default=900.0, gt=0, description="Span of the rolling flow and ΔT baselines (also the alert's window).")
+    flow_setpoint_settle_seconds: float = Field(
+        default=30.0, ge=0, description="After a pump speed set point change: no decision and no baseline sample "
+                                        "for this long, then the baseline restarts from the new flow.")
     flow_low_ratio: float = Field(default=0.7, gt=0, lt=1, description="Fires below this fraction of nominal flow.")
     flow_clear_ratio: float = Field(default=0.85, gt=0, le=1, description="Clears above this fraction of nominal flow.")
-    flow_confirm_delta_t_celsius: float = Field(
-        default=0.0, ge=0, description="Cross-check: secondary return - supply must exceed this (0 = off).")
+    flow_confirm_delta_t: bool = Field(
+        default=True, description="Cross-check: low flow fires only while the secondary ΔT rose above its baseline.")
+    flow_confirm_delta_t_rise_celsius: float = Field(
+        default=0.5, ge=0, description="How far the secondary return - supply must rise above its rolling mean.")
     coolant_flow_low: Hold = Hold(fire_seconds=2.0, clear_seconds=10.0)
     supply_hot_celsius: float = Field(default=45.0, description="Secondary supply above this fires (ASHRAE W45 class).")
     supply_hot_clear_celsius: float = Field(default=43.0)
@@ -51,11 +61,18 @@ class DetectorSettings(_Strict):
     condensation_risk: Hold = Hold(fire_seconds=10.0, clear_seconds=30.0)
     gpu_thermal_margin_celsius: float = Field(default=3.0, ge=0, description="Fires within this of the slowdown threshold.")
     gpu_thermal_clear_margin_celsius: float = Field(default=6.0, ge=0)
+    gpu_thermal_clock_events: list[str] = Field(
+        default_factory=lambda: ["hw_thermal", "sw_thermal"], description="Clock event reasons that count as thermal.")
     gpu_thermal: Hold = Hold(fire_seconds=2.0, clear_seconds=30.0)
     xid_critical: list[int] = Field(default_factory=lambda: list(CRITICAL_XIDS), description="XIDs that drain a node.")
     gpu_xid_critical: Hold = Hold(fire_seconds=0.0, clear_seconds=300.0)
     gpu_lost: Hold = Hold(fire_seconds=0.0, clear_seconds=60.0)
-    nvlink_error_rate_per_second: float = Field(default=10.0, gt=0, description="CRC/replay/recovery errors/s per link.")
+    nvlink_error_rate_per_second: float = Field(
+        default=10.0, gt=0, description="Errors/s per link, summed over nvlink_error_types.")
+    nvlink_error_types: list[str] = Field(
+        default_factory=lambda: ["crc_flit", "crc_data", "replay", "recovery", "recovery_failed"],
+        description="supernode_nvlink_errors_total types that count towards the rate.")
+    nvlink_effective_ber: float = Field(default=1e-12, gt=0, description="NVLink5 effective BER above this fires.")
     nvlink_errors: Hold = Hold(fire_seconds=5.0, clear_seconds=60.0)
     optic_flaps: int = Field(default=3, ge=1, description="Flaps within optic_flap_window_seconds fire optic_degraded.")
     optic_flap_window_seconds: float = Field(default=300.0, gt=0)

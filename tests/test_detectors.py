@@ -1,0 +1,115 @@
+"""Detector rules that must agree with the alert rules: flow baseline, NVLink per link, thermal clock events.
+
+Pure detector tests on hand-made snapshots (no devices); the same behaviour
+with the real daemon is in tests/test_detectors_agent.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+from agent.remediation.detectors import Context, Detectors
+from agent.remediation.settings import DetectorSettings
+from agent.snapshot import Snapshot
+from exporters import modbus_metrics, nvml_metrics
+from exporters.model import Quality, Reading
+
+SPECS = {**modbus_metrics.ALL, **{m.name: m for m in nvml_metrics.ALL}}
+
+
+def reading(metric: str, value: float, ts: float | None = None, **labels: str) -> Reading:
+    """A reading of the exporters' own metric family (their label sets are the real ones)."""
+    return Reading(SPECS[metric], value, labels, Quality.OK, time.time() if ts is None else ts)
+
+
+def snap(*readings: Reading, at: float) -> Snapshot:
+    return Snapshot(at, tuple(readings), ())
+
+FAST = {"fire_seconds": 0.0, "clear_seconds": 0.0}
+
+
+def _cdu(t: float, flow: float, setpoint: float | None = None, supply: float = 30.0, ret: float = 35.0):
+    rs = [reading("supernode_cdu_flow_cubic_meters_per_second", flow, t, cdu="cdu1", loop="secondary"),
+          reading("supernode_cdu_temperature_celsius", supply, t, cdu="cdu1", loop="secondary", point="supply"),
+          reading("supernode_cdu_temperature_celsius", ret, t, cdu="cdu1", loop="secondary", point="return")]
+    if setpoint is not None:
+        rs.append(reading("supernode_cdu_pump_speed_setpoint_ratio", setpoint, t, cdu="cdu1"))
+    return snap(*rs, at=t)
+
+
+def _flow_events(d: Detectors, s) -> list[str]:
+    return [e.kind for e in d.evaluate(s) if e.detector == "coolant_flow_low"]
+
+
+def test_lowering_the_pump_set_point_is_not_a_flow_fault():
+    """Issue 16.6: the peak since start made a set point change cap the rack until restart."""
+    d = Detectors(DetectorSettings(coolant_flow_low=FAST, flow_setpoint_settle_seconds=5.0), Context("n1", "r01"))
+    for t in range(10):
+        assert _flow_events(d, _cdu(float(t), 0.005, setpoint=0.7)) == []
+    # The operator lowers the set point: flow falls to 57 % and ΔT rises, as with a failing pump.
+    for t in range(10, 40):
+        assert _flow_events(d, _cdu(float(t), 0.00285, setpoint=0.4, ret=38.8)) == [], t
+    # The baseline now follows the new set point: a real 40 % drop from there fires.
+    assert _flow_events(d, _cdu(40.0, 0.0017, setpoint=0.4, ret=44.0)) == ["fire"]
+
+
+def test_flow_drop_fires_only_with_rising_delta_t_by_default():
+    d = Detectors(DetectorSettings(coolant_flow_low=FAST), Context("n1", "r01"))
+    for t in range(5):
+        _flow_events(d, _cdu(float(t), 0.005))
+    # Flow reads 60 % but ΔT is flat: a meter failing low, not the loop.
+    assert _flow_events(d, _cdu(5.0, 0.003, ret=35.2)) == []
+    assert _flow_events(d, _cdu(6.0, 0.003, ret=38.0)) == ["fire"]
+
+
+def test_a_lasting_flow_drop_never_becomes_the_new_baseline():
+    d = Detectors(DetectorSettings(coolant_flow_low=FAST, flow_baseline_window_seconds=60.0), Context("n1", "r01"))
+    for t in range(5):
+        _flow_events(d, _cdu(float(t), 0.005))
+    assert _flow_events(d, _cdu(5.0, 0.003, ret=39.0)) == ["fire"]
+    # Ten windows later the loop is still starved: still firing, never cleared.
+    for t in range(6, 600, 7):
+        assert _flow_events(d, _cdu(float(t), 0.003, ret=39.0)) == [], t
+    assert _flow_events(d, _cdu(700.0, 0.0049)) == ["clear"]
+
+
+def test_configured_nominal_flow_is_the_baseline():
+    d = Detectors(DetectorSettings(coolant_flow_low=FAST, nominal_flow_cubic_meters_per_second=0.01),
+                  Context("n1", "r01"))
+    # Flow has never been higher than 0.006, but that is 60 % of the configured nominal.
+    assert _flow_events(d, _cdu(1.0, 0.006)) == ["fire"]
+
+
+def _link(t: float, gpu: str, link: str, kind: str, value: float):
+    return reading("supernode_nvlink_errors_total", value, t, gpu=gpu, uuid=f"u{gpu}", link=link, type=kind)
+
+
+def test_nvlink_rate_is_per_link_summed_over_types_like_the_alert():
+    d = Detectors(DetectorSettings(nvlink_errors=FAST), Context("n1", "r01"))
+    first = [_link(0.0, "0", "1", "crc_flit", 0), _link(0.0, "0", "1", "replay", 0),
+             _link(0.0, "0", "2", "crc_flit", 0), _link(0.0, "0", "2", "recovery_failed", 0)]
+    assert d.evaluate(snap(*first, at=0.0)) == []
+    # link 1: 6/s + 6/s = 12/s (above 10/s only summed); link 2: 5/s + 4/s.
+    second = [_link(1.0, "0", "1", "crc_flit", 6), _link(1.0, "0", "1", "replay", 6),
+              _link(1.0, "0", "2", "crc_flit", 5), _link(1.0, "0", "2", "recovery_failed", 4)]
+    ev = d.evaluate(snap(*second, at=1.0))
+    assert [(e.kind, e.targets, e.detail["errors_per_second"]) for e in ev] == [
+        ("fire", {"node": "n1", "gpu": "0"}, 12.0)]
+
+
+def test_nvlink_rate_at_the_alert_threshold_does_not_fire_and_high_ber_does():
+    d = Detectors(DetectorSettings(nvlink_errors=FAST), Context("n1", "r01"))
+    d.evaluate(snap(_link(0.0, "1", "3", "crc_flit", 0), at=0.0))
+    assert d.evaluate(snap(_link(1.0, "1", "3", "crc_flit", 10), at=1.0)) == []  # 10/s is not above 10/s
+    ber = reading("supernode_nvlink_bit_error_rate", 3e-12, 2.0, gpu="1", uuid="u1", link="3", kind="effective")
+    ev = d.evaluate(snap(_link(2.0, "1", "3", "crc_flit", 10), ber, at=2.0))
+    assert [(e.kind, e.detail["links_ber_high"]) for e in ev] == [("fire", ["3"])]
+
+
+def test_sw_thermal_slowdown_counts_like_the_alert():
+    d = Detectors(DetectorSettings(gpu_thermal=FAST), Context("n1", "r01"))
+    cool = reading("supernode_gpu_temperature_celsius", 60, 1.0, gpu="0", uuid="u", sensor="gpu")
+    ev = reading("supernode_gpu_clock_event_active", 1, 1.0, gpu="0", uuid="u", reason="sw_thermal")
+    power = reading("supernode_gpu_clock_event_active", 1, 1.0, gpu="0", uuid="u", reason="sw_power_cap")
+    assert d.evaluate(snap(cool, power, at=1.0)) == []
+    assert [(e.kind, e.detector) for e in d.evaluate(snap(cool, power, ev, at=2.0))] == [("fire", "gpu_thermal")]
