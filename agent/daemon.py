@@ -64,13 +64,10 @@ class Agent:
         return {"rack": a.rack, "node": a.node, "role": a.role, "version": __version__, "mode": mode}
 
     def _with_derived(self, loaded: LoadedConfig, sources: list[ScheduledSource]) -> list[ScheduledSource]:
-        """Add the rack power source when PDUs are polled (it sums their inlets from the snapshot)."""
-        if not loaded.config.inventory.pdus:
-            return sources
-        from agent.derived import RackPowerSource
+        """Add the derived sources: rack power (sums the PDUs' inlets), the leak watch (unknown leak zones)."""
+        from agent.derived import derived_sources
 
-        pdu = loaded.config.sources.pdu
-        return sources + [ScheduledSource(RackPowerSource(self.store, loaded.config.inventory.power_budget_watts), pdu)]
+        return sources + derived_sources(self.store, loaded, sources)
 
     def render_metrics(self) -> bytes:
         """What /metrics serves: memory only, never a device."""

@@ -1,15 +1,32 @@
-"""Readings derived from other sources' readings (rack power from every PDU inlet).
+"""Readings derived from the snapshot, never from a device: rack power, and the state of the leak sources.
 
 A derived source reads the snapshot, never a device, so it inherits the
 staleness rule: when the PDUs go stale, their inlets leave the snapshot and
 the rack total disappears with them instead of freezing at its last value.
+
+The leak watch is the one place where silence is dangerous: when a leak
+source stops answering, its `supernode_leak_detected` series go stale and
+vanish, and a vanished series cannot fire an alert or a detector. So for
+every leak input a leak source polls, the watch exports
+`supernode_leak_sensor_fault{zone, sensor, fault="source_down"}`: 0 while
+that source answers, 1 once a poll of it has failed or its readings went
+stale. The zone's state is then explicitly unknown, not missing.
 """
 
 from __future__ import annotations
 
-from agent.snapshot import SnapshotStore
-from exporters.model import PollResult
+from typing import TYPE_CHECKING, Protocol
+
+from agent.snapshot import Snapshot, SnapshotStore
+from exporters.modbus_metrics import LEAK_FAULT
+from exporters.model import PollResult, Reading
 from exporters.pdu import INLET_POWER, rack_power_readings
+
+if TYPE_CHECKING:
+    from agent.config import LoadedConfig
+    from agent.runtime import ScheduledSource
+
+SOURCE_DOWN = "source_down"
 
 
 class RackPowerSource:
@@ -26,3 +43,57 @@ class RackPowerSource:
 
     async def close(self) -> None:
         return None
+
+
+class LeakSource(Protocol):
+    name: str
+    device: str
+
+    def leak_sensors(self) -> list[tuple[str, str]]: ...
+
+
+class LeakWatchSource:
+    """`fault="source_down"` per leak input: 1 while its source fails or is stale, 0 while it answers."""
+
+    name = "derived"
+    device = "leak_sources"
+
+    def __init__(self, store: SnapshotStore, leak_sources: list[LeakSource]):
+        self.store = store
+        self.sensors = {(s.name, s.device): s.leak_sensors() for s in leak_sources}
+
+    def down(self, snap: Snapshot) -> dict[tuple[str, str], bool]:
+        """Per watched source: True once it was tried and failed or went stale; absent before its first try."""
+        out: dict[tuple[str, str], bool] = {}
+        for st in snap.sources:
+            key = (st.source, st.device)
+            if key in self.sensors and st.last_attempt is not None:
+                out[key] = not (st.up and st.fresh(snap.taken_at))
+        return out
+
+    async def poll(self) -> PollResult:
+        snap = self.store.snapshot()
+        now = snap.taken_at
+        readings = [Reading(LEAK_FAULT, 1.0 if is_down else 0.0, {"zone": zone, "sensor": sensor, "fault": SOURCE_DOWN},
+                            timestamp=now)
+                    for key, is_down in sorted(self.down(snap).items()) for zone, sensor in self.sensors[key]]
+        return PollResult(readings)
+
+    async def close(self) -> None:
+        return None
+
+
+def derived_sources(store: SnapshotStore, loaded: "LoadedConfig",
+                    sources: list["ScheduledSource"]) -> list["ScheduledSource"]:
+    """The derived sources a config needs: rack power when PDUs are polled, the leak watch when leaks are."""
+    from agent.runtime import ScheduledSource
+
+    cfg = loaded.config
+    out: list[ScheduledSource] = []
+    if cfg.inventory.pdus:
+        out.append(ScheduledSource(RackPowerSource(store, cfg.inventory.power_budget_watts), cfg.sources.pdu))
+    leaks = [s.source for s in sources if s.source.name == "leak" and hasattr(s.source, "leak_sensors")]
+    if leaks:
+        # On the leak schedule: an unknown zone shows within two leak intervals of the first failed poll.
+        out.append(ScheduledSource(LeakWatchSource(store, leaks), cfg.sources.leak))
+    return out

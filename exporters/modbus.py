@@ -137,6 +137,25 @@ class ModbusSource:
             labels["device"] = self.device
         return labels
 
+    def leak_sensors(self) -> list[tuple[str, str]]:
+        """(zone, sensor) of every wired leak input this source polls, known without asking the device.
+
+        The agent names these as "unknown" (fault="source_down") when the
+        device stops answering, instead of letting their series fall silent.
+        """
+        out: set[tuple[str, str]] = set()
+        for block in self.blocks:
+            for p in block.points:
+                if not self.wired(p):
+                    continue
+                extras = [bit.labels for bit in (p.bits or {}).values() if bit.metric == mm.LEAK_DETECTED.name]
+                if p.metric == mm.LEAK_DETECTED.name:
+                    extras.append({})
+                for extra in extras:
+                    labels = self._labels(mm.LEAK_DETECTED.name, p, extra)
+                    out.add((labels["zone"], labels.get("sensor", "")))
+        return sorted(out)
+
     def wired(self, p: Point) -> bool:
         """False for a zone channel the inventory's `channels` map leaves out: nothing is wired there."""
         if not self.channels or p.channel is None or p.channel in self.channels:

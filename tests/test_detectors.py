@@ -113,3 +113,49 @@ def test_sw_thermal_slowdown_counts_like_the_alert():
     power = reading("supernode_gpu_clock_event_active", 1, 1.0, gpu="0", uuid="u", reason="sw_power_cap")
     assert d.evaluate(snap(cool, power, at=1.0)) == []
     assert [(e.kind, e.detector) for e in d.evaluate(snap(cool, power, ev, at=2.0))] == [("fire", "gpu_thermal")]
+
+
+def _unknown(t: float, zone: str, sensor: str, down: float):
+    return reading("supernode_leak_sensor_fault", down, t, zone=zone, sensor=sensor, fault="source_down")
+
+
+def test_an_unreadable_leak_source_is_a_critical_incident_per_zone_never_a_leak():
+    d = Detectors(DetectorSettings(), Context("n1", "r01"))
+    assert d.evaluate(snap(_unknown(1.0, "zone-a", "rope", 0), _unknown(1.0, "zone-a", "spot", 0), at=1.0)) == []
+    ev = d.evaluate(snap(_unknown(2.0, "zone-a", "rope", 1), _unknown(2.0, "zone-a", "spot", 1),
+                         _unknown(2.0, "zone-b", "rope", 0), at=2.0))
+    assert [(e.kind, e.detector, e.targets, e.severity, e.detail["sensors"]) for e in ev] == [
+        ("fire", "leak_source_down", {"zone": "zone-a"}, "critical", ["rope", "spot"])]
+    # Not a sensor fault of its own (that one is a warning for a broken rope), and never a leak.
+    later = d.evaluate(snap(_unknown(3.0, "zone-a", "rope", 1), at=3.0))
+    assert later == [] and "leak" not in {k for k, t in d.trackers.items() if t.active()}
+    assert [e.kind for e in d.evaluate(snap(_unknown(20.0, "zone-a", "rope", 0), at=20.0))] == []
+    assert [e.kind for e in d.evaluate(snap(_unknown(31.0, "zone-a", "rope", 0), at=31.0))] == ["clear"]
+
+
+def test_leak_watch_names_every_input_of_a_failed_source_and_says_nothing_before_a_first_try():
+    import asyncio
+
+    from agent.derived import LeakWatchSource
+    from agent.snapshot import SnapshotStore
+    from exporters.modbus import ModbusSource
+
+    now = [1000.0]
+    store = SnapshotStore(clock=lambda: now[0])
+    src = ModbusSource("leak", "leak1", "rle-ld2100", channels={1: "zone-a", 2: "zone-b"})
+    store.register("leak", "leak1", 0.5, 2.0)
+    watch = LeakWatchSource(store, [src])
+
+    def values() -> dict[tuple[str, str], float]:
+        result = asyncio.run(watch.poll())
+        assert {r.label("fault") for r in result.readings} <= {"source_down"}
+        return {(r.label("zone"), r.label("sensor")): r.value for r in result.readings}
+
+    assert values() == {}  # never polled: nothing to say yet
+    store.publish("leak", "leak1", [], 0.01)
+    assert values() == {("zone-a", "zone-1"): 0.0, ("zone-b", "zone-2"): 0.0}
+    store.fail("leak", "leak1", "connection", "refused", 0.01)
+    assert values() == {("zone-a", "zone-1"): 1.0, ("zone-b", "zone-2"): 1.0}
+    store.publish("leak", "leak1", [], 0.01)
+    now[0] += 5.0  # no success for ten intervals: stale counts as down too
+    assert set(values().values()) == {1.0}

@@ -8,6 +8,8 @@ into fire/clear events using the hold times (and, for leaks, the number of
 consecutive wet polls, counted on the readings' own timestamps so other
 sources' publishes do not count as polls). A reading whose quality is not
 ok never satisfies a condition: it feeds a sensor-fault observation instead.
+A leak source that stops answering turns its zones' state into "unknown"
+(fault="source_down"), a critical incident of its own, never a leak.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .flow_baseline import FlowBaselines
 from .settings import DetectorSettings, Hold
 
 Targets = tuple[tuple[str, str], ...]
+SOURCE_DOWN = "source_down"  # the leak watch's fault label (agent/derived.py): the sensor cannot be read
 
 
 def targets_of(**kv: str) -> Targets:
@@ -214,11 +217,22 @@ class Detectors:
             yield Observation("leak", targets_of(zone=zone), "critical", wet, sample_ts=max(r.timestamp for r in rs),
                               detail={"sensors": sorted(r.label("sensor") for r in rs if r.value >= 0.5)})
         faults: dict[Targets, bool] = {}
+        unknown: dict[str, list[str]] = {}
         for r in snap.select("supernode_leak_sensor_fault"):
+            on = r.ok and r.value >= 0.5
+            if r.label("fault") == SOURCE_DOWN:
+                # The agent cannot read this sensor at all: the zone's state is unknown (critical, notify only).
+                down = unknown.setdefault(r.label("zone"), [])
+                if on:
+                    down.append(r.label("sensor"))
+                continue
             key = targets_of(zone=r.label("zone"), sensor=r.label("sensor"))
-            faults[key] = faults.get(key, False) or (r.ok and r.value >= 0.5)
+            faults[key] = faults.get(key, False) or on
         for key, on in faults.items():
             yield Observation("leak_sensor_fault", key, "warning", on)
+        for zone, sensors in unknown.items():
+            yield Observation("leak_source_down", targets_of(zone=zone), "critical", bool(sensors),
+                              detail={"sensors": sorted(sensors)})
 
     # -- coolant -----------------------------------------------------------------
 
