@@ -102,7 +102,11 @@ def rack_overview() -> Dashboard:
             (f"max by (rack, cdu, loop) (supernode_cdu_flow_cubic_meters_per_second{{{RACK}}}) * 60000",
              "{{cdu}} {{loop}}")], "Exported in m³/s, shown in L/min (× 60000)."),
         states("Leak map by zone", "bool_yes_no", [
-            (f"rack:supernode_leak_detected:max{{{RACK}}}", "{{rack}} {{zone}}")], "Yes = a sensor in the zone is wet."),
+            (f"rack:supernode_leak_detected:max{{{RACK}}}", "{{rack}} {{zone}}"),
+            (f'max by (rack, zone) (supernode_leak_sensor_fault{{fault="source_down", {RACK}}})',
+             "{{rack}} {{zone}} unreadable")],
+               "Yes = a sensor in the zone is wet. 'unreadable' Yes = the agent cannot read the zone's leak source: "
+               "its state is unknown."),
         table("Open incidents", "short", [
             (f"sum by (rack, detector, severity) (supernode_incident_open{{{RACK}}}) > 0", "")]),
         states("Sources up", "bool_yes_no", [

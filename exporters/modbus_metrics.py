@@ -55,7 +55,8 @@ PH = gauge("supernode_cdu_coolant_ph", "Coolant pH, polled.", ["cdu"])
 ALARM = gauge("supernode_cdu_alarm_active", "1 while the CDU reports this alarm, polled.", ["cdu", "alarm"])
 LEAK_DETECTED = gauge("supernode_leak_detected", "1 when the leak sensor is wet, polled.", ["zone", "sensor"])
 LEAK_FAULT = gauge("supernode_leak_sensor_fault",
-                   "1 while the leak sensor reports this fault (never a leak on its own), polled.",
+                   "1 while the leak sensor reports this fault (never a leak on its own), polled; "
+                   "fault=source_down: 1 while the agent cannot read the sensor at all (state unknown).",
                    ["zone", "sensor", "fault"])
 LEAK_LOCATION = gauge("supernode_leak_location_meters", "Distance along the sensing cable to the leak in metres.",
                       ["zone", "sensor"], "meters")

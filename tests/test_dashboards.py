@@ -111,6 +111,7 @@ SERIES: list[tuple[str, dict, float, float]] = [
     ("supernode_cdu_dew_point_celsius", {"cdu": "cdu1"}, 18, 0),
     ("supernode_cdu_reservoir_level_ratio", {"cdu": "cdu1"}, 0.8, 0),
     ("supernode_leak_detected", {"zone": "z1", "sensor": "rope1"}, 0, 0),
+    ("supernode_leak_sensor_fault", {"zone": "z1", "sensor": "rope1", "fault": "source_down"}, 0, 0),
     ("supernode_incident_open", {"detector": "gpu_thermal", "severity": "warning"}, 1, 0),
     ("supernode_incidents_total", {"detector": "gpu_thermal", "severity": "warning"}, 1, 0.01),
     ("supernode_incident_duration_seconds_sum", {"detector": "gpu_thermal"}, 30, 1),

@@ -17,7 +17,7 @@ import pytest
 
 from agent.config import parse_config
 from agent.demo import agent_config
-from agent.derived import RackPowerSource
+from agent.derived import derived_sources
 from agent.exposition import build_registry, inventory_readings, render_metrics
 from agent.sim.server import Simulator
 from agent.snapshot import SnapshotStore
@@ -51,9 +51,8 @@ async def frozen_store(tmp_path: Path):
         loaded = parse_config(cfg)
         store = SnapshotStore(clock=lambda: FROZEN_TIME)
         sources = build_sources(loaded)
-        sources.append(type(sources[0])(RackPowerSource(store, loaded.config.inventory.power_budget_watts),
-                                        loaded.config.sources.pdu))
-        for s in sources:  # rack power last: it reads the PDUs' inlets from the store
+        sources += derived_sources(store, loaded, sources)
+        for s in sources:  # derived last: rack power reads the PDUs' inlets, the leak watch the leak sources
             store.register(s.source.name, s.source.device, s.settings.interval, 2.0)
             result = await s.source.poll()
             store.publish(s.source.name, s.source.device, result.readings, 0.0125, result.partial_errors)
