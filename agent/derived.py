@@ -9,8 +9,8 @@ source stops answering, its `supernode_leak_detected` series go stale and
 vanish, and a vanished series cannot fire an alert or a detector. So for
 every leak input a leak source polls, the watch exports
 `supernode_leak_sensor_fault{zone, sensor, fault="source_down"}`: 0 while
-that source answers, 1 once a poll of it has failed or its readings went
-stale. The zone's state is then explicitly unknown, not missing.
+that source answers, 1 once its readings went stale (the moment they leave
+/metrics). The zone's state is then explicitly unknown, not missing.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class LeakSource(Protocol):
 
 
 class LeakWatchSource:
-    """`fault="source_down"` per leak input: 1 while its source fails or is stale, 0 while it answers."""
+    """`fault="source_down"` per leak input: 1 while its source is stale, 0 while it answers."""
 
     name = "derived"
     device = "leak_sources"
@@ -61,14 +61,28 @@ class LeakWatchSource:
     def __init__(self, store: SnapshotStore, leak_sources: list[LeakSource]):
         self.store = store
         self.sensors = {(s.name, s.device): s.leak_sensors() for s in leak_sources}
+        self._failing_since: dict[tuple[str, str], float] = {}
 
     def down(self, snap: Snapshot) -> dict[tuple[str, str], bool]:
-        """Per watched source: True once it was tried and failed or went stale; absent before its first try."""
+        """Per watched source: True once its readings are stale; absent before its first try.
+
+        Stale is the store's own rule (no success for `stale_after_intervals`
+        intervals): the moment its leak series leave /metrics, the unknown
+        state takes their place, and one slow poll on a busy host does not
+        page anyone. A source that has never answered counts from its first try.
+        """
         out: dict[tuple[str, str], bool] = {}
+        now = snap.taken_at
         for st in snap.sources:
             key = (st.source, st.device)
-            if key in self.sensors and st.last_attempt is not None:
-                out[key] = not (st.up and st.fresh(snap.taken_at))
+            if key not in self.sensors or st.last_attempt is None:
+                continue
+            if st.last_success is not None:
+                self._failing_since.pop(key, None)
+                out[key] = not st.fresh(now)
+            else:
+                since = self._failing_since.setdefault(key, st.last_attempt)
+                out[key] = now - since > st.stale_after
         return out
 
     async def poll(self) -> PollResult:

@@ -133,7 +133,7 @@ def test_an_unreadable_leak_source_is_a_critical_incident_per_zone_never_a_leak(
     assert [e.kind for e in d.evaluate(snap(_unknown(31.0, "zone-a", "rope", 0), at=31.0))] == ["clear"]
 
 
-def test_leak_watch_names_every_input_of_a_failed_source_and_says_nothing_before_a_first_try():
+def test_leak_watch_marks_every_input_unknown_once_its_source_is_stale():
     import asyncio
 
     from agent.derived import LeakWatchSource
@@ -152,10 +152,16 @@ def test_leak_watch_names_every_input_of_a_failed_source_and_says_nothing_before
         return {(r.label("zone"), r.label("sensor")): r.value for r in result.readings}
 
     assert values() == {}  # never polled: nothing to say yet
+    store.fail("leak", "leak1", "connection", "refused", 0.01)
+    assert set(values().values()) == {0.0}  # one failed try is not yet "unknown"...
+    now[0] += 1.1
+    store.fail("leak", "leak1", "connection", "refused", 0.01)
+    assert set(values().values()) == {1.0}  # ...never answering for two intervals is
     store.publish("leak", "leak1", [], 0.01)
     assert values() == {("zone-a", "zone-1"): 0.0, ("zone-b", "zone-2"): 0.0}
-    store.fail("leak", "leak1", "connection", "refused", 0.01)
-    assert values() == {("zone-a", "zone-1"): 1.0, ("zone-b", "zone-2"): 1.0}
-    store.publish("leak", "leak1", [], 0.01)
-    now[0] += 5.0  # no success for ten intervals: stale counts as down too
-    assert set(values().values()) == {1.0}
+    now[0] += 0.6
+    store.fail("leak", "leak1", "timeout", "slow", 0.01)
+    assert set(values().values()) == {0.0}  # one slow poll: its readings are still fresh, not unknown
+    now[0] += 0.6
+    store.fail("leak", "leak1", "timeout", "slow", 0.01)
+    assert set(values().values()) == {1.0}  # stale: the leak series leave /metrics, "unknown" takes their place

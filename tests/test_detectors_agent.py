@@ -64,9 +64,11 @@ def test_a_dead_leak_source_is_a_critical_unknown_zone_not_silence(tmp_path):
             # While it answers, every leak1 input is explicitly "not unknown" (0), next to its real series.
             inputs = ModbusSource("leak", "leak1", leak1["profile"], channels=leak1["channels"]).leak_sensors()
             assert sorted({z for z, _ in inputs}) == zones
-            known = wait_for(lambda: {k: v for k, v in _source_down(agent.metrics()).items() if k in inputs}, 20,
-                             what="source_down series of leak1's inputs")
-            assert sorted(known) == inputs and set(known.values()) == {0.0}
+            def answering() -> dict[tuple[str, str], float]:
+                found = {k: v for k, v in _source_down(agent.metrics()).items() if k in inputs}
+                return found if sorted(found) == inputs and set(found.values()) == {0.0} else {}
+
+            known = wait_for(answering, 60, what="source_down 0 for each of leak1's inputs")
             sensors = sorted({s for _, s in known})
             assert all(f'sensor="{s}"' in agent.metrics() for s in sensors)
 
@@ -76,7 +78,7 @@ def test_a_dead_leak_source_is_a_critical_unknown_zone_not_silence(tmp_path):
                 found = [i for i in _incidents(agent)["open"] if i["detector"] == "leak_source_down"]
                 return found if sorted(i["targets"]["zone"] for i in found) == zones else []
 
-            opened = wait_for(unknown_incidents, 20, what="a leak_source_down incident per zone of leak1")
+            opened = wait_for(unknown_incidents, 60, what="a leak_source_down incident per zone of leak1")
             assert {i["severity"] for i in opened} == {"critical"}
 
             def unknown_not_silent() -> bool:
@@ -87,20 +89,23 @@ def test_a_dead_leak_source_is_a_critical_unknown_zone_not_silence(tmp_path):
                 return all(down.get(k) == 1.0 for k in known) and not leak_lines
 
             # The stale leak series are gone; in their place each input says "source_down" 1.
-            wait_for(unknown_not_silent, 20, what="leak1's leak series replaced by source_down=1")
+            wait_for(unknown_not_silent, 60, what="leak1's leak series replaced by source_down=1")
             assert not any(i["detector"] == "leak" for i in _incidents(agent)["open"])
 
             rack.clear()
-            wait_for(lambda: not any(i["detector"] == "leak_source_down" for i in _incidents(agent)["open"]), 30,
+            wait_for(lambda: not any(i["detector"] == "leak_source_down" for i in _incidents(agent)["open"]), 60,
                      what="the unknown state clears when leak1 answers again")
-            assert set(_source_down(agent.metrics()).get(k) for k in known) == {0.0}
+            wait_for(lambda: set(_source_down(agent.metrics()).get(k) for k in known) == {0.0}, 60,
+                     what="leak1's inputs known again")
             status, body = agent.get("/api/v1/journal", token=TOKEN)
             entries = json.loads(body)["entries"]
-            ids = {i["id"] for i in opened}
+            view = _incidents(agent)
+            ids = {i["id"] for i in view["open"] + view["recent"] if i["detector"] == "leak_source_down"}
+            assert {i["id"] for i in opened} <= ids
             acted = {e["action"] for e in entries if e.get("incident_id") in ids and e["kind"] == "intent"}
+            # Notify only: an unknown state never caps, drains or closes a valve.
             assert acted <= {"notify"}, acted
-            # Notify only: no GPU capped, no node drained, no valve closed, anywhere.
-            assert not [e for e in entries if e["kind"] == "intent" and e["action"] != "notify"]
+            assert not [e for e in entries if e["kind"] == "intent" and e["action"] in ("drain", "cdu_write")]
             assert [g.power_limit_mw for g in gpus] == limits
             assert all(rack.sim.model.coolant.valve_open.values())
 
@@ -113,16 +118,16 @@ def test_lowering_the_pump_set_point_is_not_a_flow_fault_but_a_later_drop_is(tmp
         gpus = rack.sim.model.nodes["node01"].gpus
         limits = [g.power_limit_mw for g in gpus]
         with running_agent(cfg, tmp_path) as agent:
-            first = wait_for(lambda: _last_success(agent.metrics(), "cdu", "cdu1"), 20, what="a cdu1 poll")
-            wait_for(lambda: _last_success(agent.metrics(), "cdu", "cdu1") > first + 2, 20, what="a flow baseline")
+            first = wait_for(lambda: _last_success(agent.metrics(), "cdu", "cdu1"), 60, what="a cdu1 poll")
+            wait_for(lambda: _last_success(agent.metrics(), "cdu", "cdu1") > first + 2, 60, what="a flow baseline")
             before = rack.sim.model.coolant.flow_lpm
             device = SimpleNamespace(profile=cdu1["profile"], host=cdu1["host"], port=cdu1["port"], unit=None)
             assert asyncio.run(write_control_point(device, "pump_speed_setpoint", 40.0)) == 40.0
             assert rack.sim.model.coolant.flow_lpm < 0.7 * before  # as deep as a failing pump
             changed = wait_for(lambda: 'supernode_cdu_pump_speed_setpoint_ratio{cdu="cdu1"} 0.4' in agent.metrics()
-                               and _last_success(agent.metrics(), "cdu", "cdu1"), 20, what="the agent saw the change")
+                               and _last_success(agent.metrics(), "cdu", "cdu1"), 60, what="the agent saw the change")
             # Polls well past settle + the flow hold time (2 s) at the new, lower flow.
-            wait_for(lambda: _last_success(agent.metrics(), "cdu", "cdu1") > changed + settle + 6, 30,
+            wait_for(lambda: _last_success(agent.metrics(), "cdu", "cdu1") > changed + settle + 6, 60,
                      what="cdu1 polled long after the change")
             view = _incidents(agent)
             assert not [i for i in view["open"] + view["recent"] if i["detector"] == "coolant_flow_low"]
@@ -130,5 +135,5 @@ def test_lowering_the_pump_set_point_is_not_a_flow_fault_but_a_later_drop_is(tmp
 
             rack.inject("flow-drop", percent=40)
             wait_for(lambda: any(i["detector"] == "coolant_flow_low" and i["targets"] == {"cdu": "cdu1"}
-                                 for i in _incidents(agent)["open"]), 30,
+                                 for i in _incidents(agent)["open"]), 60,
                      what="a real drop from the new baseline fires")
