@@ -236,6 +236,10 @@ def test_remediation_alerts_route_to_the_agent_webhook():
     # An alert without remediation="agent" never reaches the agent.
     no = _route(amtool, ["alertname=SupernodeGpuDriverDrift", "severity=warning", "rack=r01"], "supernode-agent")
     assert no.returncode != 0 and "operators" in no.stdout
+    # An unreadable leak zone pages people (critical) and never reaches the agent's webhook.
+    unknown = _route(amtool, ["alertname=SupernodeLeakSourceDown", "detector=leak_source_down", "severity=critical",
+                              "rack=r01", "zone=zone-a"], "operators-critical")
+    assert unknown.returncode == 0, unknown.stdout + unknown.stderr
 
 
 def test_agent_receiver_settings():
