@@ -153,11 +153,12 @@ class Detectors:
         self.s = settings
         self.ctx = ctx
         self.rates = _Rates()
-        self.flow_baselines = FlowBaselines(settings.flow_baseline_window_seconds, settings.flow_setpoint_settle_seconds)
+        self.flow_baselines = FlowBaselines(settings.flow_baseline_window_seconds,
+                                            settings.flow_setpoint_settle_seconds)
         self.flaps: dict[str, list[tuple[float, float]]] = {}
         self.trackers: dict[str, Tracker] = {}
-        for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot", "condensation_risk",
-                     "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
+        for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
+                     "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
                      "rack_power_over_budget"):
             hold: Hold = getattr(settings, name)
             self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
