@@ -161,6 +161,13 @@ class SourceSettings(Strict):
         return self
 
 
+class SafetySourceSettings(SourceSettings):
+    """Leak and coolant: what a leak response waits on, so a failing controller is retried within seconds."""
+
+    max_backoff: float = Field(default=2.0, gt=0, description=(
+        "Longest pause after repeated failures: small, a leak must not wait a minute for the next try."))
+
+
 class NvmlSettings(SourceSettings):
     backend: Literal["nvml", "sim"] = Field(default="nvml", description="Real NVML or the simulator's twin.")
     sim_url: str | None = Field(default=None, description="Simulator URL when backend is sim.")
@@ -182,8 +189,8 @@ class Sources(Strict):
     nvml: NvmlSettings = NvmlSettings()
     links: SourceSettings = SourceSettings(interval=5.0, timeout=2.0)
     dom: DomSettings = DomSettings(interval=30.0, timeout=10.0)
-    cdu: SourceSettings = SourceSettings(interval=5.0, timeout=2.0)
-    leak: SourceSettings = SourceSettings(interval=0.5, timeout=0.4)
+    cdu: SafetySourceSettings = SafetySourceSettings(interval=5.0, timeout=2.0)
+    leak: SafetySourceSettings = SafetySourceSettings(interval=0.5, timeout=0.4)
     pdu: SourceSettings = SourceSettings(interval=5.0, timeout=3.0)
     stale_after_intervals: float = Field(default=2.0, ge=1.0, description="Drop a source's readings after this many missed intervals.")
     sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")

@@ -3,7 +3,9 @@
 One failing device never delays another: each poll runs as its own asyncio
 task bounded by its timeout, and blocking drivers run on their own threads
 (exporters.base.BlockingCaller). A failing source logs once until it
-recovers, so a dead CDU does not flood the journal every half second.
+recovers, so a dead CDU does not flood the journal every half second; a
+crashing collector's traceback is logged once per failure streak too. Leak
+and coolant sources back off at most `max_backoff` (2 s by default).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class SourceRunner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug in a collector must not kill the scheduler
-            log.exception("source poll crashed", extra={"source": src.name, "device": src.device})
+            if self.failures == 0:  # the traceback once per failure streak, not on every poll
+                log.exception("source poll crashed", extra={"source": src.name, "device": src.device})
             self._failed("internal", f"{type(exc).__name__}: {exc}", start)
         else:
             duration = time.perf_counter() - start
