@@ -47,8 +47,13 @@ class Agent:
         self._stop = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._watchdog_task: asyncio.Task | None = None
+        self._remediation_error: str | None = None
+        # A state_dir that cannot exist is a configuration error (exit 2, named); anything that goes
+        # wrong inside remediation after that only degrades remediation.
+        loaded.config.agent.state_dir.mkdir(parents=True, exist_ok=True)
         self._setup_remediation()
-        self.registry = build_registry(self.store, self.identity, self.extra_collectors)
+        self.registry = build_registry(self.store, self.identity,
+                                       [*self.extra_collectors, RemediationHealth(self.remediation_degraded)])
 
     # -- identity and state ------------------------------------------------------
 
@@ -94,17 +99,31 @@ class Agent:
     # -- remediation hook-up -------------------------------------------------------
 
     def _setup_remediation(self) -> None:
+        """Attach remediation; any failure leaves observation running and is said (log, /readyz, metric)."""
         try:
-            from agent.remediation.wiring import attach  # type: ignore[import-not-found]
-        except ImportError:
-            return
-        attach(self)
+            from agent.remediation.wiring import attach
+            attach(self)
+        except Exception as exc:
+            self.remediation = None
+            self._remediation_error = f"remediation not attached: {type(exc).__name__}: {exc}"
+            log.error("remediation unavailable; observation continues", extra={"error": self._remediation_error},
+                      exc_info=exc)
+
+    def remediation_degraded(self) -> str | None:
+        """Why remediation is not running, or None when it is (reported by /readyz and a metric)."""
+        if self.remediation is None:
+            return self._remediation_error
+        return getattr(self.remediation, "degraded", None)
 
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
         if self.remediation is not None and hasattr(self.remediation, "start"):
-            await self.remediation.start()  # journal reconciliation runs before any source
+            try:
+                await self.remediation.start()  # journal reconciliation runs before any source
+            except Exception as exc:  # the hook degrades itself; anything else must not stop observation
+                self.remediation, self._remediation_error = None, f"remediation start failed: {exc!r}"
+                log.error("remediation unavailable; observation continues", extra={"error": self._remediation_error})
         sources = self._with_derived(self.loaded, self.source_factory(self.loaded, self.rack_power_w))
         self.scheduler.start()
         await self.scheduler.replace(sources, self.loaded.config.sources.stale_after_intervals)
@@ -171,6 +190,23 @@ class Agent:
             await asyncio.wait_for(self.stop(), 4.5)  # systemd's stop must never hit its timeout
         except asyncio.TimeoutError:
             log.error("clean stop took too long; exiting anyway")
+
+
+class RemediationHealth:
+    """`supernode_remediation_degraded`: 1 while remediation is not running (the agent still observes)."""
+
+    def __init__(self, reason: Callable[[], str | None]):
+        self.reason = reason
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily("supernode_remediation_degraded",
+                                "1 while remediation is not running (see /readyz for why); observation continues.",
+                                value=1 if self.reason() else 0)
 
 
 def run(config_path: Path) -> int:

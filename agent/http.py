@@ -65,10 +65,14 @@ def build_app(agent: "Agent") -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
+        # Degraded remediation is said, not failed: observation (what readiness gates) still works.
+        degraded = agent.remediation_degraded()
+        remediation = {"ok": degraded is None, **({"degraded": degraded} if degraded else {})}
         pending = agent.sources_not_polled()
         if pending:
-            return web.json_response({"ready": False, "waiting_for": pending}, status=503)
-        return web.json_response({"ready": True})
+            return web.json_response({"ready": False, "waiting_for": pending, "remediation": remediation},
+                                     status=503)
+        return web.json_response({"ready": True, "remediation": remediation})
 
     async def state(_: web.Request) -> web.Response:
         return web.json_response(agent.state_dict(), dumps=lambda o: json.dumps(o, default=str))

@@ -12,7 +12,10 @@ METRICS_MD = REPO.parent / "shared" / "METRICS.md"
 # Named by the lead's brief for the remediation guardrails but not (yet) in METRICS.md.
 # supernode_cdu_pump_speed_setpoint_ratio: exported by the CDU profiles (exporters/modbus_metrics.py); the
 # flow-low rule holds off after a set point change.
-EXTRA = {"supernode_remediation_circuit_breaker_open", "supernode_cdu_pump_speed_setpoint_ratio"}
+EXTRA = {"supernode_remediation_circuit_breaker_open", "supernode_cdu_pump_speed_setpoint_ratio",
+         # issue 10: the engine's own faults (journal on a failing disk, remediation not running)
+         "supernode_journal_writable", "supernode_journal_errors_total", "supernode_journal_pending_entries",
+         "supernode_journal_moved_aside", "supernode_remediation_degraded"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 _NAME = re.compile(r"(?<![:\w])(supernode_[a-z0-9_]+)")
 

@@ -24,7 +24,8 @@ def test_journal_is_append_only(tmp_path):
     j = Journal(tmp_path / "j.db")
     seq = j.append("intent", action_id="a1", target="node=n1")
     j.append("result", action_id="a1", result="done")
-    assert [e.kind for e in j.entries()] == ["intent", "result"]
+    assert [e.kind for e in j.entries()] == ["intent", "result"]  # queued rows are read too
+    assert j.flush() and j.pending == 0  # committed by the writer thread
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         j._db.execute("UPDATE journal SET result='x' WHERE seq=?", (seq,))
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):

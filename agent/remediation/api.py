@@ -7,6 +7,7 @@ run in tests on a loopback port. Tokens are compared in constant time.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import sys
 import time
@@ -84,7 +85,8 @@ def add_remediation_routes(app: web.Application, engine, admin_token: TokenSourc
             limit = min(int(request.query.get("limit", "200")), 5000)
         except ValueError:
             return web.json_response({"error": "limit must be an integer"}, status=400)
-        rows = [_entry_dict(e) for e in engine.journal.entries(limit=limit)]
+        # a read of the file: on a thread, so a slow state disk never holds the event loop
+        rows = [_entry_dict(e) for e in await asyncio.to_thread(engine.journal.entries, limit=limit)]
         return web.json_response({"entries": rows})
 
     async def breaker_reset(request: web.Request) -> web.Response:

@@ -137,11 +137,16 @@ class RemediationEngine:
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Reconcile the journal against real state, restore open incidents, then accept work."""
+        """Reconcile the journal against real state, restore open incidents, then accept work.
+
+        The journal is opened (a corrupt one moved aside) and read on a thread: the event loop also
+        serves /metrics and pings the watchdog, and a slow disk must hold neither.
+        """
         self.loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self.journal.open)
         await self.reconcile()
-        self._rebuild_effects()
-        restored = self.incidents.restore()
+        self._rebuild_effects(await asyncio.to_thread(self.journal.entries))
+        restored = await asyncio.to_thread(self.incidents.restore)
         self.journal.append("engine", result="started", detail={"mode": self.mode, "restored_incidents": restored})
         self.started = True
         for inc in self.incidents.open_incidents():
@@ -149,7 +154,8 @@ class RemediationEngine:
             if book is not None and inc.state in ("open", "mitigating"):
                 self._spawn(self.run_playbook(inc, book))
 
-    async def stop(self) -> None:
+    async def stop(self, close_journal: bool = True) -> None:
+        """Stop acting; the journal is flushed and closed on a thread unless a successor engine adopts it."""
         self.started = False
         for p in list(self.pending.values()):
             if not p.future.done():
@@ -159,7 +165,13 @@ class RemediationEngine:
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         self.journal.append("engine", result="stopped")
-        self.journal.close()
+        if close_journal:
+            await asyncio.to_thread(self.journal.close)
+
+    def adopt_journal(self, journal: Journal) -> None:
+        """Use a predecessor's journal (a reload): its queued rows and sequence carry on, no second writer."""
+        self.journal = journal
+        self.incidents.journal = journal
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -175,7 +187,7 @@ class RemediationEngine:
     async def reconcile(self) -> int:
         """Intents without results: read the real state and record what actually happened."""
         n = 0
-        for e in self.journal.unfinished_intents():
+        for e in await asyncio.to_thread(self.journal.unfinished_intents):
             act = self.actions.get(e.action or "")
             target = parse_target(e.target or "")
             plan = e.detail.get("plan", {})
@@ -197,10 +209,10 @@ class RemediationEngine:
             n += 1
         return n
 
-    def _rebuild_effects(self) -> None:
+    def _rebuild_effects(self, entries: list[Any]) -> None:
         """Effects still in place (applied, owned, not undone) from the journal: undo must know them after a restart."""
         applied: dict[str, Any] = {}
-        for e in self.journal.entries():
+        for e in entries:
             if e.kind != "result" or not e.action_id:
                 continue
             if e.detail.get("phase", "apply") == "apply" and e.result == "done":

@@ -6,17 +6,35 @@ without result" that `engine.start()` reconciles against real state before
 anything else runs. Incidents, blocked decisions and webhook deliveries go
 in the same file, so "what did the agent do and why" has one answer.
 Rows are never updated or deleted (triggers refuse it).
+
+Why a writer thread: a full or slow state disk must never stop a safety
+step nor the event loop. `append` only queues the row (with its sequence
+number) in memory; one thread commits the queue in order and, while the
+disk refuses, retries with backoff (capped) and keeps the rows, so they
+land once it recovers. Reads merge the committed rows with the queued
+ones, and the indexes the engine asks on its hot path (last result of an
+action, its first intent, webhook alerts seen) live in memory.
+
+Why move a corrupt file aside: a journal that cannot be read must cost
+remediation its history, never the agent its observation; the damaged
+file is kept (`journal.db.corrupt-<time>`) for a person to look at.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("supernode.journal")
+COLUMNS = "seq, ts, kind, action_id, incident_id, playbook, action, target, result, detail"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS journal (
@@ -65,79 +83,285 @@ def _entry(row: tuple) -> Entry:
     return Entry(*row[:9], json.loads(row[9] or "{}"))
 
 
+class JournalError(Exception):
+    """The journal cannot be opened (not even a fresh one): remediation runs degraded."""
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=5.0)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(SCHEMA)
+        check = db.execute("PRAGMA quick_check").fetchone()
+        if not check or check[0] != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _corrupt(exc: sqlite3.Error) -> bool:
+    """Damage in the file (not a database, malformed), as opposed to a full disk or a lock: only those move aside."""
+    return type(exc) is sqlite3.DatabaseError or "malformed" in str(exc) or "not a database" in str(exc)
+
+
+def open_db(path: Path) -> tuple[sqlite3.Connection, Path | None]:
+    """A writable connection; a corrupt file is renamed `<name>.corrupt-<UTC time>` and a fresh one opened."""
+    try:
+        return _connect(path), None
+    except sqlite3.Error as exc:
+        if not _corrupt(exc):
+            raise JournalError(f"{path}: {exc}") from None
+        moved = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                side = Path(f"{path}{suffix}")
+                if side.exists():
+                    os.replace(side, Path(f"{moved}{suffix}"))
+        except OSError as err:
+            raise JournalError(f"{path}: {exc}; could not move it aside: {err}") from None
+        log.error("journal unreadable: moved aside, fresh journal opened",
+                  extra={"path": str(path), "moved_to": str(moved), "error": str(exc)})
+    try:
+        return _connect(path), moved
+    except sqlite3.Error as exc:
+        raise JournalError(f"{path}: fresh journal: {exc}") from None
+
+
 class Journal:
-    """One connection guarded by a lock; every write commits before returning (durable on return)."""
+    """Append-only rows: queued in memory at once, committed in order by one writer thread.
 
-    def __init__(self, path: Path | str, readonly: bool = False):
+    `open()` (first append, or the engine's start, off the event loop) opens the file, moves a corrupt
+    one aside and loads the in-memory indexes. Reads never wait for a write.
+    """
+
+    def __init__(self, path: Path | str, readonly: bool = False, max_backoff: float = 2.0):
         self.path = Path(path)
-        if readonly:
-            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-        else:
+        self.readonly = readonly
+        self.max_backoff = max_backoff
+        self.moved_aside: Path | None = None
+        self.writable = True
+        self.errors_total = 0
+        self.last_error = ""
+        self._db: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pending: deque[tuple] = deque()
+        self._next_seq = 1
+        self._last_result: dict[str, Entry] = {}
+        self._first_intent: dict[str, Entry] = {}
+        self._alerts: set[tuple[str, str, str]] = set()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._opened = False
+        if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(SCHEMA)
-        self._lock = threading.Lock()
 
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+    # -- open / close ----------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open (once): raises JournalError if not even a fresh journal can be opened."""
+        with self._cond:
+            if self._opened or self.readonly:
+                return
+            self._db, self.moved_aside = open_db(self.path)
+            if self.moved_aside is not None and self._reader is not None:
+                self._reader.close()  # it read the file now moved aside
+                self._reader = None
+            for e in self._read_db(0):
+                self._index(e)
+                self._next_seq = max(self._next_seq, e.seq + 1)
+            for row in self._db.execute("SELECT fingerprint, starts_at, status FROM webhook_alerts"):
+                self._alerts.add(tuple(row))
+            self._opened = True
+            self._thread = threading.Thread(target=self._writer, name="journal-writer", daemon=True)
+            self._thread.start()
+        if self.moved_aside is not None:
+            self.append("journal", result="moved_aside", detail={"moved_to": str(self.moved_aside)})
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued row is committed; False if the disk still refuses after `timeout`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout: float = 2.0) -> None:
+        if self._opened and not self.flush(timeout):
+            log.error("journal closed with rows not written", extra={"rows": len(self._pending),
+                                                                    "error": self.last_error})
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._read_lock:
+            for db in (self._db, self._reader):
+                if db is not None:
+                    db.close()
+            self._db = self._reader = None
+
+    # -- writing -----------------------------------------------------------------------
 
     def append(self, kind: str, *, action_id: str | None = None, incident_id: str | None = None,
                playbook: str | None = None, action: str | None = None, target: str | None = None,
                result: str | None = None, detail: dict[str, Any] | None = None, ts: float | None = None) -> int:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO journal(ts, kind, action_id, incident_id, playbook, action, target, result, detail)"
-                " VALUES (?,?,?,?,?,?,?,?,?)",
-                (ts if ts is not None else time.time(), kind, action_id, incident_id, playbook, action, target,
-                 result, json.dumps(detail or {}, default=str, sort_keys=True)))
-            return int(cur.lastrowid)
+        """Queue one row (never blocks on the disk); returns its sequence number."""
+        if self.readonly:
+            raise JournalError(f"{self.path}: opened read-only")
+        if not self._opened:
+            self.open()
+        text = json.dumps(detail or {}, default=str, sort_keys=True)
+        with self._cond:
+            seq = self._next_seq
+            self._next_seq += 1
+            row = ("journal", (seq, ts if ts is not None else time.time(), kind, action_id, incident_id, playbook,
+                               action, target, result, text))
+            self._pending.append(row)
+            self._index(_entry(row[1]))
+            self._cond.notify_all()
+        return seq
 
-    def entries(self, limit: int | None = None, incident_id: str | None = None, since_seq: int = 0) -> list[Entry]:
-        sql = "SELECT seq, ts, kind, action_id, incident_id, playbook, action, target, result, detail FROM journal WHERE seq > ?"
+    def _index(self, e: Entry) -> None:
+        if not e.action_id:
+            return
+        if e.kind == "result":
+            self._last_result[e.action_id] = e
+        elif e.kind == "intent":
+            self._first_intent.setdefault(e.action_id, e)
+
+    def _writer(self) -> None:
+        delay = 0.05
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch = list(self._pending)[:256]
+            try:
+                self._commit(batch)
+            except sqlite3.Error as exc:
+                with self._cond:
+                    self.errors_total += 1
+                    self.last_error = str(exc)
+                    if self.writable:
+                        log.error("journal write failed: rows kept in memory, retrying",
+                                  extra={"error": str(exc), "rows": len(self._pending)})
+                    self.writable = False
+                    if self._closing:
+                        return
+                    self._cond.wait(delay)
+                delay = min(delay * 2, self.max_backoff)
+                continue
+            delay = 0.05
+            with self._cond:
+                for _ in batch:
+                    self._pending.popleft()
+                if not self.writable:
+                    log.warning("journal writable again: queued rows written", extra={"rows": len(batch)})
+                self.writable = True
+                self._cond.notify_all()
+
+    def _commit(self, batch: list[tuple]) -> None:
+        db = self._db
+        assert db is not None
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for table, values in batch:
+                if table == "journal":
+                    db.execute(f"INSERT OR IGNORE INTO journal({COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", values)
+                else:
+                    db.execute("INSERT OR IGNORE INTO webhook_alerts VALUES (?,?,?,?)", values)
+            db.execute("COMMIT")
+        except sqlite3.Error:
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            raise
+
+    @property
+    def pending(self) -> int:
+        """Rows accepted but not yet on disk (intents kept in memory while the disk refuses)."""
+        with self._cond:
+            return len(self._pending)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _read_db(self, since_seq: int, incident_id: str | None = None) -> list[Entry]:
+        if not self.path.exists():
+            return []
+        sql = f"SELECT {COLUMNS} FROM journal WHERE seq > ?"
         args: list[Any] = [since_seq]
         if incident_id:
             sql += " AND incident_id = ?"
             args.append(incident_id)
-        if limit:
-            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
-            args.append(limit)
-        else:
-            sql += " ORDER BY seq"
-        with self._lock:
-            return [_entry(r) for r in self._db.execute(sql, args).fetchall()]
+        with self._read_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            return [_entry(r) for r in self._reader.execute(sql + " ORDER BY seq", args).fetchall()]
+
+    def entries(self, limit: int | None = None, incident_id: str | None = None, since_seq: int = 0) -> list[Entry]:
+        """Committed and queued rows in order (reads the file: call it off the event loop)."""
+        with self._cond:
+            queued = [_entry(v) for t, v in self._pending if t == "journal"]
+        rows = {e.seq: e for e in self._read_db(since_seq, incident_id)}
+        for e in queued:
+            if e.seq > since_seq and (not incident_id or e.incident_id == incident_id):
+                rows.setdefault(e.seq, e)
+        out = [rows[k] for k in sorted(rows)]
+        return out[-limit:] if limit else out
 
     def last_result(self, action_id: str) -> Entry | None:
-        """The latest result row for an action id (done, failed, undone...), or None."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT seq, ts, kind, action_id, incident_id, playbook, action, target, result, detail FROM journal"
-                " WHERE action_id = ? AND kind = 'result' ORDER BY seq DESC LIMIT 1", (action_id,)).fetchone()
-        return _entry(row) if row else None
+        """The latest result row for an action id (done, failed, undone...), or None (from memory)."""
+        if not self._opened and not self.readonly:
+            self.open()
+        with self._cond:
+            return self._last_result.get(action_id)
 
     def intent(self, action_id: str) -> Entry | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT seq, ts, kind, action_id, incident_id, playbook, action, target, result, detail FROM journal"
-                " WHERE action_id = ? AND kind = 'intent' ORDER BY seq LIMIT 1", (action_id,)).fetchone()
-        return _entry(row) if row else None
+        """The first intent of an action id (its plan carries what the agent owned), from memory."""
+        if not self._opened and not self.readonly:
+            self.open()
+        with self._cond:
+            return self._first_intent.get(action_id)
 
     def unfinished_intents(self) -> list[Entry]:
         """Intents with no result row after them: what a crash may have left half-applied."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT i.seq, i.ts, i.kind, i.action_id, i.incident_id, i.playbook, i.action, i.target, i.result, i.detail"
-                " FROM journal i WHERE i.kind = 'intent' AND NOT EXISTS (SELECT 1 FROM journal r"
-                " WHERE r.kind = 'result' AND r.action_id = i.action_id AND r.seq > i.seq) ORDER BY i.seq").fetchall()
-        return [_entry(r) for r in rows]
+        open_: dict[str, Entry] = {}
+        for e in self.entries():
+            if e.kind == "intent" and e.action_id:
+                open_[e.action_id] = e
+            elif e.kind == "result" and e.action_id and e.action_id in open_ and open_[e.action_id].seq < e.seq:
+                del open_[e.action_id]
+        return sorted(open_.values(), key=lambda e: e.seq)
+
+    # -- webhook deliveries ---------------------------------------------------------------
+
+    def alert_seen(self, fingerprint: str, starts_at: str, status: str) -> bool:
+        if not self._opened:
+            self.open()
+        with self._cond:
+            return (fingerprint, starts_at, status) in self._alerts
 
     def record_alert(self, fingerprint: str, starts_at: str, status: str) -> bool:
-        """Durably record one Alertmanager alert; False if this (fingerprint, startsAt, status) was seen before."""
-        with self._lock:
-            try:
-                self._db.execute("INSERT INTO webhook_alerts VALUES (?,?,?,?)", (fingerprint, starts_at, status, time.time()))
-            except sqlite3.IntegrityError:
+        """Record one Alertmanager alert (after the engine accepted it); False if it was seen before."""
+        if not self._opened:
+            self.open()
+        key = (fingerprint, starts_at, status)
+        with self._cond:
+            if key in self._alerts:
                 return False
+            self._alerts.add(key)
+            self._pending.append(("webhook_alerts", (*key, time.time())))
+            self._cond.notify_all()
         return True

@@ -62,6 +62,17 @@ class RemediationCollector:
         yield GaugeMetricFamily("supernode_remediation_circuit_breaker_open",
                                 "1 while the circuit breaker is open (reset by a person).",
                                 value=1 if e.guard.breaker_open else 0)
+        j = e.journal
+        yield GaugeMetricFamily("supernode_journal_writable",
+                                "1 while the journal's last write succeeded; 0 while rows wait in memory.",
+                                value=1 if j.writable else 0)
+        yield CounterMetricFamily("supernode_journal_errors", "Failed journal write attempts (count).",
+                                  value=j.errors_total)
+        yield GaugeMetricFamily("supernode_journal_pending_entries",
+                                "Journal rows accepted but not yet on disk (count).", value=j.pending)
+        yield GaugeMetricFamily("supernode_journal_moved_aside",
+                                "1 if an unreadable journal was moved aside at this start (a fresh one opened).",
+                                value=1 if j.moved_aside is not None else 0)
         hooks = CounterMetricFamily("supernode_webhook_requests", "Alertmanager webhook requests by result (count).",
                                     labels=["result"])
         for r in ("accepted", "unauthorized", "invalid", "duplicate"):

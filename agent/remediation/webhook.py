@@ -2,8 +2,9 @@
 
 Why strict: this is the one door through which the outside asks the agent to
 act. Bad input gets a 4xx (Alertmanager never retries those), a transient
-fault a 5xx (it retries), and 2xx only once each alert is durably recorded
-(fingerprint + startsAt + status in SQLite). Labels only select things the
+fault a 5xx (it retries), and 2xx only once the engine accepted each alert;
+only then is it recorded for deduplication (fingerprint + startsAt + status),
+so an alert the engine refused is acted on when Alertmanager retries it. Labels only select things the
 inventory names; an unknown node or device rejects the whole payload.
 """
 
@@ -122,18 +123,24 @@ def handle_payload(engine: Any, body: bytes) -> dict[str, Any]:
     checked = [(a, targets_for(a, engine.identity, engine.inventory)) for a in payload.alerts]
     accepted = duplicates = 0
     for alert, targets in checked:
+        key = (fingerprint(alert), alert.startsAt, alert.status)
         try:
-            new = engine.journal.record_alert(fingerprint(alert), alert.startsAt, alert.status)
-        except Exception as exc:  # sqlite busy/disk: transient, let Alertmanager retry
+            seen = engine.journal.alert_seen(*key)
+        except Exception as exc:  # the journal cannot even be opened: transient, let Alertmanager retry
             raise WebhookError(503, "error", f"journal unavailable: {exc}") from None
-        if not new:
+        if seen:
             duplicates += 1
             continue
-        accepted += 1
         name = incident_name(engine, alert, targets)
-        if alert.status == "firing":
-            engine.fire(name, targets, alert.labels.get("severity", "warning"), "alertmanager",
-                        {"fingerprint": fingerprint(alert), "summary": alert.annotations.get("summary", "")})
-        else:
-            engine.clear(name, targets)
+        try:
+            if alert.status == "firing":
+                engine.fire(name, targets, alert.labels.get("severity", "warning"), "alertmanager",
+                            {"fingerprint": key[0], "summary": alert.annotations.get("summary", "")})
+            else:
+                engine.clear(name, targets)
+        except Exception as exc:  # not accepted: not recorded either, so Alertmanager's retry acts
+            raise WebhookError(503, "error", f"alert {alert.labels['alertname']} not accepted: {exc}") from None
+        # Deduplicated only now that the engine holds it (Alertmanager delivers at least once).
+        engine.journal.record_alert(*key)
+        accepted += 1
     return {"accepted": accepted, "duplicates": duplicates}

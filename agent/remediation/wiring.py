@@ -169,11 +169,21 @@ class RemediationHook:
     def webhook_token(self) -> Any:
         return _token(self.loaded, self.loaded.config.remediation.webhook_token_secret, "webhook_token")
 
-    async def start(self) -> None:
-        await self.engine.start()
+    degraded: str | None = None  # why remediation is not running (observation goes on without it)
 
-    async def stop(self) -> None:
-        await asyncio.wait_for(self.engine.stop(), 3.0)
+    async def start(self) -> None:
+        """Start the engine; a failure (journal unopenable, a device call) degrades remediation, never the agent."""
+        try:
+            await self.engine.start()
+        except Exception as exc:
+            self.degraded = f"remediation not started: {type(exc).__name__}: {exc}"
+            log.error("remediation not started; observation continues", extra={"error": self.degraded},
+                      exc_info=exc)
+        else:
+            self.degraded = None
+
+    async def stop(self, close_journal: bool = True) -> None:
+        await asyncio.wait_for(self.engine.stop(close_journal), 3.0)
 
     def prepare(self, loaded: "LoadedConfig") -> tuple["LoadedConfig", RemediationEngine]:
         """The engine for a new config, built but not started (raises if the config cannot run)."""
@@ -183,8 +193,11 @@ class RemediationHook:
         loaded, engine = prepared
         old = self.engine
         engine.repoll = self.repoll
-        await self.stop()
+        same_journal = self.degraded is None and engine.journal.path == old.journal.path
+        await self.stop(close_journal=not same_journal)
+        if same_journal:
+            engine.adopt_journal(old.journal)  # one writer per file; rows still queued carry over
         self.loaded, self.engine = loaded, engine
-        await engine.start()
+        await self.start()
         if engine.mode != old.mode:
             log.info("remediation mode changed", extra={"from": old.mode, "to": engine.mode})
