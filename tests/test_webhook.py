@@ -117,6 +117,7 @@ def test_webhook_500_concurrent_distinct_payloads_all_recorded(tmp_path):
                     return r.status
             codes = await asyncio.gather(*(post(i) for i in range(500)), *(scrape() for _ in range(10)))
         assert codes == [200] * 510
+        assert eng.journal.flush()  # rows are committed by the journal's writer thread
         n = eng.journal._db.execute("SELECT COUNT(*) FROM webhook_alerts").fetchone()[0]
         assert n == 500 and len(eng.incidents.open_incidents()) == 500
         assert reg.get_sample_value("supernode_webhook_requests_total", {"result": "accepted"}) == 500
