@@ -150,8 +150,8 @@ def test_mode_observe_and_dry_run_do_not_act(tmp_path, mode):
         eng = engine(tmp_path, mode=mode, executors=Executors(scheduler=sched), max_drained_fraction=1.0)
         await eng.start()
         inc = _xid_incident(eng)
-        await await_for(lambda: inc.state == "mitigated")
-        assert sched.nodes["node01"].state == "idle"
+        await await_for(lambda: inc.state == "observed")  # never "mitigated": nothing was done
+        assert inc.mitigated_at is None and sched.nodes["node01"].state == "idle"
         if mode == "observe":
             rows, n = _blocked(eng, "mode")
             assert rows and n == 1  # drain
@@ -173,7 +173,7 @@ def test_blast_radius_counts_scheduler_state(tmp_path):
                      max_drained_nodes=2, max_drained_fraction=1.0)
         await eng.start()
         a, b = _xid_incident(eng, "node01"), _xid_incident(eng, "node02")
-        await await_for(lambda: a.state == b.state == "mitigated")
+        await await_for(lambda: {a.state, b.state} == {"mitigated", "failed"})  # one drain blocked: failed
         drained = sorted(n for n, s in sched.nodes.items() if s.drained)
         assert len(drained) == 2 and "node03" in drained
         rows, n = _blocked(eng, "blast_radius")
@@ -193,7 +193,7 @@ def test_circuit_breaker_stays_open_until_reset_and_undo_still_runs(tmp_path):
         await await_for(lambda: a.state == "mitigated")
         assert eng.guard.breaker_open  # the drain was the one action the window allows
         b = _xid_incident(eng, "node02")
-        await await_for(lambda: b.state == "mitigated")
+        await await_for(lambda: b.state == "failed")  # its drain was blocked: not mitigated
         assert sched.nodes["node02"].state == "idle"
         rows, n = _blocked(eng, "circuit_breaker")
         assert rows and n >= 1
@@ -218,7 +218,7 @@ def test_rate_limit_and_cooldown(tmp_path):
         a = _xid_incident(eng, "node01")
         await await_for(lambda: a.state == "mitigated")
         b = _xid_incident(eng, "node02")
-        await await_for(lambda: b.state == "mitigated")
+        await await_for(lambda: b.state == "failed")
         assert sched.nodes["node02"].state == "idle" and _blocked(eng, "rate_limit")[1] == 1
         await eng.stop()
         eng2 = engine(tmp_path / "2", executors=Executors(scheduler=sched), inv=inv, cooldown_seconds=3600,
@@ -229,7 +229,7 @@ def test_rate_limit_and_cooldown(tmp_path):
         eng2.clear("gpu_lost", {"node": "node03", "gpu": "1"})
         await await_for(lambda: sched.nodes["node03"].state == "idle")
         d = eng2.fire("gpu_lost", {"node": "node03", "gpu": "2"}, "critical", source="alertmanager")
-        await await_for(lambda: d.state == "mitigated")
+        await await_for(lambda: d.state == "failed")  # cooldown blocked the drain
         assert sched.nodes["node03"].state == "idle"
         assert [e for e in eng2.journal.entries() if e.kind == "blocked" and e.detail.get("guardrail") == "cooldown"]
         await eng2.stop()
@@ -249,7 +249,7 @@ def test_attempt_budget_then_escalated(tmp_path):
         eng = engine(tmp_path, executors=Executors(scheduler=sched), attempts_per_incident=3, max_drained_fraction=1.0)
         await eng.start()
         inc = _xid_incident(eng)
-        await await_for(lambda: inc.state == "mitigated")
+        await await_for(lambda: inc.state == "failed")  # three failed drains are not a mitigation
         assert Broken.calls == 3
         res = results(eng, kind="result", action="drain")
         assert [r.result for r in res] == ["failed"] and res[0].detail["escalated"]

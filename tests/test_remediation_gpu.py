@@ -60,7 +60,8 @@ def test_leak_caps_drains_and_resume_waits_for_approval(tmp_path):
         eng.on_snapshot(wet(t0 + 0.5), "leak/ctl")
         await await_for(lambda: eng.incidents.find("leak", {"zone": "zone-a"}), what="leak incident")
         inc = eng.incidents.find("leak", {"zone": "zone-a"})
-        await await_for(lambda: inc.state == "mitigated", what="mitigated")
+        # partial, not mitigated: the valve (a required step) has no CDU executor here
+        await await_for(lambda: inc.state == "partial", what="partial")
         assert [g.power_limit_mw for g in model.nodes["node01"].gpus] == [200_000, 200_000]
         # Each agent drains its own node on a local detection: node02's own agent drains node02.
         assert sched.nodes["node01"].drained and not sched.nodes["node02"].drained

@@ -39,7 +39,7 @@ def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_pa
         st = await sched.state("node01")
         assert st.drained and st.reason.startswith("supernode-agent: " + a.id)
         b = eng.fire("gpu_xid_critical", {"node": "node03"}, "critical", source="alertmanager")
-        await await_for(lambda: b.state == "mitigated", timeout=20)
+        await await_for(lambda: b.state == "failed", timeout=20)
         assert cluster.states()["node03"] == "idle"  # 2 already drained per sinfo: blocked
         assert [e.detail["guardrail"] for e in results(eng, kind="blocked", action="drain")] == ["blast_radius"]
         # someone else's drain: our incident on node02 neither drains nor resumes it

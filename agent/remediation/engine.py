@@ -21,12 +21,14 @@ from typing import Any, Callable, Mapping
 from agent.snapshot import Snapshot
 
 from .actions import ActionError, ActionResult, parse_target, target_str
+from .calls import NVML
 from .detectors import Context, Detectors, Event
 from .guardrails import Guardrails
 from .incidents import Incident, IncidentBook
 from .journal import Journal
 from .playbooks import Playbook, Step, find_playbook, load_playbooks
 from .settings import RemediationSettings
+from .steps import outcome, run_graph
 
 log = logging.getLogger("supernode.remediation")
 MODES = ("observe", "dry-run", "enforce")
@@ -118,7 +120,7 @@ class RemediationEngine:
 
         ex, s = self.executors, self.settings
         acts: dict[str, Any] = {
-            "gpu_power_cap": GpuPowerCapAction(ex.gpu_libs),
+            "gpu_power_cap": GpuPowerCapAction(ex.gpu_libs, s.device_timeout_seconds),
             "exec": ExecAction(s.exec_allow),
         }
         if s.notify_url:  # without a URL, notify steps are journaled as blocked: not_configured
@@ -323,23 +325,39 @@ class RemediationEngine:
                 else:
                     indices = None
                 if indices is None:
-                    count = inv.gpus.count or await asyncio.to_thread(lib.nvmlDeviceGetCount)
+                    count = inv.gpus.count or await self._gpu_count(lib)
                     indices = list(range(count))
                 out += [{"node": node, "gpu": str(i)} for i in indices]
             return out
         return []
 
+    async def _gpu_count(self, lib: Any) -> int:
+        """nvmlDeviceGetCount with a timeout on NVML's own pool: a hung driver fails the step, not the loop."""
+        try:
+            return int(await NVML(lib.nvmlDeviceGetCount, timeout=self.settings.device_timeout_seconds))
+        except Exception as exc:  # DeviceCallTimeout, NVMLError
+            raise ActionError(f"NVML device count: {type(exc).__name__}: {exc}") from None
+
     # -- playbooks ---------------------------------------------------------------
 
     async def run_playbook(self, inc: Incident, book: Playbook) -> None:
+        """All steps at once in urgency order (`after:` waits), then the truthful outcome (steps.outcome)."""
         self.incidents.transition(inc, "mitigating")
-        for idx, step in enumerate(book.steps):
-            if inc.state == "resolved":
-                return
-            targets = await self.resolve_targets(step.targets, inc)
-            await asyncio.gather(*(self.run_step(inc, book, idx, step, tgt) for tgt in targets))
+        results = await run_graph(book.steps, lambda idx, step: self._run_step_targets(inc, book, idx, step))
         if inc.state != "resolved":
-            self.incidents.transition(inc, "mitigated")
+            inc.detail["steps"] = {f"{i}:{s.action}": r for i, (s, r) in enumerate(zip(book.steps, results))}
+            self.incidents.transition(inc, outcome(book.steps, results, book.effective_mode(self.mode)))
+
+    async def _run_step_targets(self, inc: Incident, book: Playbook, idx: int, step: Step) -> list[str]:
+        """One step on each of its targets; a target list that cannot be read is a failed step, said why."""
+        if inc.state == "resolved":
+            return []
+        try:
+            targets = await self.resolve_targets(step.targets, inc)
+        except ActionError as exc:
+            return [self._result(inc, book, step, action_id(inc.id, idx, ""), "", "failed",
+                                 {"phase": "apply", "error": f"targets: {exc}"})]
+        return list(await asyncio.gather(*(self.run_step(inc, book, idx, step, tgt) for tgt in targets)))
 
     def _count(self, book: str, action: str, result: str) -> None:
         key = (book, action, result)
@@ -486,7 +504,7 @@ class RemediationEngine:
     # -- undo --------------------------------------------------------------------
 
     async def run_undo(self, inc: Incident, book: Playbook) -> None:
-        for idx in reversed(range(len(book.steps))):
+        for idx in book.undo_sequence():
             step = book.steps[idx]
             if not step.undo:
                 continue

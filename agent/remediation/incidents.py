@@ -1,8 +1,10 @@
 """Incidents: one per (detector or alertname, targets), with a lifecycle and timestamps.
 
-open -> mitigating -> mitigated -> resolved. Re-firing an open incident only
-refreshes it (its playbook never runs twice); MTTR per detector comes from
-opened_at -> resolved_at. Every transition is journaled so open incidents
+open -> mitigating -> an outcome (mitigated, partial, failed or observed)
+-> resolved. Re-firing an open incident only refreshes it (its playbook
+never runs twice); MTTR per detector comes from opened_at -> resolved_at of
+incidents that were really mitigated (an outcome other than `mitigated`
+says the agent did not fix it, so it must not flatter the MTTR). Every transition is journaled so open incidents
 survive a restart with the same id (and so the same action ids).
 """
 
@@ -17,7 +19,10 @@ from typing import Any, Iterable, Mapping
 
 from .journal import Journal
 
-STATES = ("open", "mitigating", "mitigated", "resolved")
+OUTCOMES = ("mitigated", "partial", "failed", "observed")
+STATES = ("open", "mitigating", *OUTCOMES, "resolved")
+# Lifecycle rank: an incident only moves forward; the outcomes share one rank.
+RANK = {"open": 0, "mitigating": 1, **{o: 2 for o in OUTCOMES}, "resolved": 3}
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 
 
@@ -36,6 +41,7 @@ class Incident:
     state: str = "open"
     mitigating_at: float | None = None
     mitigated_at: float | None = None
+    outcome_at: float | None = None  # when the playbook ended, whatever its outcome
     resolved_at: float | None = None
     last_seen: float = 0.0
     playbook: str | None = None
@@ -53,6 +59,7 @@ class Incident:
         return {"id": self.id, "detector": self.detector, "targets": self.targets, "severity": self.severity,
                 "source": self.source, "state": self.state, "opened_at": self.opened_at,
                 "mitigating_at": self.mitigating_at, "mitigated_at": self.mitigated_at,
+                "outcome_at": self.outcome_at,
                 "resolved_at": self.resolved_at, "duration_seconds": round(self.duration(now), 3),
                 "playbook": self.playbook, "detail": self.detail}
 
@@ -68,6 +75,7 @@ class IncidentBook:
         self._recent: list[Incident] = []
         self._keep = keep_resolved
         self.opened_total: dict[tuple[str, str], int] = {}
+        self.outcomes_total: dict[tuple[str, str], int] = {}  # (detector, outcome)
         # Histogram of durations per detector: bucket counts, sum, count.
         self.durations: dict[str, tuple[list[int], float, int]] = {}
 
@@ -84,6 +92,7 @@ class IncidentBook:
                 inc = Incident(id=iid, detector=d["detector"], targets=d["targets"], severity=d["severity"],
                                source=d.get("source", "local"), opened_at=d["opened_at"], state=d["state"],
                                mitigating_at=d.get("mitigating_at"), mitigated_at=d.get("mitigated_at"),
+                               outcome_at=d.get("outcome_at"),
                                last_seen=self.clock(), playbook=d.get("playbook"))
                 self._open[inc.key] = inc
             return len(self._open)
@@ -111,18 +120,24 @@ class IncidentBook:
         return inc, True
 
     def transition(self, inc: Incident, state: str) -> None:
-        if state not in STATES or STATES.index(state) <= STATES.index(inc.state) and state != "resolved":
+        if state not in STATES or RANK[state] <= RANK[inc.state] and state != "resolved":
             return
         now = self.clock()
         with self._lock:
             if inc.state == "resolved":
                 return
             inc.state = state
-            setattr(inc, f"{state}_at", now)
+            if state in OUTCOMES:
+                inc.outcome_at = now
+                key = (inc.detector, state)
+                self.outcomes_total[key] = self.outcomes_total.get(key, 0) + 1
+            if state in ("mitigating", "mitigated", "resolved"):
+                setattr(inc, f"{state}_at", now)
             if state == "resolved":
                 self._open.pop(inc.key, None)
                 self._recent.append(inc)
                 del self._recent[:-self._keep]
+            if state == "resolved" and inc.mitigated_at is not None:  # MTTR: real mitigations only
                 buckets, total, count = self.durations.get(inc.detector, ([0] * len(DURATION_BUCKETS), 0.0, 0))
                 d = inc.duration()
                 for i, b in enumerate(DURATION_BUCKETS):

@@ -36,8 +36,15 @@ class RemediationCollector:
         for key, n in sorted(e.incidents.opened_total.items()):
             total.add_metric(list(key), n)
         yield total
+        outcomes = CounterMetricFamily("supernode_incident_outcomes",
+                                       "Playbook outcomes (mitigated only when every required effect was read back).",
+                                       labels=["detector", "outcome"])
+        for key, n in sorted(e.incidents.outcomes_total.items()):
+            outcomes.add_metric(list(key), n)
+        yield outcomes
         hist = HistogramMetricFamily("supernode_incident_duration_seconds",
-                                     "Incident duration from open to resolved (seconds); feeds MTTR.", labels=["detector"])
+                                     "Duration from open to resolved of really mitigated incidents (seconds); MTTR.",
+                                     labels=["detector"])
         for det, (buckets, s, c) in sorted(e.incidents.durations.items()):
             pairs = [(str(float(b)), n) for b, n in zip(DURATION_BUCKETS, buckets)] + [("+Inf", c)]
             hist.add_metric([det], pairs, s)

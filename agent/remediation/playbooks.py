@@ -1,4 +1,9 @@
-"""Playbooks: YAML declarations of a trigger, ordered steps and undo on resolve.
+"""Playbooks: YAML declarations of a trigger, steps (with what each waits for) and undo on resolve.
+
+Steps start at once, in the order listed (list them in physical urgency: drain before a power
+cap, so the leak response never waits behind a GPU driver); a step that must follow another
+says so with `after: [id]` (only earlier steps, so there is no cycle). `required: false` marks
+a step whose failure does not make the response fail (a notification).
 
 Why YAML and not code: operators read and change responses without a
 release; the schema is strict (unknown keys refused with the file and the
@@ -12,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from exporters.validation import error_lines
 
@@ -44,6 +49,11 @@ class Trigger(_Strict):
 
 
 class Step(_Strict):
+    id: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]*$", description="Name other steps' `after` use.")
+    after: list[str] = Field(default_factory=list, description="Ids of earlier steps this one waits for.")
+    required: bool = Field(default=True, description="Its effect must be read back for the incident to be mitigated.")
+    undo_after: list[str] = Field(default_factory=list, description=(
+        "Ids of steps whose undo must finish before this one's (undo otherwise runs in reverse list order)."))
     action: ActionName
     targets: TargetKind = "none"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -59,6 +69,36 @@ class Playbook(_Strict):
     mode: Literal["observe", "dry-run", "enforce"] | None = Field(default=None, description="Stricter than global only.")
     steps: list[Step] = Field(min_length=1)
     undo_on_resolve: bool = True
+
+    @model_validator(mode="after")
+    def _after_names_earlier_steps(self) -> "Playbook":
+        seen: set[str] = set()
+        for i, step in enumerate(self.steps):
+            for dep in step.after:
+                if dep not in seen:
+                    raise ValueError(f"steps.{i}.after: {dep!r} is not the id of an earlier step")
+            if step.id is not None:
+                if step.id in seen:
+                    raise ValueError(f"steps.{i}.id: {step.id!r} used twice")
+                seen.add(step.id)
+        for i, step in enumerate(self.steps):
+            for dep in step.undo_after:
+                if dep not in seen or dep == step.id:
+                    raise ValueError(f"steps.{i}.undo_after: {dep!r} is not the id of another step")
+        self.undo_sequence()  # raises on a cycle
+        return self
+
+    def undo_sequence(self) -> list[int]:
+        """Step indices in undo order: reverse list order, each step moved after its `undo_after` steps."""
+        ids = {s.id: i for i, s in enumerate(self.steps) if s.id}
+        todo, done = list(reversed(range(len(self.steps)))), []
+        while todo:
+            ready = next((i for i in todo if all(ids[d] in done for d in self.steps[i].undo_after)), None)
+            if ready is None:
+                raise ValueError(f"undo_after: a cycle among steps {todo}")
+            todo.remove(ready)
+            done.append(ready)
+        return done
 
     def effective_mode(self, global_mode: str) -> str:
         if self.mode is None:

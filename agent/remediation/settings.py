@@ -136,6 +136,8 @@ class RemediationSettings(_Strict):
     slurm: SlurmSettings = SlurmSettings()
     notify_url: str | None = Field(default=None, description="notify steps POST their JSON event here.")
     notify_timeout_seconds: float = Field(default=5.0, gt=0)
+    device_timeout_seconds: float = Field(default=5.0, gt=0, description=(
+        "Budget of one blocking device call in remediation (NVML, links, Modbus, PDU); past it the step fails."))
     exec_allow: dict[str, ExecProgram] = Field(default_factory=dict, description="Name -> program exec steps may run.")
     link_control: LinkControlSettings = LinkControlSettings()
     rack_leader: str | None = Field(default=None, description=(

@@ -8,21 +8,18 @@ collector internals, and a test can hand it the real functions.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from typing import Any, Callable, Mapping
 
+from ..calls import DEVICES, DeviceCallTimeout
 from . import ActionError, ActionResult
 
 
 async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-    """Call a sync or async device function; a sync one runs on a thread so it cannot stall the loop."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args, **kw)
-    result = await asyncio.to_thread(fn, *args, **kw)
-    if inspect.isawaitable(result):  # a plain function (lambda) returning a coroutine
-        result = await result
-    return result
+    """Call a sync or async device function with a timeout; a sync one on the devices' own bounded pool."""
+    try:
+        return await DEVICES(fn, *args, **kw)
+    except DeviceCallTimeout as exc:
+        raise ActionError(str(exc)) from None
 
 
 class IsolateLinkAction:

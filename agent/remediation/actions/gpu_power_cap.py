@@ -4,14 +4,15 @@ The limit is clamped to the GPU's own constraints, read back, and the limit
 found before is recorded so undo restores exactly that, and only if the
 limit is still the one we set (a person who changed it since wins).
 `libs` maps node -> an object with pynvml's function names (real pynvml
-or the simulator's NVML twin); calls are blocking, so they run in a thread.
+or the simulator's NVML twin); calls are blocking, so they run on NVML's own bounded pool (agent.remediation.calls)
+with a timeout.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Mapping
 
+from ..calls import NVML
 from . import ActionError, ActionResult
 
 try:  # the shared NVML control helpers, when present
@@ -54,7 +55,8 @@ class GpuPowerCapAction:
         return lib
 
     async def _call(self, fn, *args):
-        return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout)
+        """On NVML's own bounded pool with a timeout: a hung driver fails the step, never holds it."""
+        return await NVML(fn, *args, timeout=self.timeout)
 
     def _wanted(self, lib: Any, index: int, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> tuple[float, dict]:
         lo, hi, default = _constraints(lib, index)

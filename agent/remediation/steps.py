@@ -1,0 +1,54 @@
+"""A playbook's steps as a small dependency graph, and the truthful outcome of running them.
+
+Why a graph: a leak response must not wait behind a GPU driver. Every step starts at once, in
+the order the playbook lists them (physical urgency), except those that name earlier steps in
+`after:`, which wait for them. Why an outcome function: "mitigated" is a claim operators act on;
+it is made only when every required step's effect was read back on every target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Sequence
+
+from .playbooks import Step
+
+# Step results whose effect was read back: applied now, found already in place, or done before a restart.
+REACHED = frozenset({"done", "duplicate"})
+OUTCOMES = ("mitigated", "partial", "failed", "observed")
+
+
+async def run_graph(steps: Sequence[Step], run_one: Callable[[int, Step], Awaitable[list[str]]]) -> list[list[str]]:
+    """Run every step as its own task (started in list order); `after` waits for the named steps to finish."""
+    ids = {s.id: i for i, s in enumerate(steps) if s.id}
+    tasks: list[asyncio.Task] = []
+
+    async def one(i: int, step: Step) -> list[str]:
+        if step.after:
+            await asyncio.gather(*(tasks[ids[d]] for d in step.after), return_exceptions=True)
+        return await run_one(i, step)
+
+    for i, step in enumerate(steps):
+        tasks.append(asyncio.get_running_loop().create_task(one(i, step)))
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def outcome(steps: Sequence[Step], results: Sequence[Sequence[str]], mode: str) -> str:
+    """mitigated | partial | failed | observed, from each step's per-target results.
+
+    observed: observe or dry-run mode, or nothing here to act on (no required step had a target);
+    mitigated: every required result reached (read back); partial: some did; failed: none did.
+    """
+    if mode != "enforce":
+        return "observed"
+    required = [r for step, rs in zip(steps, results) if step.required for r in rs]
+    if not required:
+        return "observed"
+    reached = sum(1 for r in required if r in REACHED)
+    if reached == len(required):
+        return "mitigated"
+    return "partial" if reached else "failed"
