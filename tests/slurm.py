@@ -1,3 +1,31 @@
 """Tests use the same single-host Slurm the demo starts (agent/sim/slurm_cluster.py)."""
 
 from agent.sim.slurm_cluster import SlurmCluster, slurm_available  # noqa: F401
+
+import subprocess  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Iterator  # noqa: E402
+
+from helpers import wait_for  # noqa: E402
+
+
+@contextmanager
+def batch_job(cluster: SlurmCluster, script: Path, node: str = "node01") -> Iterator[str]:
+    """A real batch job on `node` (its id); cancelled after, and waited out of the queue so no step
+    outlives the test cluster."""
+    script.chmod(0o755)
+    sub = subprocess.run(["sbatch", "-w", node, "-o", str(script.with_suffix(".out")), str(script)],
+                         capture_output=True, text=True, env=cluster.env, timeout=20)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.split()[-1]
+    try:
+        yield job
+    finally:
+        subprocess.run(["scancel", job], env=cluster.env, capture_output=True, timeout=20)
+
+        def gone() -> bool:
+            q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=cluster.env, capture_output=True,
+                               text=True, timeout=20)
+            return job not in q.stdout
+        wait_for(gone, 30, interval=0.2, what=f"job {job} gone from the queue")

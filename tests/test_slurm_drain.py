@@ -13,7 +13,7 @@ from helpers import await_for, require_binary
 from agent.remediation.engine import RemediationEngine
 from agent.remediation.settings import RemediationSettings
 from remediation_support import engine, identity, inventory, results
-from slurm import SlurmCluster
+from slurm import SlurmCluster, batch_job
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,6 @@ def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_pa
 
 def test_checkpoint_signal_reaches_the_running_job_before_the_drain(cluster, tmp_path):
     """`checkpoint_signal`: the node's batch jobs get the signal (a chance to checkpoint), then the node drains."""
-    import subprocess
     import time
 
     from helpers import wait_for
@@ -72,12 +71,7 @@ trap 'echo checkpointed > {marker}' USR1
 touch {ready}
 for i in $(seq 600); do sleep 0.1; done
 """)
-    script.chmod(0o755)
-    sub = subprocess.run(["sbatch", "-w", "node01", "-o", str(tmp_path / "job.out"), str(script)],
-                         capture_output=True, text=True, env=cluster.env, timeout=20)
-    assert sub.returncode == 0, sub.stderr
-    job = sub.stdout.split()[-1]
-    try:
+    with batch_job(cluster, script):
         wait_for(lambda: ready.exists(), 30, what="job running on node01")
 
         async def main():
@@ -103,11 +97,3 @@ for i in $(seq 600); do sleep 0.1; done
         t0 = asyncio.run(main())
         wait_for(lambda: marker.exists(), 10, what="the job trapped USR1")
         assert marker.stat().st_mtime >= t0 - 1
-    finally:
-        subprocess.run(["scancel", job], env=cluster.env, capture_output=True, timeout=20)
-
-        def gone() -> bool:  # let slurmd reap the job's step before the cluster is torn down
-            q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%i"], env=cluster.env, capture_output=True,
-                               text=True, timeout=20)
-            return job not in q.stdout
-        wait_for(gone, 30, interval=0.2, what=f"job {job} gone from the queue")

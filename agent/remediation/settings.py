@@ -106,9 +106,12 @@ class SlurmSettings(_Strict):
     backend: Literal["slurm", "simulated"] = Field(default="slurm", description="simulated: in-process (demo only).")
     scontrol: str = "scontrol"
     sinfo: str = "sinfo"
+    squeue: str = Field(default="squeue", description="Lists the node's jobs for the checkpoint signal.")
+    scancel: str = Field(default="scancel", description="Sends the checkpoint signal (--full: batch shell and every step).")
     slurm_conf: Path | None = Field(default=None, description="Passed as SLURM_CONF to every call.")
     timeout_seconds: float = Field(default=10.0, gt=0)
-    checkpoint_signal: str | None = Field(default=None, description="Signal sent to the node's jobs before drain.")
+    checkpoint_signal: str | None = Field(default=None, description=(
+        "Signal sent to the node's jobs (batch shell and every step) before drain; a failed signal never blocks it."))
 
 
 class ExecProgram(_Strict):

@@ -32,7 +32,7 @@ def _scheduler(loaded: "LoadedConfig") -> Any:
         return None
     if s.backend == "simulated":
         return SimulatedScheduler(loaded.config.inventory.nodes or [loaded.config.agent.node])
-    return SlurmScheduler(s.scontrol, s.sinfo, s.slurm_conf, s.timeout_seconds)
+    return SlurmScheduler(s.scontrol, s.sinfo, s.slurm_conf, s.timeout_seconds, scancel=s.scancel, squeue=s.squeue)
 
 
 def _gpu_lib(loaded: "LoadedConfig") -> Any:

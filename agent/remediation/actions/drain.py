@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping
 
 from . import ActionError, ActionResult
 from .slurm import SchedulerError
 
 MARKER = "supernode-agent:"
+log = logging.getLogger("supernode.remediation")
 
 
 class DrainAction:
@@ -33,10 +35,8 @@ class DrainAction:
             return ActionResult(True, f"{node} already {before['state']} ({'by us' if ours else 'by someone else'})",
                                 before=before, after={"state": before["state"], "reason": before["reason"]},
                                 skipped=True)
+        checkpoint = await self._checkpoint(node, params)
         try:
-            signal = params.get("checkpoint_signal", self.checkpoint_signal)
-            if signal:
-                await self.scheduler.signal_jobs(node, str(signal))
             await self.scheduler.drain(node, plan["reason"])
             after = await self.scheduler.state(node)
         except SchedulerError as exc:
@@ -44,7 +44,20 @@ class DrainAction:
         if not after.drained or not after.reason.startswith(MARKER):
             raise ActionError(f"read-back: {node} is {after.state} reason {after.reason!r} after drain")
         return ActionResult(True, f"{node} {after.state}", before=before,
-                            after={"state": after.state, "reason": after.reason})
+                            after={"state": after.state, "reason": after.reason, **checkpoint})
+
+    async def _checkpoint(self, node: str, params: Mapping[str, Any]) -> dict[str, str]:
+        """Give the node's jobs their checkpoint signal; a failure is logged and recorded, never blocks the drain."""
+        signal = params.get("checkpoint_signal", self.checkpoint_signal)
+        if not signal:
+            return {}
+        try:
+            await self.scheduler.signal_jobs(node, str(signal))
+        except SchedulerError as exc:
+            log.warning("checkpoint signal failed; draining anyway", extra={"node": node, "signal": signal,
+                                                                          "error": str(exc)})
+            return {"checkpoint_error": str(exc)}
+        return {"checkpoint_signal": str(signal)}
 
     async def undo(self, target: Mapping[str, str], before: Mapping[str, Any], after: Mapping[str, Any],
                    params: Mapping[str, Any]) -> ActionResult:

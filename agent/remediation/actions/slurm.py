@@ -37,10 +37,11 @@ class SlurmScheduler:
     label = "slurm"
 
     def __init__(self, scontrol: str = "scontrol", sinfo: str = "sinfo", slurm_conf: Path | str | None = None,
-                 timeout: float = 10.0, scancel: str = "scancel"):
+                 timeout: float = 10.0, scancel: str = "scancel", squeue: str = "squeue"):
         self.scontrol = scontrol
         self.sinfo = sinfo
         self.scancel = scancel
+        self.squeue = squeue
         self.timeout = timeout
         self.env = dict(os.environ)
         if slurm_conf:
@@ -80,9 +81,19 @@ class SlurmScheduler:
         await self._run(self.scontrol, "update", f"NodeName={node}", "State=RESUME")
 
     async def signal_jobs(self, node: str, signal: str) -> None:
-        out = await self._run("squeue", "-h", "-w", node, "-o", "%A")
+        """Signal every job on the node: its batch shell and every step (`--full`), where a job checkpoints.
+
+        Each job is tried even if another fails; the failures are raised together afterwards.
+        """
+        out = await self._run(self.squeue, "-h", "-w", node, "-o", "%i")
+        errors = []
         for job in out.split():
-            await self._run(self.scancel, f"--signal={signal}", "--batch", job)
+            try:
+                await self._run(self.scancel, f"--signal={signal}", "--full", job)
+            except SchedulerError as exc:
+                errors.append(f"job {job}: {exc}")
+        if errors:
+            raise SchedulerError("; ".join(errors))
 
 
 class SimulatedScheduler:
