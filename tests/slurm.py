@@ -29,3 +29,16 @@ def batch_job(cluster: SlurmCluster, script: Path, node: str = "node01") -> Iter
                                text=True, timeout=20)
             return job not in q.stdout
         wait_for(gone, 30, interval=0.2, what=f"job {job} gone from the queue")
+
+
+def running_cluster(names: list[str], *extra_binaries: str) -> Iterator[SlurmCluster]:
+    """A private single-host Slurm for a module's tests (`yield from` it in a fixture); stopped by PID after."""
+    from helpers import require_binary
+
+    for b in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", *extra_binaries):
+        require_binary(b)
+    c = SlurmCluster(names=names).start()
+    try:
+        yield c
+    finally:
+        c.cleanup()

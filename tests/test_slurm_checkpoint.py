@@ -10,20 +10,16 @@ from agent.remediation.actions.slurm import SlurmScheduler
 from agent.remediation.engine import Executors, RemediationEngine
 from agent.remediation.settings import RemediationSettings
 
-from helpers import await_for, require_binary, wait_for
+from helpers import await_for, wait_for
 from remediation_support import identity, inventory, results
-from slurm import SlurmCluster, batch_job
+from slurm import batch_job, running_cluster
 
 OUTCOMES = ("mitigated", "partial", "failed", "observed")
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    for b in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "srun", "squeue", "scancel"):
-        require_binary(b)
-    c = SlurmCluster(names=["node01", "node02"]).start()
-    yield c
-    c.cleanup()
+    yield from running_cluster(["node01", "node02"], "sbatch", "srun", "squeue", "scancel")
 
 
 def xid_engine(tmp_path, cluster, **slurm) -> tuple[RemediationEngine, SlurmScheduler]:

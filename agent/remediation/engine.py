@@ -28,9 +28,11 @@ from .incidents import Incident, IncidentBook
 from .journal import Journal
 from .playbooks import Playbook, Step, find_playbook, load_playbooks
 from .settings import RemediationSettings
+from .ownership import carry_ownership, flip_for_undo, planned_after, rebuild_effects, verdict_result
 from .steps import outcome, run_graph
 
 log = logging.getLogger("supernode.remediation")
+UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is read again
 MODES = ("observe", "dry-run", "enforce")
 
 
@@ -103,6 +105,8 @@ class RemediationEngine:
         # (kind, target) -> {"before", "after", "params", "holders": {incident_id: action_id}}
         self.effects: dict[tuple[str, str], dict[str, Any]] = {}
         self.started = False
+        self._reconciled = asyncio.Condition()  # notified when _recheck_unknown learnt something
+        self.unknown_recheck_seconds = UNKNOWN_RECHECK_SECONDS
         # metrics
         self.actions_total: dict[tuple[str, str, str], int] = {}
         self.blocked_total: dict[tuple[str, str], int] = {}
@@ -151,6 +155,8 @@ class RemediationEngine:
         restored = await asyncio.to_thread(self.incidents.restore)
         self.journal.append("engine", result="started", detail={"mode": self.mode, "restored_incidents": restored})
         self.started = True
+        self._undo_orphans()
+        self._spawn(self._recheck_unknown())
         for inc in self.incidents.open_incidents():
             book = self._playbook_for(inc)
             if book is not None and inc.state in ("open", "mitigating"):
@@ -187,51 +193,86 @@ class RemediationEngine:
             log.error("remediation task failed: %r", task.exception(), exc_info=task.exception())
 
     async def reconcile(self) -> int:
-        """Intents without results: read the real state and record what actually happened."""
+        """Intents without results: read the real state and record what actually happened.
+
+        A device that cannot be read gives `unknown` (not `failed`): the effect may be in place and
+        ours, so it is held for undo and re-checked (`_recheck_unknown`) until the device answers.
+        """
         n = 0
         for e in await asyncio.to_thread(self.journal.unfinished_intents):
-            act = self.actions.get(e.action or "")
-            target = parse_target(e.target or "")
             plan = e.detail.get("plan", {})
             phase = e.detail.get("phase", "apply")
-            verdict = "unknown"
-            if act is not None:
-                try:
-                    verdict = await act.reconcile(target, e.detail.get("params", {}), plan)
-                except Exception as exc:  # a reconcile must never stop the start
-                    verdict = f"unknown ({exc})"
-                if phase == "undo" and verdict in ("applied", "not_applied"):
-                    verdict = "not_applied" if verdict == "applied" else "applied"
-            result = {"applied": "undone" if phase == "undo" else "done",
-                      "not_applied": "failed"}.get(verdict, "failed")
+            verdict = await self._verdict(e)
             self.journal.append("result", action_id=e.action_id, incident_id=e.incident_id, playbook=e.playbook,
-                                action=e.action, target=e.target, result=result,
+                                action=e.action, target=e.target, result=verdict_result(verdict, phase),
                                 detail={"reconciled": verdict, "phase": phase, "before": plan.get("before", {}),
-                                        "after": {}, "params": e.detail.get("params", {})})
+                                        "after": planned_after(plan) if verdict == "applied" else {},
+                                        "plan": plan, "params": e.detail.get("params", {}),
+                                        **({"apply_action_id": e.detail["apply_action_id"]}
+                                           if "apply_action_id" in e.detail else {})})
             n += 1
         return n
 
+    async def _verdict(self, intent: Any) -> str:
+        """applied / not_applied (seen from the intent's phase) or unknown, read from the real device."""
+        act = self.actions.get(intent.action or "")
+        if act is None:
+            return "unknown"
+        try:
+            verdict = await act.reconcile(parse_target(intent.target or ""), intent.detail.get("params", {}),
+                                          intent.detail.get("plan", {}))
+        except Exception as exc:  # a reconcile must never stop the start
+            return f"unknown ({exc})"
+        return flip_for_undo(verdict, intent.detail.get("phase", "apply"))
+
+    async def _recheck_unknown(self) -> None:
+        """Re-read every action reconciled as `unknown` until its device answers; then journal what it found."""
+        while True:
+            entries = await asyncio.to_thread(self.journal.entries)
+            intents = {e.action_id: e for e in entries if e.kind == "intent"}
+            unknown = [e for e in entries if e.kind == "result" and e.result == "unknown"
+                       and self.journal.last_result(e.action_id or "") is not None
+                       and self.journal.last_result(e.action_id or "").seq == e.seq]
+            if not unknown:
+                return
+            await asyncio.sleep(self.unknown_recheck_seconds)
+            for e in unknown:
+                intent = intents.get(e.action_id)
+                verdict = await self._verdict(intent) if intent is not None else "unknown"
+                if verdict_result(verdict, e.detail.get("phase", "apply")) == "unknown":
+                    continue
+                phase = e.detail.get("phase", "apply")
+                self.journal.append("result", action_id=e.action_id, incident_id=e.incident_id,
+                                    playbook=e.playbook, action=e.action, target=e.target,
+                                    result=verdict_result(verdict, phase),
+                                    detail={**e.detail, "reconciled": verdict,
+                                            "after": e.detail.get("after") or planned_after(e.detail.get("plan", {}))})
+                if verdict == "not_applied" and phase == "apply":
+                    eff = self.effects.get((e.action or "", e.target or ""))
+                    if eff is not None and eff["holders"].get(e.incident_id) == e.action_id:
+                        del eff["holders"][e.incident_id]
+                        if not eff["holders"]:
+                            self.effects.pop((e.action or "", e.target or ""), None)
+            async with self._reconciled:
+                self._reconciled.notify_all()
+
     def _rebuild_effects(self, entries: list[Any]) -> None:
         """Effects still in place (applied, owned, not undone) from the journal: undo must know them after a restart."""
-        applied: dict[str, Any] = {}
-        for e in entries:
-            if e.kind != "result" or not e.action_id:
-                continue
-            if e.detail.get("phase", "apply") == "apply" and e.result == "done":
-                applied[e.action_id] = e
-            elif e.result == "undone" or e.detail.get("phase") == "undo":
-                applied.pop(e.detail.get("apply_action_id", ""), None)
-        for aid, e in applied.items():
-            key = (e.action or "", e.target or "")
-            owned = bool(e.detail.get("before", {}).get("owned"))
-            eff = self.effects.get(key)
-            if eff is None or (owned and not eff["before"].get("owned")):
-                holders = eff["holders"] if eff else {}
-                eff = self.effects[key] = {"before": e.detail.get("before", {}), "after": e.detail.get("after", {}),
-                                           "params": e.detail.get("params", {}), "holders": holders}
-            eff["holders"][e.incident_id] = aid
-        for key in [k for k, v in self.effects.items() if not v["before"].get("owned")]:
-            del self.effects[key]
+        self.effects.update(rebuild_effects(entries))
+
+    def _undo_orphans(self) -> None:
+        """Effects held by incidents that resolved before their undo finished (a crash during undo): undo again."""
+        open_ids = {i.id for i in self.incidents.open_incidents()}
+        seen: set[str] = set()
+        for eff in list(self.effects.values()):
+            for iid, book_name in eff.get("playbooks", {}).items():
+                book = next((b for b in self.playbooks if b.name == book_name), None)
+                if iid in open_ids or iid in seen or book is None or iid not in eff["holders"]:
+                    continue
+                seen.add(iid)
+                ghost = Incident(id=iid, detector="", targets={}, severity="", source="", opened_at=0.0,
+                                 state="resolved")
+                self._spawn(self.run_undo(ghost, book))
 
     # -- detection ---------------------------------------------------------------
 
@@ -422,6 +463,12 @@ class RemediationEngine:
         tgt = target_str(target)
         aid = action_id(inc.id, idx, tgt)
         last = self.journal.last_result(aid)
+        if last is not None and last.result == "unknown":
+            # reconciled as unknown (device unreadable at start): acting again blind could take over an
+            # effect we cannot see; wait until _recheck_unknown has read the device
+            async with self._reconciled:
+                await self._reconciled.wait_for(lambda: self.journal.last_result(aid).result != "unknown")
+            last = self.journal.last_result(aid)
         if last is not None and last.result in ("done", "dry_run"):
             return "duplicate"
         act = self.actions.get(step.action)
@@ -451,6 +498,7 @@ class RemediationEngine:
                 self._block(inc, book, step, aid, tgt, exc.guardrail, str(exc))
                 return "blocked"
             return self._result(inc, book, step, aid, tgt, "failed", {"error": str(exc), "phase": "apply"})
+        plan = carry_ownership(plan, self.journal.intent(aid))
         if mode == "dry-run":
             return self._result(inc, book, step, aid, tgt, "dry_run", {"plan": plan, "phase": "apply"})
         self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
@@ -539,8 +587,8 @@ class RemediationEngine:
                                     "plan": {"before": eff["before"], "want_watts": eff["after"].get("limit_watts"),
                                              "reason": eff["after"].get("reason", "")}})
         res = await self._attempt(lambda: act.undo(target, eff["before"], eff["after"], eff["params"]))
-        self.effects.pop((kind, tgt), None)
         if isinstance(res, ActionResult):
+            self.effects.pop((kind, tgt), None)  # a failed undo keeps it: a restart undoes it again
             self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
                                 target=tgt, result="undone", detail={"phase": "undo", "apply_action_id": apply_id,
                                                                      "message": res.message, "after": res.after,
