@@ -151,7 +151,8 @@ class Agent:
                 sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
                 # Remediation is built too before anything running changes: a playbook that does not
                 # load refuses the whole reload.
-                prepared = self.remediation.prepare(new) if self.remediation is not None else None
+                # (on a thread: building it calls nvmlInit, which a wedged driver can hold for long)
+                prepared = await asyncio.to_thread(self.remediation.prepare, new) if self.remediation else None
             except ConfigError as exc:
                 log.error("reload refused, keeping running config", extra={"error": str(exc)})
                 return False, str(exc)
