@@ -71,3 +71,16 @@ def recording(relpath: str) -> Path:
     if not path.exists():
         pytest.fail(f"recording {path} is missing from the repository")
     return path
+
+
+def fill_filesystem(mnt: Path) -> Path:
+    """Write zeros into `mnt/filler` until the filesystem refuses (ENOSPC): a really full disk. Returns the file."""
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    return filler

@@ -7,7 +7,6 @@ then emptied. Nothing here waits on time: every wait is for a condition with a d
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.agentproc import base_config, running_agent
-from tests.helpers import wait_for
+from tests.helpers import fill_filesystem, wait_for
 
 WEBHOOK = "journal-faults-webhook-token"
 
@@ -66,18 +65,6 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def fill(mnt: Path) -> Path:
-    filler = mnt / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
-    return filler
-
-
 class WatchdogListener:
     """Counts WATCHDOG=1 datagrams on a NOTIFY_SOCKET, on its own thread."""
 
@@ -110,7 +97,7 @@ def test_full_state_disk_never_loses_the_leak_playbook_nor_blocks_the_loop(tmp_p
     try:
         with running_agent(leak_config(tmp_path, small_tmpfs), tmp_path, env=env) as agent:
             wait_for(lambda: metric(agent.metrics(), "supernode_journal_writable") == 1, 20, what="journal open")
-            filler = fill(small_tmpfs)
+            filler = fill_filesystem(small_tmpfs)
             pings = watchdog.pings
             status, body = agent.request("POST", "/api/v1/alerts", leak_alert(), token=WEBHOOK)
             assert status == 200 and json.loads(body)["accepted"] == 1, body
