@@ -178,3 +178,34 @@ def test_remediation_import_failure_is_said_not_silent(tmp_path, monkeypatch):
     assert agent.remediation is None
     assert "agent.remediation.wiring" in agent.remediation_degraded()
     assert b"supernode_remediation_degraded 1.0" in agent.render_metrics()
+
+
+def test_corrupt_journal_full_disk_and_hung_gpu_during_a_leak_still_drain_node01(tmp_path, small_tmpfs):
+    """The three faults at once, on the simulated rack with a real agent: node01 is drained, /metrics answers."""
+    from agent.demo import agent_config
+    from tests.helpers import free_port
+    from tests.simrack import sim_rack
+
+    (small_tmpfs / "journal.db").write_bytes(b"\x00garbage, not SQLite" * 200)
+    with sim_rack(tmp_path / "rack") as rack:
+        for name in ("admin.token", "webhook.token"):
+            (tmp_path / name).write_text("admin-token-for-tests\n")
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce")
+        cfg["agent"]["state_dir"] = str(small_tmpfs)
+        cfg["remediation"]["slurm"] = {"backend": "simulated"}
+        cfg["remediation"]["device_timeout_seconds"] = 1.0
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: metric(agent.metrics(), "supernode_journal_moved_aside") == 1, 20, what="moved aside")
+            fill_filesystem(small_tmpfs)
+            rack.inject("gpu-hang", node="node01", gpu=1, seconds=60)
+            rack.inject("leak", zone="zone-a")
+            try:
+                wait_for(lambda: sample(agent.metrics(), 'supernode_remediation_actions_total{action="drain",'
+                                                         'playbook="leak-response",result="done"}') == 1,
+                         30, what="node01 drained with all three faults")
+                status, body = agent.get("/api/v1/journal", token="admin-token-for-tests")
+                drained = [e for e in json.loads(body)["entries"] if e["kind"] == "result" and e["action"] == "drain"]
+                assert drained[0]["target"] == "node=node01" and drained[0]["result"] == "done"
+                assert metric(agent.metrics(), "supernode_journal_writable") == 0
+            finally:
+                rack.clear()  # ends the hang, so the agent stops promptly
