@@ -5,6 +5,7 @@ a whole-driver hang of nvmlDeviceGetCount is a twin subclass whose count blocks 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -34,8 +35,11 @@ class CountHangs(NvmlTwin):
         return super().nvmlDeviceGetCount()
 
 
-async def leak_engine(tmp_path, twin: type[NvmlTwin], gpus: int):
-    """A started engine on a 2x2 simulated rack's NVML twin (real HTTP peer) and a simulated scheduler."""
+@contextlib.asynccontextmanager
+async def leak_engine(tmp_path, twin: type[NvmlTwin], gpus: int, hung_gpu: int | None = None):
+    """A started engine on a 2x2 simulated rack's NVML twin (real HTTP peer) and a simulated scheduler;
+    `hung_gpu`: every NVML call on node01's GPU of that index blocks (the twin's per-GPU hang) until the end."""
+    CountHangs.release.clear()
     model = RackModel(nodes=2, gpus_per_node=2)
     runner, url = await nvml_twin_server(model)
     lib = twin(url, "node01")
@@ -46,14 +50,23 @@ async def leak_engine(tmp_path, twin: type[NvmlTwin], gpus: int):
     eng = RemediationEngine(s, "enforce", identity(), inventory(gpus=gpus), tmp_path / "journal.db",
                             Executors(scheduler=sched, gpu_libs={"node01": lib}))
     await eng.start()
-    return eng, sched, model, lib, runner
+    if hung_gpu is not None:
+        set_hang(model, "node01", hung_gpu, 60)
+    try:
+        yield eng, sched, model, lib
+    finally:
+        if hung_gpu is not None:
+            set_hang(model, "node01", hung_gpu, 0)
+        CountHangs.release.set()  # ends CountHangs' blocked count
+        lib.nvmlShutdown()  # ends the twin's simulated hangs
+        await eng.stop()
+        await runner.cleanup()
 
 
 def test_leak_drains_while_the_gpu_driver_hangs_in_device_count(tmp_path):
     async def main():
         # count from NVML (the default inventory)
-        eng, sched, model, lib, runner = await leak_engine(tmp_path, CountHangs, gpus=0)
-        try:
+        async with leak_engine(tmp_path, CountHangs, gpus=0) as (eng, sched, model, lib):
             inc = eng.fire("leak", {"zone": "zone-a"}, "critical")
             await await_for(lambda: sched.nodes["node01"].drained, what="drained with NVML hung")
             assert not CountHangs.release.is_set()  # NVML never answered: the drain did not wait for it
@@ -62,18 +75,12 @@ def test_leak_drains_while_the_gpu_driver_hangs_in_device_count(tmp_path):
             cap = results(eng, kind="result", action="gpu_power_cap")
             assert [r.result for r in cap] == ["failed"] and "did not answer" in cap[0].detail["error"]
             assert inc.state == "partial" and inc.mitigated_at is None  # the cap is required: not mitigated
-        finally:
-            CountHangs.release.set()
-            await eng.stop()
-            await runner.cleanup()
     asyncio.run(main())
 
 
 def test_one_hung_gpu_fails_its_own_cap_only(tmp_path):
     async def main():
-        eng, sched, model, lib, runner = await leak_engine(tmp_path, NvmlTwin, gpus=2)
-        set_hang(model, "node01", 1, 30)
-        try:
+        async with leak_engine(tmp_path, NvmlTwin, gpus=2, hung_gpu=1) as (eng, sched, model, lib):
             inc = eng.fire("leak", {"zone": "zone-a"}, "critical")
             await await_for(lambda: inc.state in OUTCOMES, timeout=20, what="outcome")
             assert sched.nodes["node01"].drained
@@ -82,11 +89,26 @@ def test_one_hung_gpu_fails_its_own_cap_only(tmp_path):
             assert model.gpu("node01", 0).power_limit_mw == model.gpu("node01", 0).min_limit_mw
             assert inc.state == "partial"
             assert inc.as_dict()["state"] == "partial" and inc.detail["steps"]["3:gpu_power_cap"] == ["done", "failed"]
-        finally:
-            set_hang(model, "node01", 1, 0)
-            lib.nvmlShutdown()
-            await eng.stop()
-            await runner.cleanup()
+    asyncio.run(main())
+
+
+def test_a_hung_gpu_holds_one_nvml_thread_however_often_it_is_capped(tmp_path):
+    """More cap attempts on the hung GPU than NVML's pool has threads: the healthy GPU is still capped."""
+    from agent.remediation.calls import NVML
+
+    async def main():
+        async with leak_engine(tmp_path, NvmlTwin, gpus=2, hung_gpu=1) as (eng, sched, model, lib):
+            for _ in range(6):  # the pool has 4 threads
+                inc = eng.fire("gpu_thermal", {"node": "node01", "gpu": "1"}, "warning")
+                await await_for(lambda: inc.state in OUTCOMES, what="hung GPU's cap outcome")
+                assert inc.state == "failed"
+                eng.clear("gpu_thermal", {"node": "node01", "gpu": "1"})
+            errors = [r.detail["error"] for r in results(eng, kind="result", action="gpu_power_cap")]
+            assert len(errors) == 6 and all("still hung" in e for e in errors)  # refused at once after the first
+            assert NVML._stuck[(id(lib), 1)] == 1  # one thread held by the hung GPU, not one per attempt
+            ok = eng.fire("gpu_thermal", {"node": "node01", "gpu": "0"}, "warning")
+            await await_for(lambda: ok.state in OUTCOMES, what="healthy GPU's cap outcome")
+            assert ok.state == "mitigated" and model.gpu("node01", 0).power_limit_mw == 525_000
     asyncio.run(main())
 
 

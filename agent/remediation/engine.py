@@ -375,7 +375,8 @@ class RemediationEngine:
     async def _gpu_count(self, lib: Any) -> int:
         """nvmlDeviceGetCount with a timeout on NVML's own pool: a hung driver fails the step, not the loop."""
         try:
-            return int(await NVML(lib.nvmlDeviceGetCount, timeout=self.settings.device_timeout_seconds))
+            return int(await NVML(lib.nvmlDeviceGetCount, timeout=self.settings.device_timeout_seconds,
+                                  key=(id(lib), "count")))
         except Exception as exc:  # DeviceCallTimeout, NVMLError
             raise ActionError(f"NVML device count: {type(exc).__name__}: {exc}") from None
 

@@ -54,9 +54,10 @@ class GpuPowerCapAction:
             raise ActionError(f"no NVML handle for node {node} (not this agent's node)", permanent=True)
         return lib
 
-    async def _call(self, fn, *args):
-        """On NVML's own bounded pool with a timeout: a hung driver fails the step, never holds it."""
-        return await NVML(fn, *args, timeout=self.timeout)
+    async def _call(self, fn, lib, index, *args):
+        """On NVML's own bounded pool with a timeout: a hung GPU fails the step, never holds it, and while
+        its earlier call is still stuck it is refused at once (one hung GPU holds one thread)."""
+        return await NVML(fn, lib, index, *args, timeout=self.timeout, key=(id(lib), index))
 
     def _wanted(self, lib: Any, index: int, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> tuple[float, dict]:
         lo, hi, default = _constraints(lib, index)
