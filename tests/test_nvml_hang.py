@@ -100,7 +100,7 @@ def test_one_hung_gpu_leaves_the_others_fresh_and_its_xid_still_opens_an_inciden
     assert "gpu answers again gpu=2" in agent.log()
 
 
-def test_a_hung_driver_marks_nvml_down_while_metrics_answer_and_recovers(rack_agent):
+def test_a_hung_driver_marks_nvml_down_while_metrics_and_reload_answer_and_recovers(rack_agent):
     rack, agent = rack_agent
     rack.inject("nvml-driver-hang", node="node01", seconds=120)
     wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml", device="gpus") == 0.0, 30,
@@ -111,6 +111,10 @@ def test_a_hung_driver_marks_nvml_down_while_metrics_answer_and_recovers(rack_ag
     assert _value(text, "supernode_source_up", source="pdu", device="pdu-a") == 1.0
     assert _value(text, "supernode_source_errors_total", source="nvml", device="gpus", kind="timeout") >= 1
     assert agent.get("/healthz")[0] == 200
+    # A reload rebuilds remediation's NVML handle: its nvmlInit must not run on the event loop.
+    status, body = agent.request("POST", "/-/reload", token=TOKEN)
+    assert (status, json.loads(body)["reloaded"]) == (200, True), body
+    assert agent.get("/metrics")[0] == 200
     rack.clear()
     wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml", device="gpus") == 1.0
              and all(_value(agent.metrics(), "supernode_gpu_power_watts", gpu=str(g)) is not None for g in range(4)),
@@ -130,3 +134,22 @@ def test_gpu_lost_detector_says_whether_the_gpu_hung(hung, why):
     d = Detectors(DetectorSettings(), Context(node="node01", rack="r01", expected_gpus=2))
     events = [e for e in d.evaluate(Snapshot(now, tuple(rs), ())) if e.detector == "gpu_lost"]
     assert [(e.kind, e.targets, e.detail) for e in events] == [("fire", {"node": "node01", "gpu": "1"}, {"why": why})]
+
+
+def test_remediation_nvml_init_runs_off_the_caller_and_times_out_on_a_hung_driver(tmp_path):
+    import pynvml
+
+    from agent.sim.nvml_twin import NvmlTwin
+    from exporters.nvml_control import InitOnFirstUse, get_power_limit
+
+    with sim_rack(tmp_path) as rack:
+        rack.inject("nvml-driver-hang", node="node01", seconds=120)
+        twin = NvmlTwin(rack.url, "node01")
+        lib = InitOnFirstUse(twin, timeout=0.5)  # returns at once: the init blocks on its own thread
+        assert twin._inits == 0
+        assert lib.NVMLError is pynvml.NVMLError and lib.NVML_TEMPERATURE_GPU == pynvml.NVML_TEMPERATURE_GPU
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            get_power_limit(lib, 0)
+        rack.clear()
+        assert get_power_limit(lib, 0) == rack.sim.model.gpu("node01", 0).power_limit_mw / 1000
+        assert twin._inits == 1
