@@ -61,7 +61,17 @@ class SourceRunner:
                 except KeyError:  # unregistered by a reload meanwhile
                     pass
 
-        stream.attach(lambda readings: loop.call_soon_threadsafe(publish, readings), self.settings.interval)
+        def fail(kind: str, message: str) -> None:
+            if not self.closed:
+                log.warning("event stream failed", extra={"source": stream.name, "device": stream.device,
+                                                          "kind": kind, "error": message})
+                try:
+                    self.store.fail(stream.name, stream.device, kind, message, 0.0)
+                except KeyError:
+                    pass
+
+        stream.attach(lambda readings: loop.call_soon_threadsafe(publish, readings), self.settings.interval,
+                      lambda kind, message: loop.call_soon_threadsafe(fail, kind, message))
 
     @property
     def job_id(self) -> str:

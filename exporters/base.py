@@ -85,24 +85,34 @@ class EventStream:
         self.device = device
         self.every = 5.0  # publish at least this often, so the entry stays fresh without events
         self._sink: Callable[[list[Any]], None] | None = None
+        self._fail: Callable[[str, str], None] | None = None
 
     @property
     def attached(self) -> bool:
         return self._sink is not None
 
-    def attach(self, sink: Callable[[list[Any]], None], every: float) -> None:
+    def attach(self, sink: Callable[[list[Any]], None], every: float,
+               fail: Callable[[str, str], None] | None = None) -> None:
         self.every = every
+        self._fail = fail
         self._sink = sink
 
     def detach(self) -> None:
-        self._sink = None
+        self._sink = self._fail = None
 
     def publish(self, readings: list[Any]) -> bool:
-        sink = self._sink
-        if sink is None:
+        return self._send(self._sink, readings)
+
+    def fail(self, kind: str, message: str) -> bool:
+        """The stream cannot run (e.g. events unsupported): its entry reads down, with why."""
+        return self._send(self._fail, kind, message)
+
+    @staticmethod
+    def _send(fn: Callable[..., None] | None, *args: Any) -> bool:
+        if fn is None:
             return False
         try:
-            sink(readings)
+            fn(*args)
         except RuntimeError:  # the event loop has closed under us (shutdown)
             return False
         return True

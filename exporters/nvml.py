@@ -181,6 +181,7 @@ class NvmlSource:
         self.event_stream: EventStream | None = EventStream("nvml_events", device) if xid_events else None
         self._present: dict[int, str] = {}  # index -> uuid of the GPUs enumerated by the last cycle
         self._handle_uuids: dict[Any, str] = {}  # event handle -> uuid, learnt at registration
+        self._hung_logged: set[int] = set()
         self._nvml_error = lib.NVMLError
         self._not_supported = lib.NVMLError_NotSupported
         self._lost = (lib.NVMLError_GpuIsLost, lib.NVMLError_GpuNotFound)
@@ -270,13 +271,15 @@ class NvmlSource:
         return [Reading(M.GPU_UP, 0.0, labels, _OK, ts), Reading(M.GPU_HUNG, 1.0, labels, _OK, ts)]
 
     def _note_hung(self, hung: list[int]) -> None:
-        """Log a GPU going hung, and coming back, once each."""
+        """Log a GPU going hung, and coming back, once each (only the cycle's thread touches `_hung_logged`)."""
         for i in hung:
-            self._log_once(("hung", i), "gpu hung: nvml calls exceed the per-gpu budget gpu=%s uuid=%s budget_s=%s",
-                           i, self._uuids.get(i, ""), self._lanes.budget)
-        for key in [k for k in self._logged if k[0] == "hung" and k[1] not in hung]:
-            self._logged.discard(key)
-            log.warning("gpu answers again gpu=%s uuid=%s", key[1], self._uuids.get(key[1], ""))
+            if i not in self._hung_logged:
+                self._hung_logged.add(i)
+                log.warning("gpu hung: nvml calls exceed the per-gpu budget gpu=%s uuid=%s budget_s=%s",
+                            i, self._uuids.get(i, ""), self._lanes.budget)
+        for i in sorted(self._hung_logged.difference(hung)):
+            self._hung_logged.discard(i)
+            log.warning("gpu answers again gpu=%s uuid=%s", i, self._uuids.get(i, ""))
 
     def _probe_gpu(self, i: int) -> None:
         """The cheap call that says a hung GPU answers again (run on a thread of its own)."""
@@ -557,6 +560,8 @@ class NvmlSource:
             es = lib.nvmlEventSetCreate()
         except self._nvml_error as e:
             log.warning("nvml event set unavailable error=%r", str(e))
+            if self.event_stream is not None:  # no XID series at all rather than zeros nobody counts
+                self.event_stream.fail("driver", f"nvmlEventSetCreate: {e}")
             return
         try:
             self._register_events(es)

@@ -345,6 +345,32 @@ def test_xid_of_a_hung_gpu_is_published_on_its_own_path_without_a_poll(sim, mode
     assert last["2"] == 79.0 and last["0"] == 0.0
 
 
+class NoEventsTwin(NvmlTwin):
+    def nvmlEventSetCreate(self):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+def test_an_event_stream_that_cannot_run_reads_down_not_zero(sim, model):
+    """No event set: the stream's entry says so (down, with why) and no XID series pretend to count."""
+    failed: list[tuple[str, str]] = []
+    published: list = []
+
+    async def scenario():
+        src = NvmlSource(NoEventsTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=True)
+        src.event_stream.attach(published.append, every=60.0, fail=lambda kind, msg: failed.append((kind, msg)))
+        try:
+            res = await src.poll()
+            await await_for(lambda: failed, timeout=10, what="the stream reported its failure")
+            return res
+        finally:
+            await src.close()
+
+    res = run(scenario)
+    assert failed[0][0] == "driver" and "nvmlEventSetCreate" in failed[0][1] and not published
+    assert not values(res, M.XID) and not values(res, M.LAST_XID)
+    assert sorted(values(res, M.GPU_UP).values()) == [1.0] * GPUS
+
+
 def test_power_limit_set_with_clamp_and_read_back(sim, model):
     twin = NvmlTwin(sim.url, NODE)
     twin.nvmlInit()
