@@ -37,7 +37,8 @@ def sim(model: RackModel):
 
 
 def source(sim: Any, node: str = NODE, xid: bool = False, timeout: float = 5.0, lib: Any = None) -> NvmlSource:
-    return NvmlSource(lib or NvmlTwin(sim.url, node), GPUS, LINKS, call_timeout=timeout, xid_events=xid)
+    return NvmlSource(lib or NvmlTwin(sim.url, node), GPUS, LINKS, call_timeout=timeout, xid_events=xid,
+                      gpu_timeout=timeout * 0.8)  # wide: only an injected hang trips it on a loaded machine
 
 
 def run(coro_fn):
@@ -202,7 +203,7 @@ def _gpu_series(res: PollResult, gpu: str) -> set[str]:
 
 def test_a_hung_gpu_is_one_gpu_the_others_keep_reporting(sim, model):
     async def scenario():
-        src = NvmlSource(NvmlTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=False, gpu_timeout=0.3)
+        src = NvmlSource(NvmlTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=False, gpu_timeout=1.0)
         ticks, t = _ticking()
         try:
             await src.poll()
@@ -315,7 +316,7 @@ def test_xid_of_a_hung_gpu_is_published_on_its_own_path_without_a_poll(sim, mode
     published: list[list] = []
 
     async def scenario():
-        src = NvmlSource(NvmlTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=True, gpu_timeout=0.3)
+        src = NvmlSource(NvmlTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=True, gpu_timeout=1.0)
         src.event_stream.attach(published.append, every=60.0)
         try:
             first = await src.poll()

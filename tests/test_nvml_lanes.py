@@ -25,7 +25,7 @@ def test_two_gpus_hung_in_one_cycle_the_rest_read_in_order_and_they_come_back():
     def probe(i: int) -> None:
         probes.append(i)
 
-    lanes = GpuLanes(0.2, probe)
+    lanes = GpuLanes(1.0, probe)
     try:
         results, hung = lanes.read(4, read)
         assert hung == [0, 2] and results == {1: "gpu1", 3: "gpu3"}
@@ -65,7 +65,7 @@ def test_a_bug_in_a_read_is_an_error_not_a_hang():
 @pytest.mark.parametrize("count", [0, 1])
 def test_a_hung_gpu_no_longer_enumerated_is_forgotten(count):
     release = threading.Event()
-    lanes = GpuLanes(0.2, lambda i: None)
+    lanes = GpuLanes(1.0, lambda i: None)
     try:
         assert lanes.read(2, lambda i: release.wait(60) if i == 1 else i)[1] == [1]
         assert lanes.read(count, lambda i: i) == ({i: i for i in range(count)}, [])
