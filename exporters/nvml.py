@@ -569,8 +569,11 @@ class NvmlSource:
             published = time.monotonic() if self._publish_xids() else -math.inf
             while not self._stop.is_set():
                 got = False
+                every = self.event_stream.every if self.event_stream is not None else math.inf
+                # wait at most half the publishing period, so the stream's entry never goes stale between events
+                wait_ms = self._event_wait_ms if math.isinf(every) else min(self._event_wait_ms, max(50, int(every * 500)))
                 try:
-                    d = lib.nvmlEventSetWait_v2(es, self._event_wait_ms)
+                    d = lib.nvmlEventSetWait_v2(es, wait_ms)
                 except self._timeout_error:
                     pass
                 except self._nvml_error as e:
@@ -581,7 +584,6 @@ class NvmlSource:
                     self._logged.discard(("events",))
                     if int(d.eventType) & self._p.xid_event_mask:
                         got = self._record_xid(d)
-                every = self.event_stream.every if self.event_stream is not None else math.inf
                 if (got or time.monotonic() - published >= every) and not self._stop.is_set() and self._publish_xids():
                     published = time.monotonic()
         finally:
