@@ -112,9 +112,10 @@ def test_a_hung_driver_marks_nvml_down_while_metrics_and_reload_answer_and_recov
     # the poll gives up (its timeout may be longer than the staleness rule that already hid the series)
     wait_for(lambda: (_value(agent.metrics(), "supernode_source_errors_total", source="nvml", device="gpus",
                              kind="timeout") or 0) >= 1, 30, what="the hung poll counted as a timeout")
-    text = agent.metrics()  # /metrics answers throughout (agent.metrics asserts 200)
-    assert _value(text, "supernode_source_up", source="nvml", device="gpus") == 0.0
-    assert _value(text, "supernode_source_up", source="pdu", device="pdu-a") == 1.0
+    # other sources keep polling meanwhile; /metrics answers throughout (agent.metrics asserts 200)
+    wait_for(lambda: (t := agent.metrics()) and _value(t, "supernode_source_up", source="nvml", device="gpus") == 0.0
+             and _value(t, "supernode_source_up", source="pdu", device="pdu-a") == 1.0, 30,
+             what="the PDU polled while nvml is down")
     assert agent.get("/healthz")[0] == 200
     # A reload rebuilds remediation's NVML handle: its nvmlInit must not run on the event loop.
     status, body = agent.request("POST", "/-/reload", token=TOKEN)
@@ -124,6 +125,9 @@ def test_a_hung_driver_marks_nvml_down_while_metrics_and_reload_answer_and_recov
     wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml", device="gpus") == 1.0
              and all(_value(agent.metrics(), "supernode_gpu_power_watts", gpu=str(g)) is not None for g in range(4)),
              60, what="nvml recovers once the driver answers")
+    # the reloaded source's XID stream is attached and publishing again
+    wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml_events", device="gpus") == 1.0, 30,
+             what="the XID event stream up again")
 
 
 def _reading(spec, value: float, ts: float, **labels: str) -> Reading:

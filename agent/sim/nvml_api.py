@@ -133,7 +133,7 @@ def add_nvml_routes(app: web.Application, model: RackModel) -> None:
         while True:
             found = xid_events(model, node, after)
             if found or time.monotonic() >= deadline:
-                return web.json_response({"events": found})
+                return web.json_response({"events": found, "driver_hang_s": model.nodes[node].nvml_hang_seconds})
             await asyncio.sleep(min(EVENT_POLL_S, max(0.0, deadline - time.monotonic())))
 
     app.router.add_get(PREFIX + "/{node}/state", state)

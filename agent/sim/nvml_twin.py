@@ -43,7 +43,7 @@ from agent.sim.nvml_api import PREFIX
 _UI, _ULL, _D = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_DOUBLE
 _NVLINK5 = pynvml.NVML_NVLINK_VERSION_5_0
 _LINK_BITS_PER_S = 8e11  # an NVLink5 link: 100 GB/s per direction (the BER the twin derives from the error rate)
-HANG_POLL_S = 0.1  # a simulated hang rechecks the simulator this often, so clearing the fault ends it
+HANG_POLL_S = 0.25  # a simulated hang rechecks the simulator this often, so clearing the fault ends it
 _SUPPORTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
                      | pynvml.nvmlEventTypeSingleBitEccError)
 
@@ -463,10 +463,12 @@ class NvmlTwin:
         """Long-polls the simulator; raises NVMLError_Timeout when nothing came, as pynvml does."""
         if not self._inits:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
-        self._node()  # a wedged driver blocks event waits too
         if not es.pending:
             reply = self._request("GET", f"/events?after={es.after}&timeout_ms={int(timeoutms)}",
                                   timeout=timeoutms / 1000 + self._http_timeout)
+            hang = float(reply.get("driver_hang_s", 0.0))
+            if hang > 0:  # a wedged driver blocks event waits too
+                self._block(hang, lambda s: s.driver_hang_s > 0)
             for e in reply["events"]:
                 es.after = max(es.after, e["seq"])
                 if es.masks.get(e["index"], 0) & pynvml.nvmlEventTypeXidCriticalError:
