@@ -172,6 +172,14 @@ class NvmlSettings(SourceSettings):
     backend: Literal["nvml", "sim"] = Field(default="nvml", description="Real NVML or the simulator's twin.")
     sim_url: str | None = Field(default=None, description="Simulator URL when backend is sim.")
     xid_events: bool = True
+    gpu_timeout: float = Field(default=0.5, gt=0, le=60, description="Seconds one GPU's reads may take in a poll; "
+                               "a GPU that takes longer is reported hung and skipped until it answers again.")
+
+    @model_validator(mode="after")
+    def _gpu_timeout_fits(self) -> "NvmlSettings":
+        if self.gpu_timeout >= self.timeout:
+            raise ValueError(f"gpu_timeout {self.gpu_timeout}s must be below the poll timeout ({self.timeout}s)")
+        return self
 
 
 class DomSettings(SourceSettings):

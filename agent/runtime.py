@@ -20,7 +20,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from agent.config import SourceSettings
 from agent.snapshot import SnapshotStore
-from exporters.base import Source
+from exporters.base import EventStream, Source
 from exporters.model import SourceError
 
 log = logging.getLogger("supernode.runtime")
@@ -44,6 +44,36 @@ class SourceRunner:
         self.next_allowed = 0.0
         self.polls = 0
         self.running = False
+        self.stale_after_intervals = stale_after_intervals
+        self.closed = False
+        self.stream: EventStream | None = getattr(source, "event_stream", None)
+
+    def _attach_stream(self) -> None:
+        """Give the source's event stream (if any) a store entry of its own and a thread-safe way into it."""
+        stream = self.stream
+        if stream is None or stream.attached:
+            return
+        loop = asyncio.get_running_loop()
+        self.store.register(stream.name, stream.device, self.settings.interval, self.stale_after_intervals)
+
+        def publish(readings: list) -> None:
+            if not self.closed:
+                try:
+                    self.store.publish(stream.name, stream.device, readings, 0.0)
+                except KeyError:  # unregistered by a reload meanwhile
+                    pass
+
+        def fail(kind: str, message: str) -> None:
+            if not self.closed:
+                log.warning("event stream failed", extra={"source": stream.name, "device": stream.device,
+                                                          "kind": kind, "error": message})
+                try:
+                    self.store.fail(stream.name, stream.device, kind, message, 0.0)
+                except KeyError:
+                    pass
+
+        stream.attach(lambda readings: loop.call_soon_threadsafe(publish, readings), self.settings.interval,
+                      lambda kind, message: loop.call_soon_threadsafe(fail, kind, message))
 
     @property
     def job_id(self) -> str:
@@ -58,6 +88,7 @@ class SourceRunner:
         now = time.monotonic()
         if now < self.next_allowed or self.running:
             return
+        self._attach_stream()
         self.running = True
         try:
             await self._poll()
@@ -133,9 +164,13 @@ class SourceScheduler:
             if self.scheduler.get_job(job_id):
                 self.scheduler.remove_job(job_id)
         new_ids = {f"{s.source.name}/{s.source.device}" for s in sources}
+        new_streams = {(s.name, s.device) for s in (getattr(x.source, "event_stream", None) for x in sources) if s}
         for job_id, runner in old.items():
+            runner.closed = True
             if job_id not in new_ids:
                 self.store.unregister(runner.source.name, runner.source.device)
+            if runner.stream is not None and (runner.stream.name, runner.stream.device) not in new_streams:
+                self.store.unregister(runner.stream.name, runner.stream.device)
             await _close_quietly(runner.source)
         for s in sources:
             self._add(SourceRunner(s.source, s.settings, self.store, stale_after_intervals))

@@ -39,7 +39,7 @@ def _nvml(loaded: LoadedConfig) -> list[ScheduledSource]:
     from exporters.nvml import NvmlSource
 
     src = NvmlSource(nvml_library(loaded), cfg.inventory.gpus.count, cfg.inventory.gpus.nvlinks_per_gpu,
-                     call_timeout=settings.timeout, xid_events=settings.xid_events)
+                     call_timeout=settings.timeout, xid_events=settings.xid_events, gpu_timeout=settings.gpu_timeout)
     return [ScheduledSource(src, settings)]
 
 

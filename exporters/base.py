@@ -67,3 +67,83 @@ class BlockingCaller:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class EventStream:
+    """Readings a source publishes from its own thread as events happen, outside its poll cycle.
+
+    Why: an event (an XID) must reach the detectors within one event wait,
+    even while the poll cycle is slow or hung. The runtime attaches a sink
+    that hands the readings to its event loop thread-safely and registers
+    `name`/`device` as a store entry of its own; until one is attached (a
+    one-shot probe, a bare test) `publish` returns False and the source
+    keeps such readings in its poll result instead.
+    """
+
+    def __init__(self, name: str, device: str):
+        self.name = name
+        self.device = device
+        self.every = 5.0  # publish at least this often, so the entry stays fresh without events
+        self._sink: Callable[[list[Any]], None] | None = None
+        self._fail: Callable[[str, str], None] | None = None
+
+    @property
+    def attached(self) -> bool:
+        return self._sink is not None
+
+    def attach(self, sink: Callable[[list[Any]], None], every: float,
+               fail: Callable[[str, str], None] | None = None) -> None:
+        self.every = every
+        self._fail = fail
+        self._sink = sink
+
+    def detach(self) -> None:
+        self._sink = self._fail = None
+
+    def publish(self, readings: list[Any]) -> bool:
+        return self._send(self._sink, readings)
+
+    def fail(self, kind: str, message: str) -> bool:
+        """The stream cannot run (e.g. events unsupported): its entry reads down, with why."""
+        return self._send(self._fail, kind, message)
+
+    @staticmethod
+    def _send(fn: Callable[..., None] | None, *args: Any) -> bool:
+        if fn is None:
+            return False
+        try:
+            fn(*args)
+        except RuntimeError:  # the event loop has closed under us (shutdown)
+            return False
+        return True
+
+
+async def off_loop(fn: Callable[[], Any], timeout: float, name: str) -> bool:
+    """Run a blocking call on a thread of its own and wait at most `timeout`; False if it did not return.
+
+    For driver calls at close or reload (nvmlShutdown, nvmlInit) that must
+    never block the event loop, nor sit in asyncio's shared default pool if
+    they hang.
+    """
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def finished() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            try:
+                loop.call_soon_threadsafe(finished)
+            except RuntimeError:  # loop closed: nobody waits any more
+                pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        await asyncio.wait_for(done, timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True

@@ -1,17 +1,23 @@
 """GPU and NVLink collector over NVML (nvidia-ml-py, or the simulator's twin with the same names).
 
 Why it is shaped this way:
-- A whole collection cycle is one blocking function run through
-  `BlockingCaller`: a wedged driver stalls only this source's thread, the
-  poll gives up after `call_timeout` (`SourceError("timeout")`, source down)
-  and no new cycle starts until the hung call returns.
+- A hung GPU is one GPU: each GPU's reads have a time budget (`gpu_timeout`,
+  exporters/nvml_lanes.py). A GPU that overruns it reads `supernode_gpu_hung 1`
+  and `supernode_gpu_up 0` and is skipped until a cheap probe answers, while
+  the other GPUs keep reporting fresh values in the same cycle.
+- Init and enumeration run through `BlockingCaller`: a wedged driver as a
+  whole stalls only this source's thread, the poll gives up after
+  `call_timeout` (`SourceError("timeout")`, source down) and no new cycle
+  starts until the hung call returns.
 - `NotSupported` is answered once with an UNSUPPORTED reading and that
   function (or field) is never asked again for that GPU: no error storm.
 - `GPU_IS_LOST`, or fewer GPUs than the inventory expects, yields
   `supernode_gpu_up 0` and nothing else for that GPU: no stale values.
 - Per-link NVLink counters come in one `nvmlDeviceGetFieldValues` batch per
   GPU and each entry's own return code is checked.
-- XIDs arrive on the NVML event stream, read by a dedicated thread.
+- XIDs arrive on the NVML event stream, read by a dedicated thread, and are
+  published on their own path (`event_stream`, store entry `nvml_events`)
+  within one event wait, never only inside a poll cycle that may be hung.
 This module never imports `agent` (layering): `lib` is handed in.
 """
 
@@ -27,8 +33,9 @@ import time
 from typing import Any
 
 from exporters import nvml_metrics as M
-from exporters.base import BlockingCaller
+from exporters.base import BlockingCaller, EventStream, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
+from exporters.nvml_lanes import GpuLanes
 from exporters.nvml_profile import LinkField, NvmlProfile, load_profile
 
 log = logging.getLogger("exporters.nvml")
@@ -159,7 +166,7 @@ class NvmlSource:
 
     def __init__(self, lib: Any, node_inventory_gpu_count: int, nvlinks: int, call_timeout: float,
                  xid_events: bool = True, device: str = "gpus", profile: NvmlProfile | None = None,
-                 event_wait_ms: int = 500):
+                 event_wait_ms: int = 500, gpu_timeout: float = 0.5):
         self.device = device
         self._lib = lib
         self._expected = node_inventory_gpu_count
@@ -169,6 +176,12 @@ class NvmlSource:
         self._event_wait_ms = event_wait_ms
         self._p = profile or load_profile()
         self._caller = BlockingCaller("nvml")
+        self._lanes = GpuLanes(gpu_timeout, self._probe_gpu)
+        # XIDs published on their own (once the runtime attaches a sink): see EventStream
+        self.event_stream: EventStream | None = EventStream("nvml_events", device) if xid_events else None
+        self._present: dict[int, str] = {}  # index -> uuid of the GPUs enumerated by the last cycle
+        self._handle_uuids: dict[Any, str] = {}  # event handle -> uuid, learnt at registration
+        self._hung_logged: set[int] = set()
         self._nvml_error = lib.NVMLError
         self._not_supported = lib.NVMLError_NotSupported
         self._lost = (lib.NVMLError_GpuIsLost, lib.NVMLError_GpuNotFound)
@@ -197,15 +210,23 @@ class NvmlSource:
 
     async def close(self) -> None:
         self._stop.set()
-        if self._events is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._events.join, self._event_wait_ms / 1000 + 1.0)
+        if self.event_stream is not None:
+            self.event_stream.detach()
+        events = self._events
+        if events is not None:
+            await off_loop(lambda: events.join(self._event_wait_ms / 1000 + 1.0), self._event_wait_ms / 1000 + 1.5,
+                           "nvml-events-join")
         self._caller.shutdown()
+        self._lanes.shutdown()
         if self._initialized and not self._caller.busy:
-            try:
-                self._lib.nvmlShutdown()
-            except self._nvml_error:
-                pass
             self._initialized = False
+            await off_loop(self._shutdown_quietly, 1.0, "nvml-shutdown")
+
+    def _shutdown_quietly(self) -> None:
+        try:
+            self._lib.nvmlShutdown()
+        except self._nvml_error:
+            pass
 
     # -- one cycle (runs on the driver thread) -----------------------------------------
 
@@ -226,15 +247,44 @@ class NvmlSource:
             raise SourceError("driver", f"nvmlDeviceGetCount: {e}") from None
         readings: list[Reading] = []
         partial: dict[str, int] = {}
+        results, hung = self._lanes.read(count, lambda i: self._gpu(i, ts, partial))
         for i in range(count):
-            readings += self._gpu(i, ts, partial)
+            out = results.get(i)
+            if out is None:  # hung: skipped this cycle
+                readings += self._hung_readings(i, ts)
+            elif isinstance(out, BaseException):
+                raise out
+            else:
+                readings += out
+        self._note_hung(hung)
+        self._present = {i: self._uuids.get(i, "") for i in range(count)}
         for i in range(count, self._expected):
             self._log_once(("missing", i), "gpu missing against inventory gpu=%s seen=%s expected=%s", i, count, self._expected)
             readings.append(Reading(M.GPU_UP, 0.0, {"gpu": str(i), "uuid": ""}, Quality.OK, ts))
         if self._xid_events and self._events is None:
             self._events = threading.Thread(target=self._event_loop, name="nvml-events", daemon=True)
             self._events.start()
-        return PollResult(readings, partial)
+        return PollResult(readings, dict(partial))  # a copy: a hung GPU's late return may still count into it
+
+    def _hung_readings(self, i: int, ts: float) -> list[Reading]:
+        labels = {"gpu": str(i), "uuid": self._uuids.get(i, "")}
+        return [Reading(M.GPU_UP, 0.0, labels, _OK, ts), Reading(M.GPU_HUNG, 1.0, labels, _OK, ts)]
+
+    def _note_hung(self, hung: list[int]) -> None:
+        """Log a GPU going hung, and coming back, once each (only the cycle's thread touches `_hung_logged`)."""
+        for i in hung:
+            if i not in self._hung_logged:
+                self._hung_logged.add(i)
+                log.warning("gpu hung: nvml calls exceed the per-gpu budget gpu=%s uuid=%s budget_s=%s",
+                            i, self._uuids.get(i, ""), self._lanes.budget)
+        for i in sorted(self._hung_logged.difference(hung)):
+            self._hung_logged.discard(i)
+            log.warning("gpu answers again gpu=%s uuid=%s", i, self._uuids.get(i, ""))
+
+    def _probe_gpu(self, i: int) -> None:
+        """The cheap call that says a hung GPU answers again (run on a thread of its own)."""
+        lib = self._lib
+        lib.nvmlDeviceGetTemperature(lib.nvmlDeviceGetHandleByIndex(i), lib.NVML_TEMPERATURE_GPU)
 
     def _safe_text(self, fn: Any) -> str:
         try:
@@ -276,6 +326,7 @@ class NvmlSource:
             c.plan.info = {**c.base, **st["info"]}
         c.add(M.GPU_INFO, 1.0, c.plan.info)
         c.add(M.GPU_UP, 1.0)
+        c.add(M.GPU_HUNG, 0.0)
         for label, value in st["thresholds"]:
             c.add(M.THRESHOLD, value, c.with_("threshold", label))
         v = c.ask("nvmlDeviceGetTemperature", M.TEMPERATURE, lib.nvmlDeviceGetTemperature, h, lib.NVML_TEMPERATURE_GPU)
@@ -322,7 +373,9 @@ class NvmlSource:
             c.add(M.PCIE_REPLAYS, v)
         self._read_fields(c, h)
         self._read_links(c, h)
-        self._read_xids(c)
+        stream = self.event_stream
+        if stream is None or not stream.attached:
+            self._read_xids(c)
 
     def _read_static(self, c: _GpuCycle, h: Any) -> dict[str, Any]:
         """Facts that do not change while the driver is loaded: read once per GPU."""
@@ -476,12 +529,28 @@ class NvmlSource:
                 return
 
     def _read_xids(self, c: _GpuCycle) -> None:
+        c.out += self._xid_readings(c.base, c.ts)
+
+    def _xid_readings(self, base: dict[str, str], ts: float) -> list[Reading]:
+        uuid = base["uuid"]
         with self._xid_lock:
-            counts = dict(self._xids.get(c.uuid, {}))
-            last = self._last_xid.get(c.uuid, 0)
-        for xid, n in sorted(counts.items()):
-            c.add(M.XID, n, c.with_("xid", str(xid)))
-        c.add(M.LAST_XID, last)
+            counts = dict(self._xids.get(uuid, {}))
+            last = self._last_xid.get(uuid, 0)
+        out = [make_reading(M.XID, float(n), {**base, "xid": str(xid)}, _OK, ts) for xid, n in sorted(counts.items())]
+        out.append(make_reading(M.LAST_XID, float(last), base, _OK, ts))
+        return out
+
+    def _publish_xids(self) -> bool:
+        """Every enumerated GPU's XID counters on the event stream's own path (from the event thread)."""
+        stream = self.event_stream
+        if stream is None or not stream.attached:
+            return False
+        ts = time.time()
+        readings: list[Reading] = []
+        for i, uuid in sorted(self._present.items()):
+            if uuid:
+                readings += self._xid_readings({"gpu": str(i), "uuid": uuid}, ts)
+        return stream.publish(readings)
 
     # -- XID event stream (its own thread) ---------------------------------------------
 
@@ -491,22 +560,32 @@ class NvmlSource:
             es = lib.nvmlEventSetCreate()
         except self._nvml_error as e:
             log.warning("nvml event set unavailable error=%r", str(e))
+            if self.event_stream is not None:  # no XID series at all rather than zeros nobody counts
+                self.event_stream.fail("driver", f"nvmlEventSetCreate: {e}")
             return
         try:
             self._register_events(es)
             self.events_ready.set()
+            published = time.monotonic() if self._publish_xids() else -math.inf
             while not self._stop.is_set():
+                got = False
+                every = self.event_stream.every if self.event_stream is not None else math.inf
+                # wait at most half the publishing period, so the stream's entry never goes stale between events
+                wait_ms = self._event_wait_ms if math.isinf(every) else min(self._event_wait_ms, max(50, int(every * 500)))
                 try:
-                    d = lib.nvmlEventSetWait_v2(es, self._event_wait_ms)
+                    d = lib.nvmlEventSetWait_v2(es, wait_ms)
                 except self._timeout_error:
-                    continue
+                    pass
                 except self._nvml_error as e:
                     self._log_once(("events",), "nvml event wait failed error=%r", str(e))
                     self._stop.wait(1.0)
                     continue
-                self._logged.discard(("events",))
-                if int(d.eventType) & self._p.xid_event_mask:
-                    self._record_xid(d)
+                else:
+                    self._logged.discard(("events",))
+                    if int(d.eventType) & self._p.xid_event_mask:
+                        got = self._record_xid(d)
+                if (got or time.monotonic() - published >= every) and not self._stop.is_set() and self._publish_xids():
+                    published = time.monotonic()
         finally:
             try:
                 lib.nvmlEventSetFree(es)
@@ -516,32 +595,49 @@ class NvmlSource:
     def _register_events(self, es: Any) -> None:
         lib = self._lib
         want = self._p.xid_event_mask
+        hung = set(self._lanes.hung())
         for i in range(lib.nvmlDeviceGetCount()):
+            if i in hung:  # registering would block on it: its XIDs are missed until a restart
+                log.warning("nvml xid events not registered gpu=%s error=%r", i, "gpu hung")
+                continue
             try:
                 h = lib.nvmlDeviceGetHandleByIndex(i)
+                # an event names its GPU by handle: learn the uuid now, so a hung GPU's XID needs no NVML call
+                self._handle_uuids[_handle_key(h)] = _text(lib.nvmlDeviceGetUUID(h))
                 mask = lib.nvmlDeviceGetSupportedEventTypes(h) & want
                 if mask:
                     lib.nvmlDeviceRegisterEvents(h, mask, es)
             except self._nvml_error as e:
                 log.warning("nvml xid events not registered gpu=%s error=%r", i, str(e))
 
-    def _record_xid(self, d: Any) -> None:
-        try:
-            uuid = _text(self._lib.nvmlDeviceGetUUID(d.device))
-        except self._nvml_error as e:
-            log.warning("nvml xid from unidentified gpu xid=%s error=%r", int(d.eventData), str(e))
-            return
+    def _record_xid(self, d: Any) -> bool:
+        uuid = self._handle_uuids.get(_handle_key(d.device))
+        if uuid is None:
+            try:
+                uuid = _text(self._lib.nvmlDeviceGetUUID(d.device))
+            except self._nvml_error as e:
+                log.warning("nvml xid from unidentified gpu xid=%s error=%r", int(d.eventData), str(e))
+                return False
         xid = int(d.eventData)
         with self._xid_lock:
             per = self._xids.setdefault(uuid, {})
             per[xid] = per.get(xid, 0) + 1
             self._last_xid[uuid] = xid
         log.warning("gpu xid uuid=%s xid=%s", uuid, xid)
+        return True
 
     def _log_once(self, key: tuple, msg: str, *args: Any) -> None:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(msg, *args)
+
+
+def _handle_key(h: Any) -> Any:
+    """What identifies a device handle: pynvml's is a ctypes pointer (a new object per event), the twin's an object."""
+    try:
+        return ctypes.cast(h, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return h
 
 
 def _cuda_text(v: int) -> str:

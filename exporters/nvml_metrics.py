@@ -9,7 +9,8 @@ L = ("gpu", "uuid", "link")
 
 GPU_INFO = info("supernode_gpu_info", "Static facts of a GPU (value 1).",
                 G + ("name", "serial", "pci_bus_id", "vbios", "driver", "cuda"))
-GPU_UP = gauge("supernode_gpu_up", "1 if the GPU answers NVML; 0 if lost (GPU_IS_LOST) or missing against the inventory.", G)
+GPU_UP = gauge("supernode_gpu_up", "1 if the GPU answers NVML; 0 if lost (GPU_IS_LOST), hung, or missing against the inventory.", G)
+GPU_HUNG = gauge("supernode_gpu_hung", "1 while the GPU's NVML calls overrun the per-GPU time budget (skipped until a probe answers).", G)
 TEMPERATURE = gauge("supernode_gpu_temperature_celsius", "GPU die (sensor=gpu) or HBM (sensor=memory) temperature in degrees Celsius.",
                     G + ("sensor",), "celsius")
 THRESHOLD = gauge("supernode_gpu_temperature_threshold_celsius", "Driver temperature thresholds in degrees Celsius.",
@@ -46,6 +47,6 @@ NVLINK_RX = counter("supernode_nvlink_receive_bytes_total", "NVLink data bytes r
 NVLINK_BY_METRIC = {"errors": NVLINK_ERRORS, "bit_error_rate": NVLINK_BER,
                     "transmit_bytes": NVLINK_TX, "receive_bytes": NVLINK_RX}
 
-ALL = (GPU_INFO, GPU_UP, TEMPERATURE, THRESHOLD, POWER, ENERGY, POWER_LIMIT, UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
+ALL = (GPU_INFO, GPU_UP, GPU_HUNG, TEMPERATURE, THRESHOLD, POWER, ENERGY, POWER_LIMIT, UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
        CLOCK, CLOCK_EVENT, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAYS, XID, LAST_XID, RECOVERY,
        NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX)

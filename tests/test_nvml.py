@@ -37,7 +37,8 @@ def sim(model: RackModel):
 
 
 def source(sim: Any, node: str = NODE, xid: bool = False, timeout: float = 5.0, lib: Any = None) -> NvmlSource:
-    return NvmlSource(lib or NvmlTwin(sim.url, node), GPUS, LINKS, call_timeout=timeout, xid_events=xid)
+    return NvmlSource(lib or NvmlTwin(sim.url, node), GPUS, LINKS, call_timeout=timeout, xid_events=xid,
+                      gpu_timeout=timeout * 0.8)  # wide: only an injected hang trips it on a loaded machine
 
 
 def run(coro_fn):
@@ -184,32 +185,81 @@ def test_gpu_missing_against_inventory(sim, model):
     assert not [r for r in res.readings if r.labels.get("gpu") == "3" and r.spec is not M.GPU_UP]
 
 
-def test_hung_call_marks_source_down_without_stalling_others(sim, model):
+def _ticking():
+    """A task counting event-loop turns: proof the loop ran while a driver call was blocked."""
+    ticks = [0]
+
+    async def ticker():
+        while True:
+            ticks[0] += 1
+            await asyncio.sleep(0.01)
+
+    return ticks, asyncio.create_task(ticker())
+
+
+def _gpu_series(res: PollResult, gpu: str) -> set[str]:
+    return {r.spec.name for r in res.readings if r.labels.get("gpu") == gpu}
+
+
+def test_a_hung_gpu_is_one_gpu_the_others_keep_reporting(sim, model):
     async def scenario():
-        hung = source(sim, timeout=0.4)
+        src = NvmlSource(NvmlTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=False, gpu_timeout=1.0)
+        ticks, t = _ticking()
+        try:
+            await src.poll()
+            model.gpu(NODE, 2).hang_seconds = 60.0
+            before = ticks[0]
+            during = [await src.poll() for _ in range(3)]  # no SourceError: the cycle goes on without GPU 2
+            loop_ran = ticks[0] > before
+            threads = src._lanes.threads_started
+            again = await src.poll()
+            assert src._lanes.threads_started == threads  # a still-hung GPU piles no threads up
+            model.gpu(NODE, 2).hang_seconds = 0.0
+
+            async def answered():
+                res = await src.poll()
+                return res if values(res, M.GPU_HUNG, gpu="2") == {
+                    (("gpu", "2"), ("uuid", model.gpu(NODE, 2).uuid)): 0.0} else None
+
+            back = await await_for(answered, timeout=15, interval=0.1, what="GPU 2 probed and read again")
+            return during + [again], loop_ran, back
+        finally:
+            t.cancel()
+            await src.close()
+
+    during, loop_ran, back = run(scenario)
+    uuid2 = model.gpu(NODE, 2).uuid
+    assert loop_ran
+    for res in during:
+        assert one(res, M.GPU_HUNG, gpu="2") == 1.0 and one(res, M.GPU_UP, gpu="2") == 0.0
+        assert _gpu_series(res, "2") == {M.GPU_UP.name, M.GPU_HUNG.name}  # nothing old presented as fresh
+        assert {r.labels["uuid"] for r in res.readings if r.labels.get("gpu") == "2"} == {uuid2}
+        for gpu in ("0", "1", "3"):
+            assert one(res, M.GPU_UP, gpu=gpu) == 1.0 and one(res, M.GPU_HUNG, gpu=gpu) == 0.0
+            assert one(res, M.POWER, gpu=gpu) == pytest.approx(model.gpu(NODE, int(gpu)).power_w, abs=1.0)
+            assert len(values(res, M.NVLINK_ERRORS, gpu=gpu)) == LINKS * 5
+    assert one(back, M.GPU_UP, gpu="2") == 1.0 and values(back, M.POWER, gpu="2")
+
+
+def test_a_hung_driver_marks_the_source_down_without_stalling_others(sim, model):
+    async def scenario():
+        hung = source(sim, timeout=0.6)
         other = source(sim, node="node02", timeout=2.0)
-        ticks = 0
-
-        async def ticker():
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        t = asyncio.create_task(ticker())
+        ticks, t = _ticking()
         try:
             await hung.poll()
-            model.gpu(NODE, 2).hang_seconds = 1.5
-            start = time.monotonic()
+            model.nodes[NODE].nvml_hang_seconds = 60.0
+            hung._lib._state = None  # the fault is set behind the twin's cache
+            before = ticks[0]
             with pytest.raises(SourceError) as err:
                 await hung.poll()
-            waited = time.monotonic() - start
+            loop_ran = ticks[0] > before
             assert err.value.kind == "timeout"
-            ok = await other.poll()  # another source polls normally meanwhile
+            ok = await other.poll()  # another node's driver answers meanwhile
             with pytest.raises(SourceError) as again:
                 await hung.poll()  # refused at once: the hung call has not returned
             assert again.value.kind == "timeout" and "still hung" in str(again.value)
-            model.gpu(NODE, 2).hang_seconds = 0.0
+            model.nodes[NODE].nvml_hang_seconds = 0.0
 
             async def recovered():
                 try:
@@ -217,18 +267,18 @@ def test_hung_call_marks_source_down_without_stalling_others(sim, model):
                 except SourceError:
                     return None
 
-            back = await await_for(recovered, timeout=10, interval=0.1, what="nvml source to recover")
-            return waited, ticks, ok, back
+            back = await await_for(recovered, timeout=15, interval=0.1, what="nvml source to recover")
+            return loop_ran, ok, back
         finally:
             t.cancel()
             await hung.close()
             await other.close()
 
-    waited, ticks, ok, back = run(scenario)
-    assert 0.35 <= waited < 1.4  # gave up at the timeout, before the 1.5 s call returned
-    assert ticks >= 20  # the event loop kept running while the driver thread was blocked
+    loop_ran, ok, back = run(scenario)
+    assert loop_ran  # the event loop kept running while the driver thread was blocked
     assert sorted(values(ok, M.GPU_UP).values()) == [1.0] * GPUS
-    assert one(back, M.GPU_UP, gpu="2") == 1.0
+    assert sorted(values(back, M.GPU_UP).values()) == [1.0] * GPUS
+    assert sorted(values(back, M.GPU_HUNG).values()) == [0.0] * GPUS
 
 
 def test_xid_events_become_counters_and_last_xid(sim, model):
@@ -259,6 +309,67 @@ def test_xid_events_become_counters_and_last_xid(sim, model):
     assert one(res, M.LAST_XID, gpu="1") == 48
     assert one(res, M.LAST_XID, gpu="0") == 0
     assert not values(res, M.XID, gpu="0")
+
+
+def test_xid_of_a_hung_gpu_is_published_on_its_own_path_without_a_poll(sim, model):
+    """XIDs reach the store through the event stream: no poll cycle (hung or not) stands in between."""
+    published: list[list] = []
+
+    async def scenario():
+        src = NvmlSource(NvmlTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=True, gpu_timeout=1.0)
+        src.event_stream.attach(published.append, every=60.0)
+        try:
+            first = await src.poll()
+            assert await asyncio.get_running_loop().run_in_executor(None, src.events_ready.wait, 10)
+            model.gpu(NODE, 2).hang_seconds = 60.0
+            hung = await src.poll()
+            model.raise_xid(NODE, 2, 79)  # no poll after this point: what arrives came on the event path
+
+            def xid79():
+                return [r for batch in published for r in batch
+                        if r.spec is M.XID and r.labels == {"gpu": "2", "uuid": model.gpu(NODE, 2).uuid, "xid": "79"}]
+
+            found = await await_for(xid79, timeout=10, interval=0.05, what="XID 79 published by the event thread")
+            model.gpu(NODE, 2).hang_seconds = 0.0
+            return first, hung, found
+        finally:
+            await src.close()
+
+    first, hung, found = run(scenario)
+    assert found[-1].value == 1.0
+    assert one(hung, M.GPU_HUNG, gpu="2") == 1.0
+    # with a stream attached the poll carries no XID series (one source of each series, never two)
+    assert not values(first, M.XID) and not values(first, M.LAST_XID) and not values(hung, M.LAST_XID)
+    # the first publish (at registration) lists every GPU's last XID, 0 before any event
+    assert {r.labels["gpu"]: r.value for r in published[0] if r.spec is M.LAST_XID} == {str(i): 0.0 for i in range(GPUS)}
+    last = {r.labels["gpu"]: r.value for r in published[-1] if r.spec is M.LAST_XID}
+    assert last["2"] == 79.0 and last["0"] == 0.0
+
+
+class NoEventsTwin(NvmlTwin):
+    def nvmlEventSetCreate(self):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+
+def test_an_event_stream_that_cannot_run_reads_down_not_zero(sim, model):
+    """No event set: the stream's entry says so (down, with why) and no XID series pretend to count."""
+    failed: list[tuple[str, str]] = []
+    published: list = []
+
+    async def scenario():
+        src = NvmlSource(NoEventsTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=True)
+        src.event_stream.attach(published.append, every=60.0, fail=lambda kind, msg: failed.append((kind, msg)))
+        try:
+            res = await src.poll()
+            await await_for(lambda: failed, timeout=10, what="the stream reported its failure")
+            return res
+        finally:
+            await src.close()
+
+    res = run(scenario)
+    assert failed[0][0] == "driver" and "nvmlEventSetCreate" in failed[0][1] and not published
+    assert not values(res, M.XID) and not values(res, M.LAST_XID)
+    assert sorted(values(res, M.GPU_UP).values()) == [1.0] * GPUS
 
 
 def test_power_limit_set_with_clamp_and_read_back(sim, model):

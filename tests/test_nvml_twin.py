@@ -148,3 +148,56 @@ def test_field_values_are_fresh_arrays_packed_once_per_fetched_state(twin, model
     model.gpu(NODE, 0).nvlink_up[3] = False
     twin._state = None  # the next call fetches a new state: new answers
     assert twin.nvmlDeviceGetFieldValues(h, ids)[2].value.uiVal == 0
+
+
+def _blocked_call(fn, *args):
+    """Run fn(*args) on a thread of its own; (thread, outcome list) so a test can see whether it returned."""
+    import threading
+
+    out: list = []
+
+    def run():
+        try:
+            out.append(fn(*args))
+        except pynvml.NVMLError as e:
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_a_hung_gpu_blocks_only_its_own_handle_until_cleared(twin, model):
+    from agent.sim.nvml_faults import clear_gpu_faults, set_hang
+    from tests.helpers import wait_for
+
+    h0, h1 = twin.nvmlDeviceGetHandleByIndex(0), twin.nvmlDeviceGetHandleByIndex(1)
+    set_hang(model, NODE, 1, 60.0)
+    twin._state = None
+    before = twin.requests
+    t, out = _blocked_call(twin.nvmlDeviceGetPowerUsage, h1)
+    wait_for(lambda: twin.requests >= before + 3, 10, what="the hung call rechecking the simulator")
+    # the other GPU, and the driver as a whole, answer while GPU 1's call is blocked
+    assert twin.nvmlDeviceGetPowerUsage(h0) > 0
+    assert twin.nvmlDeviceGetCount() == 2
+    assert t.is_alive() and not out
+    clear_gpu_faults(model)
+    wait_for(lambda: not t.is_alive(), 10, what="hung call returns once the hang is cleared")
+    assert isinstance(out[0], int)
+
+
+def test_a_hung_driver_blocks_every_call_until_cleared(twin, model):
+    from agent.sim.nvml_faults import clear_gpu_faults, set_driver_hang
+    from tests.helpers import wait_for
+
+    h0 = twin.nvmlDeviceGetHandleByIndex(0)
+    set_driver_hang(model, NODE, 60.0)
+    twin._state = None
+    before = twin.requests
+    count, count_out = _blocked_call(twin.nvmlDeviceGetCount)
+    power, power_out = _blocked_call(twin.nvmlDeviceGetPowerUsage, h0)
+    wait_for(lambda: twin.requests >= before + 6, 10, what="both calls rechecking the simulator")
+    assert count.is_alive() and power.is_alive() and not count_out and not power_out
+    clear_gpu_faults(model, NODE)
+    wait_for(lambda: not count.is_alive() and not power.is_alive(), 10, what="calls return once cleared")
+    assert count_out == [2] and isinstance(power_out[0], int)

@@ -344,13 +344,17 @@ class Detectors:
 
     def _gpu_lost(self, snap: Snapshot) -> Iterator[Observation]:
         up: dict[str, int] = {}
+        hung = _gpus_hung(snap, self.ctx)
         for r in snap.select("supernode_gpu_up"):
             if not r.ok:
                 yield self._fault(r)
                 continue
             node = _node(r, self.ctx)
             up[node] = up.get(node, 0) + (1 if r.value >= 0.5 else 0)
-            yield Observation("gpu_lost", targets_of(node=node, gpu=r.label("gpu")), "critical", r.value < 0.5)
+            # A GPU whose NVML calls hang does not answer either: lost to its jobs, said why in the detail.
+            why = "hung" if (node, r.label("gpu")) in hung else "lost"
+            yield Observation("gpu_lost", targets_of(node=node, gpu=r.label("gpu")), "critical", r.value < 0.5,
+                              detail={"why": why} if r.value < 0.5 else {})
         expected = self.ctx.expected_gpus
         if expected:
             for node, n in up.items():
@@ -445,6 +449,11 @@ class Detectors:
             cond = True if ratio > self.s.rack_power_over_ratio else False if ratio <= self.s.rack_power_clear_ratio else None
             yield Observation("rack_power_over_budget", targets_of(rack=self.ctx.rack), "warning", cond,
                               detail={"power_watts": item.value, "budget_watts": budget})
+
+
+def _gpus_hung(snap: Snapshot, ctx: Context) -> set[tuple[str, str]]:
+    """(node, gpu) of the GPUs the NVML collector reports hung (supernode_gpu_hung 1)."""
+    return {(_node(r, ctx), r.label("gpu")) for r in snap.select("supernode_gpu_hung") if r.ok and r.value >= 0.5}
 
 
 def _zone_sensor_from_id(reading_id: str) -> dict[str, str]:

@@ -40,13 +40,11 @@ def _gpu_lib(loaded: "LoadedConfig") -> Any:
         return None
     from agent.sources import nvml_library
 
-    lib = nvml_library(loaded)
-    try:
-        lib.nvmlInit()
-    except Exception as exc:  # no driver: GPU actions are then blocked as not_configured
-        log.warning("NVML unavailable for remediation", extra={"error": repr(exc)})
-        return None
-    return lib
+    from exporters.nvml_control import InitOnFirstUse
+
+    # Never nvmlInit here: this runs on the event loop at start and on reload, and a wedged driver would stop
+    # /metrics and the watchdog. The init runs on its own thread; GPU actions wait for it on theirs, bounded.
+    return InitOnFirstUse(nvml_library(loaded), loaded.config.sources.nvml.timeout)
 
 
 def build_executors(loaded: "LoadedConfig") -> Executors:

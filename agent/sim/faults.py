@@ -125,13 +125,21 @@ def _thermal(sim: "Simulator", p: dict[str, Any]) -> str:
     return f"{g.node} gpu {g.index} +{p['celsius']} C"
 
 
-@fault("gpu-hang", "NVML calls on the GPU block (a wedged driver).", NODE, GPU,
-       Param("seconds", float, False, 30.0, "how long each call blocks"))
+@fault("gpu-hang", "NVML calls on this GPU's handle block, other GPUs answer (one wedged GPU).", NODE, GPU,
+       Param("seconds", float, False, 30.0, "how long each call blocks at most (sim clear ends it at once)"))
 def _hang(sim: "Simulator", p: dict[str, Any]) -> str:
     from agent.sim.nvml_faults import set_hang
 
     g = _gpu(sim, p)
     return set_hang(sim.model, g.node, g.index, p["seconds"])
+
+
+@fault("nvml-driver-hang", "Every NVML call on the node blocks: init, enumeration, every GPU, events (a wedged driver).",
+       NODE, Param("seconds", float, False, 30.0, "how long each call blocks at most (sim clear ends it at once)"))
+def _driver_hang(sim: "Simulator", p: dict[str, Any]) -> str:
+    from agent.sim.nvml_faults import set_driver_hang
+
+    return set_driver_hang(sim.model, _gpu(sim, p).node, p["seconds"])
 
 
 @fault("workload", "Set the GPU workload (fraction of the default power limit the job would draw).", NODE,

@@ -74,8 +74,9 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
 
 def node_state(model: RackModel, node: str) -> dict[str, Any]:
     with model.lock:
+        n = model.nodes[node]
         return {"node": node, "driver": DRIVER_VERSION, "cuda": CUDA_VERSION, "xid_seq": model.xid_seq,
-                "gpus": [gpu_state(g) for g in model.nodes[node].gpus]}
+                "driver_hang_s": n.nvml_hang_seconds, "gpus": [gpu_state(g) for g in model.nodes[node].gpus]}
 
 
 def set_limit(model: RackModel, node: str, index: int, limit_mw: int) -> int:
@@ -132,7 +133,7 @@ def add_nvml_routes(app: web.Application, model: RackModel) -> None:
         while True:
             found = xid_events(model, node, after)
             if found or time.monotonic() >= deadline:
-                return web.json_response({"events": found})
+                return web.json_response({"events": found, "driver_hang_s": model.nodes[node].nvml_hang_seconds})
             await asyncio.sleep(min(EVENT_POLL_S, max(0.0, deadline - time.monotonic())))
 
     app.router.add_get(PREFIX + "/{node}/state", state)

@@ -31,10 +31,17 @@ def set_missing(model: RackModel, node: str, gpu: int, on: bool = True) -> str:
 
 
 def set_hang(model: RackModel, node: str, gpu: int, seconds: float) -> str:
-    """Every NVML call on the GPU blocks the calling thread this long (0 ends it)."""
+    """Every NVML call on this GPU's handle blocks the calling thread up to this long, or until cleared (0 ends it)."""
     with model.lock:
         model.gpu(node, gpu).hang_seconds = max(0.0, float(seconds))
     return f"{node} gpu {gpu} hangs {seconds}s per call"
+
+
+def set_driver_hang(model: RackModel, node: str, seconds: float) -> str:
+    """Every NVML call on the node (init, enumeration, every handle, event waits) blocks up to this long, or until cleared."""
+    with model.lock:
+        model.nodes[node].nvml_hang_seconds = max(0.0, float(seconds))
+    return f"{node} nvml driver hangs {seconds}s per call"
 
 
 def set_unsupported(model: RackModel, node: str, gpu: int, names: Iterable[str]) -> str:
@@ -64,6 +71,9 @@ def clear_gpu_faults(model: RackModel, node: str | None = None, gpu: int | None 
     """Undo every GPU fault (counters already counted stay, as on real hardware)."""
     with model.lock:
         gpus = _gpus(model, node, gpu)
+        if gpu is None:
+            for n in [model.nodes[node]] if node else model.nodes.values():
+                n.nvml_hang_seconds = 0.0
         for g in gpus:
             g.lost = g.missing = False
             g.hang_seconds = 0.0

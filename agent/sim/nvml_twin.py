@@ -15,9 +15,11 @@ live values. A set call POSTs at once and drops the cache. One cycle of
 8 GPUs x 18 links is thus one HTTP round trip, not ~700.
 
 Faults come from the model: `lost` (GPU_IS_LOST on every call), `missing`
-(not enumerated), `hang_seconds` (the calling thread blocks that long, as
-with a wedged driver), `unsupported` (function or NVML_FI_* names that
-answer NotSupported).
+(not enumerated), `hang_seconds` (every call on that GPU's handle blocks the
+calling thread that long, or until the fault is cleared, as with one wedged
+GPU; calls on other handles answer), the node's `driver_hang_s` (every call,
+init, enumeration and event waits included, blocks likewise: a wedged
+driver), `unsupported` (function or NVML_FI_* names that answer NotSupported).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from agent.sim.nvml_api import PREFIX
 _UI, _ULL, _D = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_DOUBLE
 _NVLINK5 = pynvml.NVML_NVLINK_VERSION_5_0
 _LINK_BITS_PER_S = 8e11  # an NVLink5 link: 100 GB/s per direction (the BER the twin derives from the error rate)
+HANG_POLL_S = 0.25  # a simulated hang rechecks the simulator this often, so clearing the fault ends it
 _SUPPORTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
                      | pynvml.nvmlEventTypeSingleBitEccError)
 
@@ -115,18 +118,20 @@ class _EventSet:
 class _State:
     """One fetched node state: GPUs by model index, and the enumerated (present) ones in order."""
 
-    __slots__ = ("at", "by_index", "present", "healthy", "driver", "cuda", "xid_seq")
+    __slots__ = ("at", "by_index", "present", "healthy", "driver", "cuda", "xid_seq", "driver_hang_s")
 
     def __init__(self, raw: dict[str, Any], at: float):
         self.at = at
         self.driver, self.cuda, self.xid_seq = raw["driver"], raw["cuda"], raw["xid_seq"]
+        self.driver_hang_s = float(raw.get("driver_hang_s", 0.0))
         for g in raw["gpus"]:
             g["unsupported"] = frozenset(g["unsupported"])
             g["field_values"] = {}  # tuple(fieldIds) -> packed answer: built once per fetched state
         self.by_index = {g["index"]: g for g in raw["gpus"]}
         self.present = [g for g in raw["gpus"] if not g["missing"]]
         # GPUs every call may answer from without a fault check (not lost, missing or hung)
-        self.healthy = {g["index"]: g for g in self.present if not g["lost"] and g["hang_s"] <= 0}
+        self.healthy = {} if self.driver_hang_s > 0 else {
+            g["index"]: g for g in self.present if not g["lost"] and g["hang_s"] <= 0}
 
 
 def _err(code: int) -> NVMLError:
@@ -197,12 +202,29 @@ class NvmlTwin:
             return json.loads(data)
         raise _err(pynvml.NVML_ERROR_UNKNOWN)
 
-    def _node(self, fresh: bool = False) -> _State:
-        st = self._state
-        now = time.monotonic()
-        if fresh or st is None or now - st.at > self._ttl:
-            st = self._state = _State(self._request("GET", "/state"), now)
+    def _fetch(self) -> _State:
+        st = self._state = _State(self._request("GET", "/state"), time.monotonic())
         return st
+
+    def _node(self, fresh: bool = False) -> _State:
+        """The node's state; while the driver is hung, blocks as every call into a wedged driver would."""
+        st = self._state
+        if fresh or st is None or time.monotonic() - st.at > self._ttl:
+            st = self._fetch()
+        if st.driver_hang_s > 0:
+            st = self._block(st.driver_hang_s, lambda s: s.driver_hang_s > 0)
+        return st
+
+    def _block(self, seconds: float, still: Callable[[_State], bool]) -> _State:
+        """Block the calling thread up to `seconds`, or until the fault is cleared (or nvmlShutdown); the state after."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._release.wait(min(left, HANG_POLL_S)):
+                return self._fetch()
+            st = self._fetch()
+            if not still(st):
+                return st
 
     def _dev(self, handle: TwinDevice, fn: str) -> dict[str, Any]:
         """The GPU's state after the fault checks every NVML call goes through."""
@@ -217,8 +239,8 @@ class NvmlTwin:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
         g = self._node().by_index.get(handle.index)
         if g is not None and g["hang_s"] > 0:
-            self._release.wait(g["hang_s"])
-            g = self._node(fresh=True).by_index.get(handle.index)
+            index = handle.index
+            g = self._block(g["hang_s"], lambda s: s.by_index.get(index, {}).get("hang_s", 0) > 0).by_index.get(index)
         if g is None or g["lost"] or g["missing"]:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         if fn in g["unsupported"]:
@@ -444,6 +466,9 @@ class NvmlTwin:
         if not es.pending:
             reply = self._request("GET", f"/events?after={es.after}&timeout_ms={int(timeoutms)}",
                                   timeout=timeoutms / 1000 + self._http_timeout)
+            hang = float(reply.get("driver_hang_s", 0.0))
+            if hang > 0:  # a wedged driver blocks event waits too
+                self._block(hang, lambda s: s.driver_hang_s > 0)
             for e in reply["events"]:
                 es.after = max(es.after, e["seq"])
                 if es.masks.get(e["index"], 0) & pynvml.nvmlEventTypeXidCriticalError:

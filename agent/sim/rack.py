@@ -121,6 +121,7 @@ class NodeState:
     base_load_w: float = 900.0  # CPUs, NICs, fans of the tray
     gpus: list[GpuState] = field(default_factory=list)
     powered: bool = True  # False when every PDU outlet feeding the node is off (simulated PDU)
+    nvml_hang_seconds: float = 0.0  # every NVML call on the node blocks up to this long (a wedged driver)
 
     @property
     def power_w(self) -> float:

@@ -1,0 +1,176 @@
+"""A hung GPU is one GPU, with the real daemon process against the simulated rack (issue 10 item 4).
+
+GPU 2's NVML calls hang: GPUs 0, 1 and 3 keep fresh series, GPU 2 reads
+hung, and an XID 79 raised during the hang still opens an incident (the
+event stream publishes on its own path). The whole driver hangs: /metrics
+answers, the nvml source reads down, and it recovers once the hang clears.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from agent.demo import agent_config
+from agent.remediation.detectors import Context, Detectors
+from agent.remediation.settings import DetectorSettings
+from agent.snapshot import Snapshot
+from exporters import nvml_metrics as M
+from exporters.model import Quality, Reading
+from tests.agentproc import running_agent
+from tests.helpers import free_port, wait_for
+from tests.simrack import sim_rack
+
+TOKEN = "token-for-tests"
+
+
+def _value(text: str, family: str, **labels: str) -> float | None:
+    """The value of the one series of `family` whose labels include `labels` (None if absent)."""
+    for m in re.finditer(rf"^{family}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if all(have.get(k) == v for k, v in labels.items()):
+            return float(m.group(2))
+    return None
+
+
+def _open_incidents(agent) -> list[dict]:
+    status, body = agent.get("/api/v1/incidents", token=TOKEN)
+    assert status == 200, status
+    return json.loads(body)["open"]
+
+
+@pytest.fixture
+def rack_agent(tmp_path):
+    with sim_rack(tmp_path) as rack:
+        for name in ("admin.token", "webhook.token"):
+            (tmp_path / name).write_text(TOKEN + "\n")
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="observe")
+        # Budgets with a wide margin over a healthy read (~1 ms) on a loaded test machine: only the hang trips them.
+        cfg["sources"]["nvml"].update(timeout=3.0, gpu_timeout=2.0)
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="every source polled once")
+            wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml", device="gpus") == 1.0
+                     and _value(agent.metrics(), "supernode_source_up", source="nvml_events", device="gpus") == 1.0,
+                     30, what="nvml and its event stream up")
+            yield rack, agent
+
+
+def test_one_hung_gpu_leaves_the_others_fresh_and_its_xid_still_opens_an_incident(rack_agent):
+    rack, agent = rack_agent
+    gpus = rack.sim.model.nodes["node01"].gpus
+    rack.inject("gpu-hang", node="node01", gpu=2, seconds=120)
+    wait_for(lambda: _value(agent.metrics(), "supernode_gpu_hung", gpu="2") == 1.0, 30, what="GPU 2 reads hung")
+    hung_at = time.time()
+
+    def fresh_others() -> dict | None:
+        state = agent.state()
+        power = {r["labels"]["gpu"]: r["timestamp"] for r in state["readings"]
+                 if r["metric"] == "supernode_gpu_power_watts"}
+        return state if all(power.get(g, 0) > hung_at for g in ("0", "1", "3")) else None
+
+    state = wait_for(fresh_others, 30, what="GPUs 0, 1, 3 polled again after GPU 2 hung")
+    text = agent.metrics()
+    assert _value(text, "supernode_source_up", source="nvml", device="gpus") == 1.0
+    for g in (0, 1, 3):
+        assert _value(text, "supernode_gpu_up", gpu=str(g)) == 1.0
+        assert _value(text, "supernode_gpu_hung", gpu=str(g)) == 0.0
+        assert _value(text, "supernode_gpu_power_watts", gpu=str(g), uuid=gpus[g].uuid) is not None
+    assert _value(text, "supernode_gpu_up", gpu="2") == 0.0
+    assert _value(text, "supernode_gpu_power_watts", gpu="2") is None  # nothing stale presented as fresh
+    assert not [r for r in state["readings"] if r["labels"].get("gpu") == "2"
+                and r["metric"] not in ("supernode_gpu_up", "supernode_gpu_hung", "supernode_gpu_xid_errors_total",
+                                        "supernode_gpu_last_xid")]
+    # remediation sees the hang: a gpu_lost incident for GPU 2 that says why
+    lost = wait_for(lambda: [i for i in _open_incidents(agent) if i["detector"] == "gpu_lost"], 20,
+                    what="gpu_lost incident for the hung GPU")
+    assert lost[0]["targets"] == {"node": "node01", "gpu": "2"} and lost[0]["detail"].get("why") == "hung"
+
+    rack.inject("xid", node="node01", gpu=2, code=79)
+    xid = wait_for(lambda: [i for i in _open_incidents(agent) if i["detector"] == "gpu_xid_critical"], 20,
+                   what="XID 79 during the hang opens an incident")
+    assert xid[0]["targets"] == {"node": "node01"} and "xid 79" in xid[0]["detail"]["why"]
+    assert _value(agent.metrics(), "supernode_gpu_xid_errors_total", gpu="2", xid="79") == 1.0
+    assert _value(agent.metrics(), "supernode_gpu_hung", gpu="2") == 1.0  # still hung: the XID came on its own path
+
+    rack.clear()
+    wait_for(lambda: _value(agent.metrics(), "supernode_gpu_hung", gpu="2") == 0.0
+             and _value(agent.metrics(), "supernode_gpu_power_watts", gpu="2") is not None, 30,
+             what="GPU 2 answers again and reports")
+    assert "gpu answers again gpu=2" in agent.log()
+
+
+def test_a_hung_driver_marks_nvml_down_while_metrics_and_reload_answer_and_recovers(rack_agent):
+    rack, agent = rack_agent
+    rack.inject("nvml-driver-hang", node="node01", seconds=120)
+    wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml", device="gpus") == 0.0, 30,
+             what="nvml source down")
+    wait_for(lambda: _value(agent.metrics(), "supernode_gpu_power_watts", gpu="0") is None, 30,
+             what="GPU series dropped once stale")
+    # the poll gives up (its timeout may be longer than the staleness rule that already hid the series)
+    wait_for(lambda: (_value(agent.metrics(), "supernode_source_errors_total", source="nvml", device="gpus",
+                             kind="timeout") or 0) >= 1, 30, what="the hung poll counted as a timeout")
+    # other sources keep polling meanwhile; /metrics answers throughout (agent.metrics asserts 200)
+    wait_for(lambda: (t := agent.metrics()) and _value(t, "supernode_source_up", source="nvml", device="gpus") == 0.0
+             and _value(t, "supernode_source_up", source="pdu", device="pdu-a") == 1.0, 30,
+             what="the PDU polled while nvml is down")
+    assert agent.get("/healthz")[0] == 200
+    # A reload rebuilds remediation's NVML handle: its nvmlInit must not run on the event loop.
+    status, body = agent.request("POST", "/-/reload", token=TOKEN)
+    assert (status, json.loads(body)["reloaded"]) == (200, True), body
+    assert agent.get("/metrics")[0] == 200
+    rack.clear()
+    wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml", device="gpus") == 1.0
+             and all(_value(agent.metrics(), "supernode_gpu_power_watts", gpu=str(g)) is not None for g in range(4)),
+             60, what="nvml recovers once the driver answers")
+    # the reloaded source's XID stream is attached and publishing again
+    wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml_events", device="gpus") == 1.0, 30,
+             what="the XID event stream up again")
+
+
+def _reading(spec, value: float, ts: float, **labels: str) -> Reading:
+    return Reading(spec, value, labels, Quality.OK, ts)
+
+
+@pytest.mark.parametrize("hung,why", [(1.0, "hung"), (None, "lost")])
+def test_gpu_lost_detector_says_whether_the_gpu_hung(hung, why):
+    now = time.time()
+    rs = [_reading(M.GPU_UP, 1.0, now, gpu="0", uuid="a"), _reading(M.GPU_UP, 0.0, now, gpu="1", uuid="b")]
+    if hung is not None:
+        rs.append(_reading(M.GPU_HUNG, hung, now, gpu="1", uuid="b"))
+    d = Detectors(DetectorSettings(), Context(node="node01", rack="r01", expected_gpus=2))
+    events = [e for e in d.evaluate(Snapshot(now, tuple(rs), ())) if e.detector == "gpu_lost"]
+    assert [(e.kind, e.targets, e.detail) for e in events] == [("fire", {"node": "node01", "gpu": "1"}, {"why": why})]
+
+
+def test_remediation_nvml_init_runs_off_the_caller_and_times_out_on_a_hung_driver(tmp_path):
+    import pynvml
+
+    from agent.sim.nvml_twin import NvmlTwin
+    from exporters.nvml_control import InitOnFirstUse, get_power_limit
+
+    with sim_rack(tmp_path) as rack:
+        rack.inject("nvml-driver-hang", node="node01", seconds=120)
+        twin = NvmlTwin(rack.url, "node01")
+        lib = InitOnFirstUse(twin, timeout=0.5)  # returns at once: the init blocks on its own thread
+        assert twin._inits == 0
+        assert lib.NVMLError is pynvml.NVMLError and lib.NVML_TEMPERATURE_GPU == pynvml.NVML_TEMPERATURE_GPU
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            get_power_limit(lib, 0)
+        rack.clear()
+        wait_for(lambda: twin._inits == 1, 10, what="the init returns once the driver answers")
+        assert get_power_limit(lib, 0) == rack.sim.model.gpu("node01", 0).power_limit_mw / 1000
+
+
+def test_a_gpu_budget_that_does_not_fit_the_poll_timeout_is_refused_naming_it(tmp_path):
+    from agent.config import ConfigError, parse_config
+
+    cfg = {"agent": {"rack": "r01", "node": "node01", "state_dir": str(tmp_path)},
+           "sources": {"nvml": {"timeout": 1.0, "gpu_timeout": 1.0}}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(cfg)
+    assert "sources.nvml" in str(err.value) and "gpu_timeout" in str(err.value)
+    cfg["sources"]["nvml"]["gpu_timeout"] = 0.25
+    assert parse_config(cfg).config.sources.nvml.gpu_timeout == 0.25
