@@ -86,6 +86,7 @@ def tree(tmp_path: Path) -> Path:
     ("class/net/eth0/statistics/rx_bytes", str(1 << 64), LINK_RX_BYTES, {}),
     ("class/net/eth0/carrier_changes", "\u0661\u0662", LINK_CARRIER_CHANGES, {}),  # Arabic-Indic "12"
     ("class/net/eth0/statistics/rx_errors", "\u00b2", LINK_ERRORS, {"counter": "rx_errors"}),  # "²".isdigit()
+    ("class/net/eth0/statistics/tx_errors", "1" * 100_000, LINK_ERRORS, {"counter": "tx_errors"}),  # > a page
 ])
 def test_a_bad_sysfs_value_faults_that_value_only(tree: Path, rel, text, spec, labels):
     (tree / rel).write_text(text + "\n")
