@@ -232,7 +232,7 @@ def _value(data: bytes, tag: int, s: int, e: int) -> Any:
             return ".".join(map(str, decode_oid(data, s, e)))
         except BerError as exc:
             return BadValue(f"OID value: {exc}")
-    raise BerError(f"unknown value tag 0x{tag:02x}")
+    return BadValue(f"unknown value tag 0x{tag:02x}")  # framed correctly: only this varbind is unreadable
 
 
 def decode_header(data: bytes) -> tuple[int, int, int, int, int]:

@@ -22,7 +22,7 @@ else:
 
     _hypothesis_settings.register_profile("default", max_examples=60, deadline=None, derandomize=True,
                                           database=None)
-    _hypothesis_settings.register_profile("fuzz", max_examples=10_000, deadline=None, database=None)
+    _hypothesis_settings.register_profile("fuzz", max_examples=5_000, deadline=None, database=None)
     _hypothesis_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
