@@ -160,3 +160,16 @@ def test_probe_snmp_prints_one_clean_error_and_ends(mode, args, expect):
     assert rc != 0 and out == ""
     assert "Traceback" not in err and expect in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_walk_bounds_come_from_the_config_and_are_checked():
+    from agent.config import ConfigError, parse_config
+    from agent.sources import build_sources
+
+    base = {"agent": {"rack": "r", "node": "n"}, "sources": {"nvml": {"enabled": False}}}
+    pdu = {"name": "pdu-a", "profile": "raritan-pdu2", "host": "127.0.0.1", "port": 16100}
+    loaded = parse_config({**base, "inventory": {"pdus": [{**pdu, "max_walk_rows": 50, "max_walk_requests": 7}]}})
+    [pdu_source] = [s.source for s in build_sources(loaded) if s.source.name == "pdu"]
+    assert (pdu_source.client.max_rows, pdu_source.client.max_requests) == (50, 7)
+    with pytest.raises(ConfigError, match="max_walk_rows"):
+        parse_config({**base, "inventory": {"pdus": [{**pdu, "max_walk_rows": 0}]}})
