@@ -159,11 +159,11 @@ def _expect(data: bytes, pos: int, end: int, tag: int) -> tuple[int, int]:
     return s, e
 
 
-def _signed(data: bytes, s: int, e: int, max_bytes: int = 5) -> int:
+def _signed(data: bytes, s: int, e: int) -> int:
     """A header INTEGER (request-id, status, index: Integer32); wider ones are refused before any big-int work."""
     if s == e:
         raise BerError("empty integer")
-    if e - s > max_bytes:
+    if e - s > 5:
         raise BerError(f"integer of {e - s} bytes where Integer32 is expected")
     return int.from_bytes(data[s:e], "big", signed=True)
 
@@ -182,10 +182,10 @@ def decode_oid(data: bytes, s: int, e: int) -> Oid:
         if v > limit:  # checked per byte: the value never grows past 39 bits, so each step is O(1)
             raise BerError("OID sub-identifier over 32 bits")
         if not byte & 0x80:
+            if len(out) + 2 > MAX_OID_LENGTH:  # the first sub-identifier holds two arcs
+                raise BerError(f"OID longer than {MAX_OID_LENGTH} sub-identifiers")
             out.append(v)
             v, limit = 0, MAX_SUBID
-    if len(out) + 1 > MAX_OID_LENGTH:
-        raise BerError(f"OID longer than {MAX_OID_LENGTH} sub-identifiers")
     first = out[0]
     head = (first // 40, first % 40) if first < 80 else (2, first - 80)
     return head + tuple(out[1:])

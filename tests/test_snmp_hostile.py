@@ -173,3 +173,15 @@ def test_walk_bounds_come_from_the_config_and_are_checked():
     assert (pdu_source.client.max_rows, pdu_source.client.max_requests) == (50, 7)
     with pytest.raises(ConfigError, match="max_walk_rows"):
         parse_config({**base, "inventory": {"pdus": [{**pdu, "max_walk_rows": 0}]}})
+
+
+def test_oids_of_128_sub_identifiers_decode_and_longer_ones_are_refused():
+    def decoded(oid):
+        enc = snmp_v2c.encode_oid(oid)
+        _, s, e = snmp_v2c._head(enc, 0, len(enc))
+        return snmp_v2c.decode_oid(enc, s, e)
+
+    longest = (1, 3) + tuple(range(126))
+    assert decoded(longest) == longest
+    with pytest.raises(snmp_v2c.BerError, match="longer than 128"):
+        decoded(longest + (7,))
