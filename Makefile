@@ -8,7 +8,7 @@ DEB_PACKAGES := snmp prometheus prometheus-alertmanager prometheus-snmp-exporter
                 iproute2 mbpoll ethtool systemd
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv peers dashboards bench clean lint
+.PHONY: demo test fuzz venv peers dashboards bench clean lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ demo: $(STAMP) peers
 
 test: $(STAMP) peers
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The property-based tests with the deep hypothesis profile (many random examples; minutes, not seconds).
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider -m fuzz --timeout 1800 $(PYTEST_ARGS)
 
 dashboards: $(STAMP)
 	$(PY) -m dashboards.build

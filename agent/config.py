@@ -119,6 +119,10 @@ class Pdu(Strict):
     request_timeout: float = Field(default=0.5, gt=0, le=30, description="Seconds to wait for one SNMP reply.")
     retries: int = Field(default=1, ge=0, le=5, description="Resends of an unanswered SNMP request.")
     max_repetitions: int = Field(default=10, ge=1, le=100, description="GETBULK max-repetitions.")
+    max_walk_rows: int = Field(default=10_000, ge=1, le=1_000_000,
+                               description="Rows of one table column per poll at most (a longer column is an error).")
+    max_walk_requests: int = Field(default=500, ge=1, le=100_000,
+                                   description="GETBULK requests of one poll's walk at most.")
     outlets: dict[str, str] = Field(default_factory=dict, description="Outlet id -> node it feeds.")
 
 

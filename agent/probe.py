@@ -125,6 +125,9 @@ def _snmp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--v3-context", default="")
     p.add_argument("--timeout", type=float, default=1.0)
     p.add_argument("--retries", type=int, default=1)
+    p.add_argument("--max-walk-rows", type=int, default=None, help="rows of one column at most (default 10000)")
+    p.add_argument("--max-walk-requests", type=int, default=None, help="GETBULK requests of one walk at most "
+                                                                       "(default 500)")
 
 
 def _read_secret(path: str | None) -> str | None:
@@ -141,6 +144,8 @@ def _probe_snmp(args: argparse.Namespace) -> str:
     from exporters.snmp_profile import ProfileError
 
     host, port = _target(args.target)
+    from exporters.snmp_client import MAX_REQUESTS, MAX_ROWS
+
     community = args.community or _read_secret(args.community_file)
     if not community and not args.v3_user:
         community = "public"
@@ -149,7 +154,9 @@ def _probe_snmp(args: argparse.Namespace) -> str:
                                       v3_user=args.v3_user, auth_key=_read_secret(args.v3_auth_key_file),
                                       priv_key=_read_secret(args.v3_priv_key_file),
                                       auth_protocol=args.v3_auth_proto, priv_protocol=args.v3_priv_proto,
-                                      context=args.v3_context, timeout=args.timeout, retries=args.retries))
+                                      context=args.v3_context, timeout=args.timeout, retries=args.retries,
+                                      max_rows=args.max_walk_rows or MAX_ROWS,
+                                      max_requests=args.max_walk_requests or MAX_REQUESTS))
     except ProfileError as exc:
         raise ProbeError(str(exc)) from None
     except SourceError as exc:

@@ -108,7 +108,8 @@ def _pdus(loaded: LoadedConfig) -> list[ScheduledSource]:
                                 auth_protocol=p.v3_auth_protocol, priv_protocol=p.v3_priv_protocol, context=p.v3_context)
         out.append(ScheduledSource(PduSource(p.name, p.profile, (p.host, p.port), creds, timeout=p.request_timeout,
                                              retries=p.retries, max_repetitions=p.max_repetitions,
-                                             outlet_feeds=p.outlets), s.pdu))
+                                             outlet_feeds=p.outlets, max_rows=p.max_walk_rows,
+                                             max_requests=p.max_walk_requests), s.pdu))
     return out
 
 

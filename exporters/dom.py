@@ -8,8 +8,15 @@ module yields its own partial error and never fails the whole source.
 The parser reads ethtool's text layout (SFF-8472 SFP, SFF-8636 QSFP+/QSFP28,
 CMIS QSFP-DD/OSFP); which labels mean what is in
 profiles/links/ethtool_dom.yaml. It is defensive: unknown lines are ignored,
-an unparseable value is counted and skipped, dark lanes (`-inf dBm`) are kept
-as -Inf, and a module without DOM says so instead of failing.
+an unparseable value is counted and reported as a sensor fault of that one
+reading, dark lanes (`-inf dBm`) are kept as -Inf, and a module without DOM
+says so instead of failing.
+
+The text is untrusted (issue 18: a 5,000-space line made the old line regex
+backtrack for 39 s on the event loop): lines are split at their first colon
+and values tokenised on whitespace, so parsing is linear in the text; it runs
+in a worker thread inside the per-module timeout; `+inf`, NaN and numbers too
+large for a float are faults, only `-inf dBm` (a dark lane) is a value.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 from exporters.links_profile import ProfileError, load_links_profile, require
-from exporters.model import PollResult, Reading, SourceError, gauge, info
+from exporters.model import PollResult, Quality, Reading, SourceError, gauge, info
 from exporters.ports import PortSpec, as_port_specs
 
 OPTIC_RX = gauge("supernode_optic_rx_power_dbm", "Transceiver received optical power per lane, dBm (-Inf: dark lane).",
@@ -58,14 +65,11 @@ OPTIC_INFO = info("supernode_optic_info", "Transceiver identity from its EEPROM 
 METRICS = (OPTIC_RX, OPTIC_TX, OPTIC_BIAS, OPTIC_TEMP, OPTIC_VOLT, OPTIC_ALARM, OPTIC_THRESHOLD_DBM,
            OPTIC_THRESHOLD_C, OPTIC_THRESHOLD_V, OPTIC_THRESHOLD_A, OPTIC_DOM, OPTIC_INFO)
 
-_LINE = re.compile(r"^\s*(?P<key>[^:]+?)\s*:\s?(?P<value>.*)$")
-_DBM = re.compile(r"(?P<v>[-+]?(?:inf|\d+(?:\.\d+)?))\s*dBm", re.IGNORECASE)
-_MW = re.compile(r"(?P<v>[-+]?\d+(?:\.\d+)?)\s*mW")
-_UNIT_PATTERNS = {
-    "tx_bias": (re.compile(r"(?P<v>[-+]?\d+(?:\.\d+)?)\s*mA"), 1e-3),
-    "temperature": (re.compile(r"(?P<v>[-+]?\d+(?:\.\d+)?)\s*degrees C"), 1.0),
-    "voltage": (re.compile(r"(?P<v>[-+]?\d+(?:\.\d+)?)\s*V\b"), 1.0),
-}
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")  # fullmatch on one short token: no backtracking to speak of
+MAX_LINE = 1024  # ethtool's lines are under 100 characters; a longer one is not ethtool's
+MAX_TOKEN = 64
+# quantity -> (unit words after the number, factor to base units); power reads dBm, else mW.
+_UNITS = {"tx_bias": (("mA",), 1e-3), "temperature": (("degrees", "C"), 1.0), "voltage": (("V",), 1.0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,7 @@ class ModuleDom:
     thresholds: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (quantity, level, severity)
     no_dom_declared: bool = False
     bad_fields: list[str] = field(default_factory=list)  # labels whose value could not be parsed
+    faults: set[tuple[str, str]] = field(default_factory=set)  # (quantity, lane) of monitored values that failed
 
     @property
     def has_dom(self) -> bool:
@@ -126,35 +131,58 @@ def _get_layout() -> _DomLayout:
     return _layout
 
 
-def _parse_power(value: str) -> float | None:
-    m = _DBM.search(value)
-    if m:
-        return float(m.group("v"))  # float() reads "-inf" as -inf
-    m = _MW.search(value)
-    if m:
-        mw = float(m.group("v"))
-        return 10 * math.log10(mw) if mw > 0 else -math.inf
-    return None
+def _number_before(tokens: list[str], unit: tuple[str, ...]) -> tuple[bool, float | None]:
+    """(unit found, the number written just before it or glued to it; None when that is not a finite number)."""
+    n = len(unit)
+    for i, tok in enumerate(tokens):
+        if tok.endswith(unit[0]) and tuple(tokens[i + 1:i + n]) == unit[1:]:
+            glued = tok[:-len(unit[0])]
+            text = glued if glued else (tokens[i - 1] if i else "")
+            if len(text) > MAX_TOKEN:
+                return True, None
+            if unit == ("dBm",) and text.lower() == "-inf":
+                return True, -math.inf  # a dark lane: the only infinite value that means something
+            if not _NUMBER.fullmatch(text):
+                return True, None
+            v = float(text)
+            return True, v if math.isfinite(v) else None
+    return False, None
+
+
+def _parse_power(tokens: list[str]) -> float | None:
+    found, dbm = _number_before(tokens, ("dBm",))
+    if found:  # a malformed dBm value is a fault even when the mW one reads well: the two disagree
+        return dbm
+    _, mw = _number_before(tokens, ("mW",))
+    if mw is None:
+        return None
+    return 10 * math.log10(mw) if mw > 0 else -math.inf
 
 
 def _parse_value(quantity: str, value: str) -> float | None:
+    """A value in base units (power in dBm); None when the text holds no well-formed finite one."""
+    tokens = value.split()
     if quantity in ("tx_power", "rx_power"):
-        return _parse_power(value)
-    pattern, scale = _UNIT_PATTERNS[quantity]
-    m = pattern.search(value)
-    return float(m.group("v")) * scale if m else None
+        return _parse_power(tokens)
+    unit, scale = _UNITS[quantity]
+    _, v = _number_before(tokens, unit)
+    return None if v is None else v * scale
 
 
 def parse_module(text: str) -> ModuleDom:
-    """Parse one `ethtool -m` output; never raises on odd content (bad values land in `bad_fields`)."""
+    """Parse one `ethtool -m` output in linear time; never raises on odd content (bad values land in `bad_fields`)."""
     layout = _get_layout()
     dom = ModuleDom()
     info_keys = {label: key for key, label in layout.info.items()}
     for raw in text.splitlines():
-        m = _LINE.match(raw)
-        if not m:
+        key, sep, value = raw.partition(":")
+        label = key.strip()
+        if not sep or not label:
             continue
-        label, value = m.group("key").strip(), m.group("value").strip()
+        if len(raw) > MAX_LINE:
+            dom.bad_fields.append(label[:40])
+            continue
+        value = value.strip()
         if label in info_keys:
             dom.info.setdefault(info_keys[label], value)
             continue
@@ -175,6 +203,8 @@ def _parse_monitor(layout: _DomLayout, dom: ModuleDom, label: str, value: str) -
         parsed = _parse_value(quantity, value)
         if parsed is None:
             dom.bad_fields.append(label)
+            lane = "" if quantity in ("temperature", "voltage") else m.groupdict().get("lane") or "1"
+            dom.faults.add((quantity, lane))
         elif quantity == "temperature":
             dom.temperature = parsed
         elif quantity == "voltage":
@@ -224,6 +254,11 @@ def module_readings(port: str, dom: ModuleDom) -> list[Reading]:
     for quantity, spec in (("rx_power", OPTIC_RX), ("tx_power", OPTIC_TX), ("tx_bias", OPTIC_BIAS)):
         for lane, value in sorted(dom.lanes.get(quantity, {}).items(), key=lambda kv: int(kv[0])):
             out.append(Reading(spec, value, {"port": port, "lane": lane}))
+    for quantity, lane in sorted(dom.faults):  # a value the module printed but that is not a well-formed one
+        spec = {"rx_power": OPTIC_RX, "tx_power": OPTIC_TX, "tx_bias": OPTIC_BIAS, "temperature": OPTIC_TEMP,
+                "voltage": OPTIC_VOLT}[quantity]
+        labels = {"port": port, "lane": lane} if lane else {"port": port}
+        out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT))
     for flag in dom.flags:
         out.append(Reading(OPTIC_ALARM, 1.0 if flag.on else 0.0, {"port": port, "alarm": flag.alarm, "lane": flag.lane}))
     for (quantity, level, severity), value in sorted(dom.thresholds.items()):
@@ -327,16 +362,20 @@ class DomSource:
             return [Reading(OPTIC_DOM, 0.0, {"port": port.name})], None, ""
         async with gate:
             try:
-                text = await asyncio.wait_for(self.reader.read(netdev), self.module_timeout)
+                dom = await asyncio.wait_for(self._read_and_parse(netdev), self.module_timeout)
             except asyncio.TimeoutError:
                 return [], "timeout", f"{port.name}: module read exceeded {self.module_timeout:.1f}s"
             except ModuleUnsupported:
                 return [Reading(OPTIC_DOM, 0.0, {"port": port.name})], None, ""
             except ModuleReadError as exc:
                 return [], exc.kind, f"{port.name}: {exc}"
-        dom = parse_module(text)
         kind = "decode" if dom.bad_fields else None
         return module_readings(port.name, dom), kind, f"{port.name}: unparseable {dom.bad_fields}" if kind else ""
+
+    async def _read_and_parse(self, netdev: str) -> ModuleDom:
+        """Read and parse one module: both inside the module's timeout, the parse off the event loop."""
+        text = await self.reader.read(netdev)
+        return await asyncio.to_thread(parse_module, text)
 
     async def poll(self) -> PollResult:
         gate = asyncio.Semaphore(self._concurrency)

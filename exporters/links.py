@@ -10,6 +10,11 @@ A port that goes down and comes back between two polls must still count as a
 flap, so flaps are the larger of the down transitions the agent saw and the
 kernel's own count of downs since the last poll (carrier_down_count, or half
 the carrier_changes delta, or the IB link_downed delta).
+
+Attribute text is untrusted (issue 18: a `speed` of `--1` or a counter above
+1e308 failed the whole source): reads are capped at a page, numbers must be
+ASCII digits within 64 bits, and a bad value is a sensor fault of that one
+reading while the rest of the port and the other ports stay good.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, Iterable
 
 from exporters.base import BlockingCaller
 from exporters.links_profile import load_links_profile, require
-from exporters.model import PollResult, Quality, Reading, SourceError, counter, gauge
+from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, counter, gauge
 from exporters.ports import PortSpec, as_port_specs
 
 LINK_UP = gauge("supernode_link_up", "Port is up (1): Ethernet operstate up, InfiniBand port state ACTIVE.",
@@ -56,8 +61,11 @@ TRAFFIC_SPECS = {"receive_bytes": LINK_RX_BYTES, "transmit_bytes": LINK_TX_BYTES
 METRICS = (LINK_UP, LINK_FLAPS, LINK_CARRIER_CHANGES, LINK_ERRORS, LINK_SATURATED, LINK_SPEED, LINK_IB_STATE,
            LINK_IB_PHYS_STATE, *TRAFFIC_SPECS.values())
 
-_CODE = re.compile(r"^\s*(\d+)\s*:")
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+_CODE = re.compile(r"\s*([0-9]{1,9})\s*:", re.ASCII)
+_RATE = re.compile(r"\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*Gb/sec", re.ASCII)
+MAX_ATTR = 4096  # a sysfs attribute is at most one page
+U64_DIGITS = 20  # 18446744073709551615
+Fault = tuple[MetricSpec, dict[str, str]]
 
 
 @dataclass
@@ -77,6 +85,7 @@ class PortSample:
     saturated: dict[str, bool] = field(default_factory=dict)
     traffic: dict[str, int] = field(default_factory=dict)  # metric -> value in base units
     problems: list[str] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)  # series whose attribute held no well-formed value
 
 
 def port_dir(sysfs_root: Path, port: PortSpec) -> Path:
@@ -87,25 +96,37 @@ def port_dir(sysfs_root: Path, port: PortSpec) -> Path:
 
 
 def _read(path: Path) -> str | None:
-    """A sysfs attribute's text, or None when absent or refused (carrier/speed give EINVAL on a down link)."""
+    """A sysfs attribute's text, or None when absent or refused (carrier/speed give EINVAL on a down link).
+
+    At most one page is read, so a file that is not a real attribute cannot eat memory.
+    """
     try:
         with open(path, "r", errors="replace") as f:
-            return f.read().strip()
+            return f.read(MAX_ATTR + 1).strip()
     except OSError:
         return None
 
 
-def _read_int(path: Path, sample: PortSample, required: bool = False) -> int | None:
+def parse_uint(text: str) -> int | None:
+    """A non-negative integer of ASCII digits that fits 64 bits; None otherwise ('--1', '²', 400 digits)."""
+    if not text or len(text) > U64_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    v = int(text)
+    return v if v < 1 << 64 else None
+
+
+def _read_int(path: Path, sample: PortSample, required: bool = False, fault: Fault | None = None) -> int | None:
     text = _read(path)
     if text is None:
         if required:
             sample.problems.append(f"{path}: unreadable")
         return None
-    try:
-        return int(text)
-    except ValueError:
-        sample.problems.append(f"{path}: not an integer: {text[:40]!r}")
-        return None
+    value = parse_uint(text)
+    if value is None:
+        sample.problems.append(f"{path}: not a 64-bit unsigned integer: {text[:40]!r}")
+        if fault is not None:
+            sample.faults.append(fault)
+    return value
 
 
 class SysfsReader:
@@ -149,11 +170,15 @@ class SysfsReader:
         if s.ib_state is not None:
             s.up = s.ib_state in self.ib_up
             s.state = self.ib_states.get(s.ib_state, str(s.ib_state))
-        m = _RATE.match(_read(base / "rate") or "")
+        rate = _read(base / "rate")
+        m = _RATE.match(rate or "")
         if m:
             s.speed_bps = float(m.group(1)) * 1e9
+        elif rate:
+            s.problems.append(f"{base / 'rate'}: not '<n> Gb/sec': {rate[:40]!r}")
+            s.faults.append((LINK_SPEED, {"port": s.port.name}))
         for name, width in self.ib_counters.items():
-            value = _read_int(base / "counters" / name, s)
+            value = _read_int(base / "counters" / name, s, fault=(LINK_ERRORS, {"port": s.port.name, "counter": name}))
             if value is not None:
                 s.errors[name] = value
                 s.saturated[name] = value >= (1 << int(width)) - 1
@@ -168,12 +193,17 @@ class SysfsReader:
             s.state = operstate
             s.up = operstate in self.eth_up
         speed = _read(base / "speed")
-        if speed and speed.lstrip("-").isdigit() and int(speed) > 0:
-            s.speed_bps = int(speed) * 1e6
-        s.carrier_changes = _read_int(base / "carrier_changes", s)
+        if speed and speed != "-1":  # -1: the driver does not know the speed (link down): no reading
+            mbps = parse_uint(speed)
+            if mbps is None:
+                s.problems.append(f"{base / 'speed'}: not a speed in Mb/s: {speed[:40]!r}")
+                s.faults.append((LINK_SPEED, {"port": s.port.name}))
+            elif mbps > 0:
+                s.speed_bps = mbps * 1e6
+        s.carrier_changes = _read_int(base / "carrier_changes", s, fault=(LINK_CARRIER_CHANGES, {"port": s.port.name}))
         s.down_count = _read_int(base / "carrier_down_count", s)
         for name in self.eth_counters:
-            value = _read_int(base / "statistics" / name, s)
+            value = _read_int(base / "statistics" / name, s, fault=(LINK_ERRORS, {"port": s.port.name, "counter": name}))
             if value is not None:
                 s.errors[name] = value
         self._read_traffic(base / "statistics", self.eth_traffic, s)
@@ -181,7 +211,7 @@ class SysfsReader:
     @staticmethod
     def _read_traffic(directory: Path, table: dict[str, dict], s: PortSample) -> None:
         for fname, entry in table.items():
-            value = _read_int(directory / fname, s)
+            value = _read_int(directory / fname, s, fault=(TRAFFIC_SPECS[entry["metric"]], {"port": s.port.name}))
             if value is not None:
                 s.traffic[entry["metric"]] = value * int(entry.get("scale", 1))
 
@@ -242,6 +272,7 @@ def sample_readings(s: PortSample, flaps: int) -> list[Reading]:
         out.append(Reading(LINK_SATURATED, 1.0 if saturated else 0.0, {"port": port, "counter": name}))
     for metric, value in s.traffic.items():
         out.append(Reading(TRAFFIC_SPECS[metric], float(value), labels))
+    out.extend(Reading(spec, math.nan, fault_labels, quality=Quality.SENSOR_FAULT) for spec, fault_labels in s.faults)
     return out
 
 

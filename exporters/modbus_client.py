@@ -7,6 +7,12 @@ does). Exception 6 (device busy) and 11 (gateway target failed to respond)
 are worth a retry after a short backoff; other exceptions are final. A
 dropped or timed-out connection is closed and reopened on the next request,
 so a late answer can never be taken for the reply to a newer request.
+
+Answers are untrusted (issue 18): pymodbus takes a frame with transaction id
+0 as the answer to any request, and decodes a frame of another function code
+as what it claims to be. A reply whose transaction id is 0 or whose function
+code is not the one asked is refused (SourceError "protocol") and the
+connection is dropped, so a stray frame can never read as `leak_detected=1`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from pymodbus.client import AsyncModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
@@ -131,6 +138,7 @@ class Gateway:
             raise SourceError("protocol", f"{what}: {exc}") from None
         finally:
             self._last_request = time.monotonic()
+        self._check_frame(rr, fc, what)
         if rr.isError():
             code = int(getattr(rr, "exception_code", 0) or 0)
             stats.exceptions[code] += 1
@@ -139,6 +147,19 @@ class Gateway:
         if len(values) != count:
             raise SourceError("protocol", f"{what}: expected {count} values, got {len(values)}")
         return [int(v) for v in values]
+
+    def _check_frame(self, rr: Any, fc: int, what: str) -> None:
+        """Refuse a reply that is not the answer to this request (our transaction ids start at 1 on TCP)."""
+        got_fc = int(getattr(rr, "function_code", -1))
+        tid = int(getattr(rr, "transaction_id", 0) or 0)
+        problem = None
+        if got_fc & 0x7F != fc:
+            problem = f"reply has function code {got_fc}, asked {fc}"
+        elif tid == 0:
+            problem = "reply has transaction id 0"
+        if problem:
+            self._drop()  # the stream cannot be trusted to be in step with our requests any more
+            raise SourceError("protocol", f"{what}: {problem}")
 
     async def _unless_lost(self, coro, what: str):
         """Await a request, but give up at once (not at the timeout) if the connection drops meanwhile."""

@@ -16,7 +16,7 @@ from typing import Iterable
 
 from exporters.model import PollResult, Quality, Reading, SourceError
 from exporters.pdu_metrics import INLET_POWER, OUTLET_INFO, PDU_INFO, RACK_BUDGET, RACK_POWER
-from exporters.snmp_client import SnmpClient, SnmpCredentials
+from exporters.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
 from exporters.snmp_decode import Columns, CounterTracker, decode
 from exporters.snmp_profile import Profile, load_profile
 from exporters.render import render_readings
@@ -39,7 +39,8 @@ class PduSource:
 
     def __init__(self, device: str, profile: Profile | str, target: str | tuple[str, int],
                  credentials: SnmpCredentials, timeout: float = 1.0, retries: int = 1, max_repetitions: int = 10,
-                 outlet_feeds: dict[str, str] | None = None, scale_refresh: float = 300.0, name: str = "pdu"):
+                 outlet_feeds: dict[str, str] | None = None, scale_refresh: float = 300.0, name: str = "pdu",
+                 max_rows: int = MAX_ROWS, max_requests: int = MAX_REQUESTS):
         self.name = name
         self.device = device
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
@@ -47,7 +48,8 @@ class PduSource:
         self.max_repetitions = max_repetitions
         self.outlet_feeds = dict(outlet_feeds or {})
         self.scale_refresh = scale_refresh
-        self.client = SnmpClient(self.host, self.port, credentials, timeout=timeout, retries=retries)
+        self.client = SnmpClient(self.host, self.port, credentials, timeout=timeout, retries=retries,
+                                 max_rows=max_rows, max_requests=max_requests)
         self.counters = CounterTracker()
         self._slow: Columns = {}
         self._slow_at = -1e18
@@ -69,7 +71,8 @@ class PduSource:
             if exc.kind in ("timeout", "auth"):
                 raise
             return  # identity is optional; a device without these scalars still has power readings
-        self._info = {k: str(got.get(o)) for k, o in self.profile.info.items() if got.get(o) not in (None, "")}
+        self._info = {k: str(got[o]) for k, o in self.profile.info.items()
+                      if isinstance(got.get(o), (str, int)) and got[o] != ""}
 
     async def poll(self) -> PollResult:
         now_m = time.monotonic()
@@ -86,7 +89,10 @@ class PduSource:
         merged = {**columns, **self._slow}
         errors: dict[str, int] = {}
         now = time.time()
-        readings = decode(self.profile, merged, self.device, self.counters, errors, now)
+        try:
+            readings = decode(self.profile, merged, self.device, self.counters, errors, now)
+        except (ArithmeticError, ValueError) as exc:  # decode faults bad values per reading; this is the backstop
+            raise SourceError("decode", f"{self.client.where}: cannot decode the walked values ({exc})") from None
         readings.append(Reading(PDU_INFO, 1.0, {
             "pdu": self.device, "vendor": self.profile.vendor, "model": self._info.get("model", ""),
             "firmware": self._info.get("firmware", ""), "profile": self.profile.profile}, Quality.OK, now))
@@ -153,7 +159,7 @@ async def probe_snmp(profile_name: str, host: str, port: int, community: str | N
                      v3_user: str | None = None, auth_key: str | None = None, priv_key: str | None = None,
                      auth_protocol: str = "SHA", priv_protocol: str = "AES", context: str = "",
                      timeout: float = 1.0, retries: int = 1, max_repetitions: int = 10,
-                     pdu_name: str = "probe") -> str:
+                     pdu_name: str = "probe", max_rows: int = MAX_ROWS, max_requests: int = MAX_REQUESTS) -> str:
     """Poll one device once and return what the agent would export (Prometheus text).
 
     Raises SourceError with kind timeout / auth / decode (profile does not
@@ -165,7 +171,7 @@ async def probe_snmp(profile_name: str, host: str, port: int, community: str | N
     else:
         creds = SnmpCredentials("2c", community=community or "public")
     source = PduSource(pdu_name, profile_name, (host, port), creds, timeout=timeout, retries=retries,
-                       max_repetitions=max_repetitions)
+                       max_repetitions=max_repetitions, max_rows=max_rows, max_requests=max_requests)
     try:
         result = await source.poll()
     finally:

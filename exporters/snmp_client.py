@@ -102,6 +102,10 @@ def to_python(value: Any) -> int | str | None:
 
 Varbinds = list[tuple[Oid, Any]]  # (oid, python value or END)
 MAX_CURSORS = 48  # varbinds per GETBULK request at most (x max-repetitions in the response)
+# A walk's bounds (issue 18: an agent that never ends a column ran a probe until it was killed). The
+# largest PDUs have a few thousand rows per column (outlets x sensor types); these leave a wide margin.
+MAX_ROWS = 10_000  # rows of one column in one walk
+MAX_REQUESTS = 500  # GETBULK requests of one walk
 
 
 class _EngineBackend:
@@ -128,7 +132,12 @@ class _EngineBackend:
         ind, status, index, vbs = answer
         if ind:
             raise _error(self.where, ind)
-        return int(status), int(index), [(tuple(n), END if isinstance(v, _END) else to_python(v)) for n, v in vbs]
+        out = [(tuple(n), END if isinstance(v, _END) else to_python(v)) for n, v in vbs]
+        for oid, _ in out:  # the same bounds as the v2c codec (RFC 2578 3.5) before an OID becomes a label
+            if len(oid) > snmp_v2c.MAX_OID_LENGTH or any(s > snmp_v2c.MAX_SUBID for s in oid):
+                raise SourceError("decode", f"{self.where}: response OID beyond RFC 2578 bounds "
+                                            f"({len(oid)} sub-identifiers)")
+        return int(status), int(index), out
 
     async def get(self, oids: list[Oid]) -> tuple[int, int, Varbinds]:
         engine, target, ctx = await self._ctx()
@@ -194,10 +203,14 @@ class _Cursor:
 class SnmpClient:
     """One transport per device (v2c: own codec; v3: pysnmp engine); counts requests (benchmark and probe)."""
 
-    def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float = 1.0, retries: int = 1):
+    def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float = 1.0, retries: int = 1,
+                 max_rows: int = MAX_ROWS, max_requests: int = MAX_REQUESTS):
+        if max_rows < 1 or max_requests < 1:
+            raise SourceError("config", f"{host}:{port}: max_rows and max_requests must be at least 1")
         self.where = f"{host}:{port}"
         backend = _V2cBackend if credentials.version == "2c" else _EngineBackend
         self._backend = backend(host, port, credentials, timeout, retries)
+        self.max_rows, self.max_requests = max_rows, max_requests
         self._rows: dict[str, list[Oid]] = {}  # column -> row OIDs of its last walk (segment boundaries)
         self.requests = 0
 
@@ -241,13 +254,23 @@ class SnmpClient:
         max-repetitions 10 costs 3 requests instead of 9 the first time, and
         1 from then on. A tooBig answer halves max-repetitions, then the
         varbinds per request.
+
+        Device answers are untrusted: an OID that does not increase within
+        its column, a column longer than `max_rows` or a walk needing more
+        than `max_requests` requests is a `SourceError("protocol")`, never a
+        silently short column or an endless walk.
         """
         out: dict[str, dict[tuple[int, ...], Any]] = {o: {} for o in oids}
         prefixes = {o: _oid(o) for o in oids}
         pending = self._cursors(oids, prefixes, max_repetitions)
         reps, limit = max_repetitions, MAX_CURSORS
+        sent = 0
         while pending:
             batch = pending[:limit]
+            if sent >= self.max_requests:
+                raise SourceError("protocol", f"{self.where}: walk not finished after {self.max_requests} requests "
+                                              f"(max_walk_requests)")
+            sent += 1
             self.requests += 1
             status, index, vbs = await self._backend.bulk([c.pos for c in batch], reps)
             if status == TOO_BIG and (reps > 1 or len(batch) > 1):
@@ -264,11 +287,20 @@ class SnmpClient:
                     continue
                 c = batch[k]
                 prefix = prefixes[c.col]
-                if (value is END or oid[:len(prefix)] != prefix or oid <= c.pos
-                        or (c.bound is not None and oid > c.bound)):
+                if value is END:
                     done.add(k)
                     continue
-                out[c.col][oid[len(prefix):]] = value
+                if oid <= c.pos:
+                    raise SourceError("protocol", f"{self.where}: OID not increasing in column {c.col} "
+                                                  f"({'.'.join(map(str, oid))} after {'.'.join(map(str, c.pos))})")
+                if oid[:len(prefix)] != prefix or (c.bound is not None and oid > c.bound):
+                    done.add(k)
+                    continue
+                column = out[c.col]
+                if len(column) >= self.max_rows:
+                    raise SourceError("protocol", f"{self.where}: column {c.col} has more than {self.max_rows} rows "
+                                                  f"(max_walk_rows)")
+                column[oid[len(prefix):]] = value
                 c.pos = oid
                 if oid == c.bound:
                     done.add(k)

@@ -3,6 +3,11 @@
 Kept apart from the transport so the decoding rules (per-row scale, enums,
 "not supported" values, counter wraps and resets) are testable on plain
 dicts and identical for every vendor.
+
+Device values are untrusted: a value that is not a number in its type's
+range, a scale or digit count outside what its MIB allows, or a result
+that is not finite is a sensor fault of that one reading, never an
+exception that fails the whole PDU (issue 18).
 """
 
 from __future__ import annotations
@@ -16,6 +21,13 @@ from exporters.pdu_metrics import PROFILE_METRICS
 from exporters.snmp_profile import MetricMap, Profile
 
 Columns = dict[str, dict[tuple[int, ...], Any]]  # column oid -> {index: value}
+
+# PDU2-MIB DecimalDigits is an Unsigned32; an Unsigned32 value has at most 10 digits, so more than 9
+# decimal digits would turn every reading into a fraction of its least unit: no real sensor does that.
+DECIMAL_DIGITS = range(0, 10)
+ENTITY_SCALE = range(1, 18)  # ENTITY-SENSOR-MIB EntitySensorDataScale: yocto(1) .. yotta(17)
+ENTITY_PRECISION = range(-8, 10)  # EntitySensorPrecision: Integer32 (-8..9)
+RAW_LIMIT = 1 << 64  # the widest SMI number (Counter64); anything wider is not a device value
 
 
 class CounterTracker:
@@ -59,10 +71,10 @@ def row_factor(m: MetricMap, table_cols: dict[str, str], columns: Columns, index
         return 1.0
     if rs.decimal_digits:
         d = columns.get(table_cols[rs.decimal_digits], {}).get(index)
-        return None if not isinstance(d, int) else 10.0 ** -d
+        return 10.0 ** -d if isinstance(d, int) and d in DECIMAL_DIGITS else None
     s = columns.get(table_cols[rs.entity_scale], {}).get(index, 9) if rs.entity_scale else 9
     p = columns.get(table_cols[rs.entity_precision], {}).get(index, 0) if rs.entity_precision else 0
-    if not isinstance(s, int) or not isinstance(p, int):
+    if not isinstance(s, int) or not isinstance(p, int) or s not in ENTITY_SCALE or p not in ENTITY_PRECISION:
         return None
     return 10.0 ** (3 * (s - 9)) * 10.0 ** -p
 
@@ -87,8 +99,9 @@ def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracke
             if any(columns.get(table_cols[c], {}).get(index) not in vals for c, vals in m.when.items()):
                 continue
             labels = {"pdu": pdu, **{k: t.format(**parts) for k, t in m.labels.items()}}
-            if not isinstance(raw, int):
+            if not isinstance(raw, int) or not -RAW_LIMIT < raw < RAW_LIMIT:  # a string, snmp_v2c.BadValue, ...
                 errors[m.metric] = errors.get(m.metric, 0) + 1
+                out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT, now))
                 continue
             if raw in m.unsupported:
                 out.append(Reading(spec, float(raw), labels, Quality.UNSUPPORTED, now))
@@ -104,6 +117,9 @@ def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracke
                 out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
                 continue
             factor *= m.scale
+            if m.counter_bits is not None and not 0 <= raw < (1 << m.counter_bits):
+                out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))  # not a counter that wide
+                continue
             if m.counter_bits is not None:
                 key = (m.metric, tuple(sorted(labels.items())))
                 value = counters.update(key, raw, m.counter_bits, factor) + m.offset

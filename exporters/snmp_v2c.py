@@ -11,6 +11,14 @@ Values come back as Python values the way `snmp_client.to_python` turns
 pysnmp objects into them: numbers as int, strings as str (utf-8, else
 hex), OIDs as dotted str, and `END` for noSuchObject / noSuchInstance /
 endOfMibView.
+
+Device input is untrusted (issue 18): a datagram's request-id is read
+before anything else, so a spoofed or late datagram costs a few header
+bytes and never a varbind decode; OIDs decode in linear time with
+sub-identifiers capped at 32 bits and 128 of them (RFC 2578); a number
+wider than its SMI type (Integer32, Counter32/Gauge32/TimeTicks: 32 bits,
+Counter64: 64) comes back as a `BadValue`, which the decoder turns into a
+per-reading sensor fault, so one bad varbind never fails the whole PDU.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ _UNSIGNED = (0x41, 0x42, 0x43, 0x46)  # Counter32, Gauge32/Unsigned32, TimeTicks
 _BYTES = (_OCTETS, 0x40, _NULL)  # OctetString, IpAddress, Null: as pysnmp's OctetString family
 _OPAQUE = 0x44  # str() of pysnmp's Opaque: latin-1
 _EXCEPTIONS = (0x80, 0x81, 0x82)  # noSuchObject, noSuchInstance, endOfMibView
+_UNSIGNED_BITS = {0x41: 32, 0x42: 32, 0x43: 32, 0x46: 64}
+MAX_SUBID = (1 << 32) - 1  # RFC 2578 3.5: sub-identifiers are 0..2^32-1
+MAX_OID_LENGTH = 128  # RFC 2578 3.5: at most 128 sub-identifiers
 ERROR_NAMES = ("noError", "tooBig", "noSuchName", "badValue", "readOnly", "genErr", "noAccess", "wrongType",
                "wrongLength", "wrongEncoding", "wrongValue", "noCreation", "inconsistentValue",
                "resourceUnavailable", "commitFailed", "undoFailed", "authorizationError", "notWritable",
@@ -47,6 +58,21 @@ class _End:
 
 
 END = _End()
+
+
+class BadValue:
+    """A varbind value outside its SMI type's range (or empty): read as a sensor fault for that reading only."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"BadValue({self.reason!r})"
+
+    def __str__(self) -> str:
+        return f"<bad value: {self.reason}>"
 
 
 def error_name(status: int) -> str:
@@ -134,33 +160,63 @@ def _expect(data: bytes, pos: int, end: int, tag: int) -> tuple[int, int]:
 
 
 def _signed(data: bytes, s: int, e: int) -> int:
+    """A header INTEGER (request-id, status, index: Integer32); wider ones are refused before any big-int work."""
     if s == e:
         raise BerError("empty integer")
+    if e - s > 5:
+        raise BerError(f"integer of {e - s} bytes where Integer32 is expected")
     return int.from_bytes(data[s:e], "big", signed=True)
 
 
 def decode_oid(data: bytes, s: int, e: int) -> Oid:
+    """An OID's sub-identifiers; linear in its length, each capped at 32 bits (a 4,300-digit one is refused)."""
     if s == e:
         raise BerError("empty OID")
-    out: list[int] = []
-    v = 0
-    for byte in data[s:e]:
-        v = (v << 7) | (byte & 0x7F)
-        if not byte & 0x80:
-            out.append(v)
-            v = 0
     if data[e - 1] & 0x80:
         raise BerError("unterminated OID")
+    out: list[int] = []
+    v = 0
+    limit = MAX_SUBID + 80  # the first sub-identifier carries 40 * first arc + second arc
+    for byte in data[s:e]:
+        v = (v << 7) | (byte & 0x7F)
+        if v > limit:  # checked per byte: the value never grows past 39 bits, so each step is O(1)
+            raise BerError("OID sub-identifier over 32 bits")
+        if not byte & 0x80:
+            if len(out) + 2 > MAX_OID_LENGTH:  # the first sub-identifier holds two arcs
+                raise BerError(f"OID longer than {MAX_OID_LENGTH} sub-identifiers")
+            out.append(v)
+            v, limit = 0, MAX_SUBID
     first = out[0]
     head = (first // 40, first % 40) if first < 80 else (2, first - 80)
     return head + tuple(out[1:])
 
 
+def _number(data: bytes, tag: int, s: int, e: int) -> int | BadValue:
+    """An INTEGER (Integer32) or unsigned (Counter32, Gauge32, TimeTicks, Counter64) value within its type's range.
+
+    Encoders pad (pyasn1 sends -2^31 in 5 bytes), so the width is judged on
+    the value; a body longer than 9 bytes cannot hold any of these types and
+    is refused before it is turned into a number.
+    """
+    if s == e:
+        return BadValue("empty integer")
+    if e - s > 9:
+        return BadValue(f"tag 0x{tag:02x}: a {e - s}-byte number")
+    bits = _UNSIGNED_BITS.get(tag)
+    if bits is None:  # Integer32
+        v = int.from_bytes(data[s:e], "big", signed=True)
+        if not -(1 << 31) <= v < (1 << 31):
+            return BadValue(f"INTEGER {v} is outside Integer32")
+        return v
+    v = int.from_bytes(data[s:e], "big")
+    if v >> bits:
+        return BadValue(f"tag 0x{tag:02x}: {v} is over {bits} bits")
+    return v
+
+
 def _value(data: bytes, tag: int, s: int, e: int) -> Any:
-    if tag in _UNSIGNED:
-        return int.from_bytes(data[s:e], "big")
-    if tag == _INTEGER:
-        return _signed(data, s, e)
+    if tag in _UNSIGNED or tag == _INTEGER:
+        return _number(data, tag, s, e)
     if tag in _BYTES:
         raw = data[s:e]
         try:
@@ -172,12 +228,19 @@ def _value(data: bytes, tag: int, s: int, e: int) -> Any:
     if tag == _OPAQUE:
         return data[s:e].decode("latin-1")
     if tag == _OID:
-        return ".".join(map(str, decode_oid(data, s, e)))
-    raise BerError(f"unknown value tag 0x{tag:02x}")
+        try:
+            return ".".join(map(str, decode_oid(data, s, e)))
+        except BerError as exc:
+            return BadValue(f"OID value: {exc}")
+    return BadValue(f"unknown value tag 0x{tag:02x}")  # framed correctly: only this varbind is unreadable
 
 
-def decode_response(data: bytes) -> tuple[int, int, int, list[tuple[Oid, Any]]]:
-    """(request-id, error-status, error-index, varbinds) of a v2c Response; BerError if it is not one."""
+def decode_header(data: bytes) -> tuple[int, int, int, int, int]:
+    """(request-id, error-status, error-index, start, end of the varbind list) of a v2c Response.
+
+    Cheap on purpose: it reads a few header bytes, so a datagram that is
+    not for a pending request is dropped before its varbinds are touched.
+    """
     end = len(data)
     s, end = _expect(data, 0, end, _SEQ)
     s, e = _expect(data, s, end, _INTEGER)
@@ -191,13 +254,24 @@ def decode_response(data: bytes) -> tuple[int, int, int, list[tuple[Oid, Any]]]:
         s, pos = _expect(data, pos, end, _INTEGER)
         fields.append(_signed(data, s, pos))
     pos, end = _expect(data, pos, end, _SEQ)
+    return fields[0], fields[1], fields[2], pos, end
+
+
+def decode_varbinds(data: bytes, pos: int, end: int) -> list[tuple[Oid, Any]]:
+    """The varbinds between `pos` and `end` (from `decode_header`); BerError when the list is malformed."""
     varbinds: list[tuple[Oid, Any]] = []
     while pos < end:
         s, pos = _expect(data, pos, end, _SEQ)
         os_, oe = _expect(data, s, pos, _OID)
         tag, vs, ve = _head(data, oe, pos)
         varbinds.append((decode_oid(data, os_, oe), _value(data, tag, vs, ve)))
-    return fields[0], fields[1], fields[2], varbinds
+    return varbinds
+
+
+def decode_response(data: bytes) -> tuple[int, int, int, list[tuple[Oid, Any]]]:
+    """(request-id, error-status, error-index, varbinds) of a v2c Response; BerError if it is not one."""
+    request_id, status, index, pos, end = decode_header(data)
+    return request_id, status, index, decode_varbinds(data, pos, end)
 
 
 # -- transport ------------------------------------------------------------------------
@@ -243,12 +317,18 @@ class V2cTransport(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         try:
-            request_id, status, index, varbinds = decode_response(data)
+            request_id, status, index, pos, end = decode_header(data)
         except BerError:
             return  # not a response we can read: dropped, the request times out or a retry gets a good one
         fut = self._pending.get(request_id)
-        if fut is not None and not fut.done():
-            fut.set_result((status, index, varbinds))
+        if fut is None or fut.done():
+            return  # spoofed, late or duplicate: dropped before its varbinds cost anything
+        try:
+            varbinds = decode_varbinds(data, pos, end)
+        except BerError as exc:
+            fut.set_exception(SourceError("decode", f"{self.where}: malformed SNMP response ({exc})"))
+            return
+        fut.set_result((status, index, varbinds))
 
     def error_received(self, exc: Exception) -> None:
         pass  # ICMP unreachable and the like: the request times out, as with pysnmp

@@ -9,3 +9,27 @@ _TESTS = Path(__file__).resolve().parent
 for p in (str(_TESTS), str(_TESTS.parent)):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+# Property-based tests (hypothesis): a small, derandomized run in `make test` (seconds, the same examples
+# every run, so never flaky); `make fuzz` selects the `fuzz` profile through HYPOTHESIS_PROFILE and runs
+# every hypothesis test (marked `fuzz` below) with many more random examples.
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # the test extra is not installed: hypothesis tests fail on import, the rest run
+    pass
+else:
+    import os as _os
+
+    _hypothesis_settings.register_profile("default", max_examples=60, deadline=None, derandomize=True,
+                                          database=None)
+    _hypothesis_settings.register_profile("fuzz", max_examples=5_000, deadline=None, database=None)
+    _hypothesis_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every hypothesis test carries the `fuzz` marker, so `make fuzz` (pytest -m fuzz) finds them all."""
+    import pytest
+
+    for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.fuzz)

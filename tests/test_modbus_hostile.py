@@ -1,0 +1,91 @@
+"""Issue 18, Modbus: a misbehaving server (tests/bad_modbus_server.py) never reads as a leak, and fails cleanly.
+
+The leak controller profile (rle-ld2100) is polled through the real
+pymodbus client against a raw-MBAP server on 127.0.0.1 whose registers
+are dry; its hostile frames carry `leak_detected=1`. A frame with
+transaction id 0 or another function code must be refused (a
+`SourceError`, never a wet zone), a frame for another transaction id
+skipped, garbage and late answers must end in a clean error within the
+timeout, and the next honest poll must work again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from bad_modbus_server import BadModbusServer
+from exporters.modbus import ModbusSource
+from exporters.modbus_client import gateway_for, release_gateway
+from exporters.model import SourceError
+
+
+@contextlib.asynccontextmanager
+async def hostile_leak_controller(mode: str, timeout: float = 1.0):
+    server = BadModbusServer(mode)
+    host, port = await server.start()
+    src = ModbusSource("leak", "leak-a", "rle-ld2100", host, port, timeout=timeout)
+    try:
+        yield server, src
+    finally:
+        await src.close()
+        await server.stop()
+
+
+def wet_zones(result) -> list[str]:
+    return [r.labels["zone"] for r in result.readings if r.name == "supernode_leak_detected" and r.value == 1]
+
+
+@pytest.mark.parametrize("mode,fragment", [("tid0", "transaction id 0"), ("wrong_fc", "function code")])
+def test_a_stray_frame_is_refused_and_never_reads_as_a_leak(mode, fragment):
+    async def run():
+        async with hostile_leak_controller(mode) as (_, src):
+            with pytest.raises(SourceError) as err:
+                await asyncio.wait_for(src.poll(), 30)
+            return err.value
+
+    err = asyncio.run(run())
+    assert err.kind == "protocol" and fragment in str(err)
+
+
+def test_a_frame_for_another_transaction_is_skipped_and_the_answer_read():
+    async def run():
+        async with hostile_leak_controller("wrong_tid") as (server, src):
+            result = await asyncio.wait_for(src.poll(), 30)
+            return result, server.requests
+
+    result, requests = asyncio.run(run())
+    assert requests >= 1
+    assert any(r.name == "supernode_leak_detected" for r in result.readings)
+    assert wet_zones(result) == []
+
+
+# garbage: pymodbus discards a frame with a bad protocol id and goes on waiting, so the request times out
+@pytest.mark.parametrize("mode,kinds", [("garbage", {"connection", "protocol", "timeout"}), ("slow", {"timeout"})])
+def test_garbage_or_late_answers_end_in_a_clean_error(mode, kinds):
+    async def run():
+        async with hostile_leak_controller(mode, timeout=0.3) as (_, src):
+            with pytest.raises(SourceError) as err:
+                await asyncio.wait_for(src.poll(), 30)
+            return err.value
+
+    assert asyncio.run(run()).kind in kinds
+
+
+def test_after_a_refused_frame_the_next_request_reads_the_honest_answer():
+    async def run():
+        server = BadModbusServer("tid0", registers={5: 42})
+        host, port = await server.start()
+        gw = gateway_for(host, port, 1.0)
+        try:
+            with pytest.raises(SourceError):
+                await gw.read(4, 0, 8, 1)
+            server.mode = "good"
+            return await gw.read(4, 0, 8, 1)
+        finally:
+            release_gateway(gw)
+            await server.stop()
+
+    assert asyncio.run(run()) == [0, 0, 0, 0, 0, 42, 0, 0]  # honest, not the lie (register 0 = 1)
