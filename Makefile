@@ -8,7 +8,7 @@ DEB_PACKAGES := snmp prometheus prometheus-alertmanager prometheus-snmp-exporter
                 iproute2 mbpoll ethtool systemd
 PYTEST_ARGS ?=
 
-.PHONY: demo test fuzz venv peers dashboards bench clean lint
+.PHONY: demo test fuzz venv peers dashboards bench clean lint deb
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ fuzz: $(STAMP)
 
 dashboards: $(STAMP)
 	$(PY) -m dashboards.build
+
+# The Debian package: the agent in its own venv under /opt/supernode-agent (packaging/build_deb.py).
+deb: $(STAMP)
+	$(PY) packaging/build_deb.py --out build
 
 bench: $(STAMP) peers
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

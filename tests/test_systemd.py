@@ -17,7 +17,7 @@ def installed_unit(tmp_path: Path) -> Path:
     exe = Path(sys.executable).parent / "supernode-agent"
     assert exe.exists(), "console script not installed (pip install -e .)"
     path = tmp_path / "supernode-agent.service"
-    path.write_text(UNIT.read_text().replace("/usr/bin/supernode-agent", str(exe)))
+    path.write_text(UNIT.read_text().replace("/opt/supernode-agent/bin/supernode-agent", str(exe)))
     return path
 
 
