@@ -23,7 +23,7 @@ from tests.metric_names import catalogue, metric_names
 ALERTS = REPO / "alerts"
 RULE_FILES = [ALERTS / "recording.rules.yml", ALERTS / "supernode.rules.yml"]
 TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
-AM_EXAMPLE = ALERTS / "alertmanager.example.yml"
+AM_EXAMPLE = REPO / "examples" / "alertmanager.yml"
 RUNBOOK_BASE = "https://github.com/supernode-agent/supernode-agent/blob/main/"
 DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
              "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
