@@ -13,6 +13,14 @@ Queries filter on `rack` and `node`, the target labels Prometheus attaches
 from the scrape config, so one Prometheus (or a federated / long-term store)
 serves any number of racks. Rack aggregates use the recording rules of
 alerts/recording.rules.yml.
+
+For current Grafana (10/11): schemaVersion 39; no `maxDataPoints` cap, so
+Grafana asks for one point per pixel and a 30-second leak stays visible in a
+6-hour view; every stat colours its value with explicit threshold steps (a
+breaker that is open is red, never the default green); every dashboard
+annotates the time line with the agent's own actions (a query on
+`supernode_remediation_actions_total`); energy is shown in kWh; state
+timelines aggregate per GPU or port so an NVL72 rack is 72 rows, not 1,300.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import json
 import sys
 from pathlib import Path
 
-from grafanalib.core import (Dashboard, GridPos, Stat, StateTimeline, Table, Target, Template, Templating,
+from grafanalib.core import (Annotations, Dashboard, GridPos, Stat, StateTimeline, Table, Target, Template, Templating,
                              Time, TimeSeries)
 from grafanalib._gen import DashboardEncoder
 
@@ -31,6 +39,8 @@ RACK = 'rack=~"$rack"'
 NODE = 'rack=~"$rack", node=~"$node"'
 RATE = "$__rate_interval"
 WIDTH, HEIGHT = 12, 8
+SCHEMA_VERSION = 39  # Grafana 10.4 / 11
+GREEN, ORANGE, RED = "green", "orange", "red"
 
 
 def _targets(queries: list[tuple[str, str]]) -> list[Target]:
@@ -44,16 +54,31 @@ def ts(title: str, unit: str, queries: list[tuple[str, str]], description: str =
                       description=description or None)
 
 
-def stat(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> Stat:
-    """A single-value panel for counts an operator must see at a glance."""
+def stat(title: str, unit: str, queries: list[tuple[str, str]], steps: list[tuple[str, float | None]],
+         description: str = "") -> Stat:
+    """A single-value panel for counts an operator must see at a glance, coloured by explicit threshold steps.
+
+    steps: (colour, from value), the first from None (the base); Grafana's default is one green step,
+    which paints an open breaker green.
+    """
     return Stat(title=title, dataSource=DS, targets=_targets(queries), format=unit, reduceCalc="lastNotNull",
-                description=description or None)
+                description=description or None, colorMode="background",
+                thresholds=_steps(steps))
 
 
-def states(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> StateTimeline:
-    """A state timeline (link/pump/leak matrices); grafanalib has no unit field here, so set it raw."""
+UP_STEPS = [(RED, None), (GREEN, 1)]     # 1 = up / running: green; 0: red
+ALARM_STEPS = [(GREEN, None), (RED, 1)]  # 1 = wet / open: red
+
+
+def _steps(steps: list[tuple[str, float | None]]) -> list[dict]:
+    return [{"color": color, "value": value} for color, value in steps]
+
+
+def states(title: str, unit: str, queries: list[tuple[str, str]], description: str = "",
+           steps: list[tuple[str, float | None]] = UP_STEPS) -> StateTimeline:
+    """A state timeline (link/pump/leak matrices), coloured by its steps; grafanalib has no unit field here."""
     return StateTimeline(title=title, dataSource=DS, targets=_targets(queries), description=description or None,
-                         extraJson={"fieldConfig": {"defaults": {"unit": unit}}})
+                         thresholds=_steps(steps), extraJson={"fieldConfig": {"defaults": {"unit": unit}}})
 
 
 def table(title: str, unit: str, queries: list[tuple[str, str]], description: str = "") -> Table:
@@ -81,14 +106,26 @@ def _templating() -> Templating:
     ])
 
 
+def action_annotations() -> Annotations:
+    """The agent's actions on the time line of every dashboard: where the remediation counters moved."""
+    return Annotations(list=[{
+        "datasource": DS, "enable": True, "hide": False, "iconColor": "orange", "name": "Agent actions",
+        "expr": (f"sum by (rack, node, playbook, action, result) "
+                 f"(increase(supernode_remediation_actions_total{{{NODE}}}[{RATE}])) > 0"),
+        "step": "30s", "titleFormat": "{{action}} {{result}}", "textFormat": "{{node}}: playbook {{playbook}}",
+        "tagKeys": "node,playbook,action,result", "useValueForTime": False,
+    }])
+
+
 def dashboard(uid: str, title: str, panels: list) -> Dashboard:
     return Dashboard(title=title, uid=uid, tags=["supernode"], templating=_templating(), panels=_layout(panels),
+                     annotations=action_annotations(), schemaVersion=SCHEMA_VERSION,
                      time=Time("now-6h", "now"), refresh="30s", timezone="browser").auto_panel_ids()
 
 
 def rack_overview() -> Dashboard:
     return dashboard("supernode-rack", "Supernode / Rack overview", [
-        ts("Rack power vs budget", "watt", [
+        ts("Rack power (agent's rack total) vs budget", "watt", [
             (f"rack:supernode_rack_power_watts:max{{{RACK}}}", "{{rack}} power"),
             (f"rack:supernode_rack_power_budget_watts:max{{{RACK}}}", "{{rack}} budget")]),
         ts("Heat removed vs power", "watt", [
@@ -106,8 +143,8 @@ def rack_overview() -> Dashboard:
             (f'max by (rack, zone) (supernode_leak_sensor_fault{{fault="source_down", {RACK}}})',
              "{{rack}} {{zone}} unreadable")],
                "Yes = a sensor in the zone is wet. 'unreadable' Yes = the agent cannot read the zone's leak source: "
-               "its state is unknown."),
-        table("Open incidents", "short", [
+               "its state is unknown.", ALARM_STEPS),
+        table("Open incidents by rack", "short", [
             (f"sum by (rack, detector, severity) (supernode_incident_open{{{RACK}}}) > 0", "")]),
         states("Sources up", "bool_yes_no", [
             (f"supernode_source_up{{{NODE}}}", "{{node}} {{source}} {{device}}")]),
@@ -144,9 +181,9 @@ def gpus() -> Dashboard:
             (f'supernode_gpu_clock_hertz{{{NODE}, clock="sm"}}', gpu)]),
         ts("GPU memory used", "bytes", [
             (f"supernode_gpu_memory_used_bytes{{{NODE}}}", gpu)]),
-        stat("GPUs up", "short", [
-            (f"sum(supernode_gpu_up{{{NODE}}})", "up"),
-            (f"count(supernode_gpu_up{{{NODE}}})", "expected")]),
+        stat("GPUs not up", "short", [
+            (f"sum(1 - supernode_gpu_up{{{NODE}}})", "not up")], ALARM_STEPS,
+             "GPUs the agent sees but cannot read; a GPU missing from the bus raises SupernodeGpuLost."),
         ts("PCIe replays", "cps", [
             (f"rate(supernode_gpu_pcie_replays_total{{{NODE}}}[{RATE}])", gpu)]),
     ])
@@ -155,7 +192,11 @@ def gpus() -> Dashboard:
 def links() -> Dashboard:
     lnk = "{{node}} gpu{{gpu}} link{{link}}"
     return dashboard("supernode-links", "Supernode / NVLink and network", [
-        states("NVLink state", "bool_on_off", [(f"supernode_nvlink_up{{{NODE}}}", lnk)]),
+        states("NVLink state per GPU (On = all its links up)", "bool_on_off", [
+            (f"min by (rack, node, gpu) (supernode_nvlink_up{{{NODE}}})", "{{node}} gpu{{gpu}}")],
+            "One row per GPU (72 on an NVL72 rack); which link is down: the NVLinks-down panel and its labels."),
+        ts("NVLinks down by GPU", "short", [
+            (f"sum by (node, gpu) (1 - supernode_nvlink_up{{{NODE}}})", "{{node}} gpu{{gpu}}")]),
         ts("NVLink error rate", "cps", [
             (f"sum by (node, gpu, link, type) (rate(supernode_nvlink_errors_total{{{NODE}}}[{RATE}]))",
              lnk + " {{type}}")]),
@@ -214,7 +255,7 @@ def cooling() -> Dashboard:
 def power() -> Dashboard:
     inlet = "{{rack}} {{pdu}} {{inlet}}"
     return dashboard("supernode-power", "Supernode / Power", [
-        ts("Rack power vs budget", "watt", [
+        ts("PDU inlet power (sum) vs budget", "watt", [
             (f"rack:supernode_pdu_inlet_power_watts:sum{{{RACK}}}", "{{rack}} inlets"),
             (f"rack:supernode_rack_power_budget_watts:max{{{RACK}}}", "{{rack}} budget")]),
         ts("Inlet power", "watt", [
@@ -236,8 +277,9 @@ def power() -> Dashboard:
              f" * on (rack, pdu, outlet) group_left (feeds) max by (rack, pdu, outlet, feeds) (supernode_pdu_outlet_info{{{RACK}}})",
              "{{feeds}} ({{pdu}}/{{outlet}})")]),
         ts("GPU power by node", "watt", [(f"node:supernode_gpu_power_watts:sum{{{NODE}}}", "{{node}}")]),
-        ts("Energy per hour", "joule", [
-            (f"sum by (rack) (increase(supernode_pdu_inlet_energy_joules_total{{{RACK}}}[1h]))", "{{rack}}")]),
+        ts("Energy used per hour (kWh)", "kwatth", [
+            (f"sum by (rack) (increase(supernode_pdu_inlet_energy_joules_total{{{RACK}}}[1h])) / 3.6e6", "{{rack}}")],
+           "Exported in joules, shown in kWh (÷ 3.6e6)."),
     ])
 
 
@@ -252,14 +294,16 @@ def remediation() -> Dashboard:
              f" / sum by (detector) (increase(supernode_incident_duration_seconds_count{{{NODE}}}[6h]))", "{{detector}}")],
            "Mean time from incident open to resolved over the last 6 hours."),
         stat("Approvals pending", "short", [
-            (f"sum(supernode_remediation_pending_approvals{{{NODE}}})", "pending")]),
+            (f"sum(supernode_remediation_pending_approvals{{{NODE}}})", "pending")], [(GREEN, None), (ORANGE, 1)],
+             "Destructive steps waiting for `supernode-agent approve`."),
         stat("Circuit breaker open", "bool_yes_no", [
-            (f"max(supernode_remediation_circuit_breaker_open{{{NODE}}})", "open")]),
+            (f"max(supernode_remediation_circuit_breaker_open{{{NODE}}})", "open")], ALARM_STEPS,
+             "Yes = the agent stopped acting after too many actions; see the SupernodeRemediationCircuitBreakerOpen runbook."),
         ts("Incidents opened by detector (per hour)", "short", [
             (f"sum by (detector) (increase(supernode_incidents_total{{{NODE}}}[1h]))", "{{detector}}")]),
         ts("Webhook requests", "reqps", [
             (f"sum by (result) (rate(supernode_webhook_requests_total{{{NODE}}}[{RATE}]))", "{{result}}")]),
-        table("Open incidents", "short", [
+        table("Open incidents by node", "short", [
             (f"sum by (rack, node, detector, severity) (supernode_incident_open{{{NODE}}}) > 0", "")]),
     ])
 
@@ -276,8 +320,12 @@ DASHBOARDS = {
 
 def render(name: str) -> str:
     """The JSON text of one dashboard, byte-stable (sorted keys) so the committed file can be compared."""
-    data = DASHBOARDS[name]().to_json_data()
-    return json.dumps(data, cls=DashboardEncoder, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    data = json.loads(json.dumps(DASHBOARDS[name]().to_json_data(), cls=DashboardEncoder))
+    for panel in data["panels"]:
+        # grafanalib caps every panel at 100 points: a short leak vanishes from a 6-hour view. Grafana's own
+        # default (one point per pixel of width) applies when the key is absent.
+        panel.pop("maxDataPoints", None)
+    return json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
 def path_of(name: str) -> Path:

@@ -24,7 +24,9 @@ from tests.peers import prometheus_server
 # Grafana unit ids used on purpose; anything else (or none) is a mistake.
 UNITS = {"watt", "voltamp", "amp", "volt", "joule", "celsius", "flowlpm", "pressurepa", "percentunit", "bytes",
          "Bps", "hertz", "dBm", "s", "short", "cps", "reqps", "sci", "bool_on_off", "bool_yes_no",
-         "suffix:L/min/kW"}
+         "suffix:L/min/kW", "kwatth"}
+# Labels with one value per NVLink or optic lane: a state timeline keeping them is a row per link.
+PER_LINK_LABELS = ("link", "lane")
 
 
 def _dashboards() -> dict[str, dict]:
@@ -32,8 +34,12 @@ def _dashboards() -> dict[str, dict]:
 
 
 def _queries() -> list[tuple[str, str, str]]:
-    return [(name, p["title"], t["expr"]) for name, d in _dashboards().items() for p in d["panels"]
-            for t in p["targets"]]
+    """Every panel query and every annotation query, as (dashboard, title, expr)."""
+    panels = [(name, p["title"], t["expr"]) for name, d in _dashboards().items() for p in d["panels"]
+              for t in p["targets"]]
+    notes = [(name, f"annotation {a['name']}", a["expr"]) for name, d in _dashboards().items()
+             for a in d["annotations"]["list"]]
+    return panels + notes
 
 
 def _concrete(expr: str) -> str:
@@ -62,6 +68,67 @@ def test_every_panel_has_a_unit_and_the_datasource_variable():
             assert unit in UNITS, f"{name}/{p['title']}: unit {unit!r}"
             assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, f"{name}/{p['title']}"
             assert p["targets"], f"{name}/{p['title']} has no query"
+
+
+def test_current_grafana_schema_and_no_point_cap():
+    for name, d in _dashboards().items():
+        assert 38 <= d["schemaVersion"] <= 39, f"{name}: schemaVersion {d['schemaVersion']}"
+        for p in d["panels"]:
+            # A cap of 100 points over 6 h is one point per 3.6 min: a 30-second leak disappears.
+            assert "maxDataPoints" not in p, f"{name}/{p['title']}: maxDataPoints {p['maxDataPoints']}"
+
+
+def test_every_stat_and_state_timeline_has_real_threshold_steps():
+    seen = 0
+    for name, d in _dashboards().items():
+        for p in d["panels"]:
+            if p["type"] not in ("stat", "state-timeline"):
+                continue
+            seen += 1
+            steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            where = f"{name}/{p['title']}"
+            assert isinstance(steps, list) and len(steps) >= 2, f"{where}: steps {steps!r}"
+            assert steps[0]["value"] is None, f"{where}: no base step"
+            values = [s["value"] for s in steps[1:]]
+            assert values == sorted(values), where
+            assert len({s["color"] for s in steps}) == len(steps), f"{where}: steps of one colour show nothing"
+    assert seen >= 5
+    breaker = next(p for p in _dashboards()["remediation"]["panels"] if p["title"] == "Circuit breaker open")
+    assert breaker["fieldConfig"]["defaults"]["thresholds"]["steps"][-1] == {"color": "red", "value": 1}
+
+
+def test_every_dashboard_annotates_the_agents_actions():
+    for name, d in _dashboards().items():
+        notes = d["annotations"]["list"]
+        assert any("supernode_remediation_actions_total" in a["expr"] and a["enable"] for a in notes), name
+        for a in notes:
+            assert a["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, name
+            assert "$node" in a["expr"] and a["titleFormat"], name
+
+
+def test_titles_are_unambiguous_and_energy_is_in_kwh():
+    titles = [p["title"] for d in _dashboards().values() for p in d["panels"]]
+    dupes = {t for t in titles if titles.count(t) > 1}
+    assert not dupes, f"panels on different queries share a title: {dupes}"
+    for name, d in _dashboards().items():
+        for p in d["panels"]:
+            unit = p["fieldConfig"]["defaults"]["unit"]
+            if any("_joules_total" in t["expr"] for t in p["targets"]):
+                assert unit == "kwatth" and "/ 3.6e6" in p["targets"][0]["expr"], f"{name}/{p['title']}"
+            assert unit != "joule", f"{name}/{p['title']}: energy in joules"
+
+
+def test_state_timelines_stay_small_on_a_big_rack():
+    """A row per NVLink is ~1,300 rows on an NVL72 rack: timelines aggregate links and lanes away."""
+    for name, d in _dashboards().items():
+        for p in d["panels"]:
+            if p["type"] != "state-timeline":
+                continue
+            for t in p["targets"]:
+                for label in PER_LINK_LABELS:
+                    assert "{{" + label + "}}" not in t["legendFormat"], f"{name}/{p['title']}: a row per {label}"
+                if "supernode_nvlink_" in t["expr"]:
+                    assert re.match(r"(min|max|sum) by \(rack, node, gpu\)", t["expr"]), f"{name}/{p['title']}"
 
 
 def test_template_variables():
