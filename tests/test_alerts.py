@@ -168,7 +168,7 @@ def test_alert_conventions_and_runbooks():
         assert runbook.exists(), f"{name}: {runbook} missing"
         text = runbook.read_text()
         assert text.startswith(f"# {name}"), runbook
-        for section in ("## What it means", "## What the agent does", "## What to check"):
+        for section in ("## What it means", "## How to confirm", "## What the agent already did"):  # all: test_runbooks
             assert section in text, f"{runbook}: missing {section!r}"
 
 
