@@ -57,6 +57,9 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.lstat().st_mode)
 
 
+# Building wheels and a venv takes about a minute on the 2-core CI machine; more under load. A kill by the
+# default 120 s timeout would skip the purge below and leave the package installed.
+@pytest.mark.timeout(600)
 def test_deb_installs_verifies_and_purges(tmp_path, wheelhouse):
     require_binary("dpkg-deb")
     dpkg = require_binary("dpkg")
@@ -157,6 +160,7 @@ def test_readme_venv_install_creates_every_secret_0600_before_writing():
     assert "chmod" not in block, "secrets are created 0600, not chmod-ed after being written"
 
 
+@pytest.mark.timeout(600)
 def test_venv_install_as_readme_describes(tmp_path, wheelhouse):
     """`python3 -m venv` + `pip install .` (PEP 668 forbids the system Python), then check-config on the example."""
     venv = tmp_path / "venv"
