@@ -22,7 +22,7 @@ def _probe_nvml(args: argparse.Namespace) -> str:
     from exporters.render import render_readings
 
     if args.sim:
-        from agent.sim.nvml_twin import NvmlTwin
+        from agent.nvml_twin import NvmlTwin
         from agent.sim.server import find_simulator
 
         lib: Any = NvmlTwin(find_simulator(args.sim), args.node)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.sim.nvml_twin import NvmlTwin  # noqa: E402
+from agent.nvml_twin import NvmlTwin  # noqa: E402
 from exporters.model import Quality  # noqa: E402
 from exporters.nvml import NvmlSource  # noqa: E402
 from timing import median_wall_cpu  # noqa: E402

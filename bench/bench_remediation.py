@@ -37,7 +37,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(
 
 from agent.remediation.actions.slurm import SimulatedScheduler  # noqa: E402
 from agent.remediation.engine import Executors  # noqa: E402
-from agent.sim.nvml_twin import NvmlTwin  # noqa: E402
+from agent.nvml_twin import NvmlTwin  # noqa: E402
 from agent.sim.rack import RackModel  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from agent.remediation.api import add_remediation_routes  # noqa: E402

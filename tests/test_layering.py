@@ -43,3 +43,46 @@ def test_the_check_sees_imports():
     # The checks above would pass vacuously if imports() found nothing.
     assert "exporters.model" in imports(REPO / "agent" / "remediation" / "detectors.py")
     assert "agent.snapshot" in imports(REPO / "agent" / "exposition.py")
+
+
+# The simulator's front ends: `sim ...` and `probe --sim` find the simulator, `demo` (agent/demo.py) starts
+# it. Everything else (the daemon, its sources, remediation, exporters) must run without loading agent.sim.
+SIMULATOR_FRONT_ENDS = {"agent/cli.py", "agent/probe.py"}
+SIMULATOR_LAUNCHER = "agent/demo.py"
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_production_modules_never_import_the_simulator():
+    bad = {}
+    for root in ("agent", "exporters"):
+        for p in (REPO / root).rglob("*.py"):
+            rel = str(p.relative_to(REPO))
+            if rel.startswith("agent/sim/") or rel == SIMULATOR_LAUNCHER:
+                continue
+            # Front ends may import it lazily, inside the commands that serve the simulator, never at load.
+            used = _module_level_imports(p) if rel in SIMULATOR_FRONT_ENDS else imports(p)
+            sim = sorted(m for m in used if m == "agent.sim" or m.startswith("agent.sim."))
+            if sim:
+                bad[rel] = sim
+    assert not bad
+
+
+def test_the_daemon_loads_no_simulator_module():
+    """The same rule at run time: building every source of a sim-backed config imports nothing of agent.sim."""
+    import subprocess
+    import sys
+
+    code = ("import sys, agent.daemon, agent.sources, agent.remediation.wiring, agent.nvml_twin; "
+            "print(sorted(m for m in sys.modules if m.startswith('agent.sim')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -10,7 +10,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.sim.nvml_twin import NvmlTwin
+from agent.nvml_twin import NvmlTwin
 from agent.sim.rack import RackModel
 from exporters import nvml_metrics as M
 from exporters.model import PollResult, Quality, SourceError

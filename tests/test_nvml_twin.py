@@ -8,7 +8,7 @@ import pynvml
 import pytest
 import yaml
 
-from agent.sim.nvml_twin import NvmlTwin
+from agent.nvml_twin import NvmlTwin
 from agent.sim.rack import RackModel
 from exporters.nvml_profile import ProfileError, load_profile
 from tests.nvml_sim import serve

@@ -6,7 +6,7 @@ import asyncio
 
 from agent.remediation.actions.slurm import SimulatedScheduler
 from agent.remediation.engine import Executors
-from agent.sim.nvml_twin import NvmlTwin
+from agent.nvml_twin import NvmlTwin
 from agent.sim.rack import RackModel
 
 from helpers import await_for

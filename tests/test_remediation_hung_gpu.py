@@ -16,7 +16,7 @@ from agent.remediation.playbooks import Playbook, Step
 from agent.remediation.settings import RemediationSettings
 from agent.remediation.steps import run_graph
 from agent.sim.nvml_faults import set_hang
-from agent.sim.nvml_twin import NvmlTwin
+from agent.nvml_twin import NvmlTwin
 from agent.sim.rack import RackModel
 
 from helpers import await_for

@@ -1,4 +1,4 @@
-"""The simulator's NVML routes: what the NVML twin (agent/sim/nvml_twin.py) talks to.
+"""The simulator's NVML routes: what the NVML twin (agent/nvml_twin.py) talks to.
 
 One GET returns a node's whole GPU state, so the twin makes one request per
 collection cycle however many GPUs and links there are; power limits are
@@ -17,9 +17,9 @@ from typing import Any
 import pynvml
 from aiohttp import web
 
+from agent.nvml_twin import PREFIX
 from agent.sim.rack import GpuState, RackModel
 
-PREFIX = "/nvml/v1"
 VBIOS = "96.00.99.00.01"
 DRIVER_VERSION = "570.124.06"
 CUDA_VERSION = 12080

@@ -1,5 +1,9 @@
 """An NVML twin: the pynvml functions the GPU exporter calls, answered by the simulator over HTTP.
 
+Why here and not in agent/sim: this is the agent's backend for
+`sources.nvml.backend: sim`, a client of the simulator's HTTP routes; it
+imports nothing of the simulator, so no production path loads agent.sim.
+
 The agent runs in its own process, the simulated rack in another, as a
 real driver would be. The twin keeps pynvml's names, return types (real
 pynvml ctypes structs where pynvml returns them) and errors (the real
@@ -38,7 +42,8 @@ from typing import Any, Callable
 import pynvml
 from pynvml import NVMLError
 
-from agent.sim.nvml_api import PREFIX
+# The simulator's NVML routes live under this prefix (agent/sim/nvml_api.py serves them).
+PREFIX = "/nvml/v1"
 
 _UI, _ULL, _D = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_VALUE_TYPE_DOUBLE
 _NVLINK5 = pynvml.NVML_NVLINK_VERSION_5_0
