@@ -12,9 +12,11 @@ from tests.helpers import REPO
 REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.nvml_control"}
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, module_level_only: bool = False) -> set[str]:
+    """Absolute imports of a file: anywhere in it, or only those run when the module loads."""
+    tree = ast.parse(path.read_text(), str(path))
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in (tree.body if module_level_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -51,16 +53,6 @@ SIMULATOR_FRONT_ENDS = {"agent/cli.py", "agent/probe.py"}
 SIMULATOR_LAUNCHER = "agent/demo.py"
 
 
-def _module_level_imports(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.parse(path.read_text(), str(path)).body:
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return found
-
-
 def test_production_modules_never_import_the_simulator():
     bad = {}
     for root in ("agent", "exporters"):
@@ -69,7 +61,7 @@ def test_production_modules_never_import_the_simulator():
             if rel.startswith("agent/sim/") or rel == SIMULATOR_LAUNCHER:
                 continue
             # Front ends may import it lazily, inside the commands that serve the simulator, never at load.
-            used = _module_level_imports(p) if rel in SIMULATOR_FRONT_ENDS else imports(p)
+            used = imports(p, module_level_only=rel in SIMULATOR_FRONT_ENDS)
             sim = sorted(m for m in used if m == "agent.sim" or m.startswith("agent.sim."))
             if sim:
                 bad[rel] = sim
