@@ -66,7 +66,6 @@ class Bit(_Strict):
     name: str = Field(min_length=1)
     metric: str
     labels: dict[str, str] = Field(default_factory=dict)
-    sim: str | None = Field(default=None, description="Simulator quantity that sets this bit.")
 
 
 class Repeat(_Strict):
@@ -97,7 +96,6 @@ class Point(_Strict):
     channel: int | None = Field(default=None, description="Leak channel; mapped to a zone by the inventory.")
     control: Control | None = None
     repeat: Repeat | None = None
-    sim: str | None = Field(default=None, description="Simulator quantity served at this point.")
     note: str | None = None
 
     @field_validator("unit")
@@ -203,8 +201,6 @@ class Profile(_Strict):
                 data["address"] = p.address + k * r.stride
                 data["labels"] = {key: v.replace("{i}", str(i)) for key, v in p.labels.items()}
                 data["channel"] = (p.channel if p.channel is not None else r.first) + k
-                if p.sim:
-                    data["sim"] = p.sim.replace("{i}", str(i))
                 if p.bits:
                     data["bits"] = {b: {**bit.model_dump(), "labels": {kk: vv.replace("{i}", str(i)) for kk, vv in bit.labels.items()}}
                                     for b, bit in p.bits.items()}

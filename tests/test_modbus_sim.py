@@ -8,13 +8,14 @@ import re
 import subprocess
 
 import pytest
+import yaml
 
 from agent.sim.modbus_devices import SimModbusDevice
 from agent.sim.rack import RackModel
 from exporters import modbus_metrics as mm
 from exporters.modbus import ModbusSource, ProbeError, probe_modbus, write_control_point
 from exporters.modbus_codec import decode
-from exporters.modbus_profile import list_profiles, load_profile
+from exporters.modbus_profile import PROFILE_DIR, list_profiles, load_profile, parse_profile
 from exporters.model import Quality, SourceError
 from tests.helpers import await_for, free_port, require_binary
 
@@ -94,10 +95,11 @@ def test_every_point_decodes_to_what_the_simulator_set(profile):
                     r = value(result.readings, mm.ALL[bit.metric], **labels)
                     word = dev._tables[p.table][p.address]
                     assert r.value == float((word >> n) & 1), (p.name, n)
-                    if bit.sim == "leak.wet":
+                    if dev.bindings.bits.get(p.name, {}).get(n) == "leak.wet":
                         assert r.value == float(labels["zone"] == "zone-b"), labels
                     checked += 1
-                if p.metric is None or p.sim is None:
+                quantity = dev.bindings.points.get(p.name)
+                if p.metric is None or quantity is None:
                     continue
                 labels = {**p.labels}
                 if "zone" in mm.ALL[p.metric].labels:
@@ -105,8 +107,8 @@ def test_every_point_decodes_to_what_the_simulator_set(profile):
                 r = value(result.readings, mm.ALL[p.metric], **labels)
                 assert r.ok, r
                 assert r.value == pytest.approx(expected_point_value(dev, p), rel=1e-6, abs=1e-9)
-                if p.sim in truth:  # and the model's own value, within the register's resolution
-                    assert r.value == pytest.approx(truth[p.sim], abs=abs(p.to_base(p.scale) - p.to_base(0)) + 1e-6)
+                if quantity in truth:  # and the model's own value, within the register's resolution
+                    assert r.value == pytest.approx(truth[quantity], abs=abs(p.to_base(p.scale) - p.to_base(0)) + 1e-6)
                 checked += 1
             assert checked > 0
     asyncio.run(run())
@@ -491,3 +493,20 @@ def test_firmware_register_feeds_cdu_info():
             assert info.labels["firmware"] == "unknown"  # an unreadable version is not a version
             await src.close()
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("profile", list_profiles())
+def test_simulator_bindings_name_real_points_and_shipped_profiles_carry_none(profile):
+    """The simulator's description of a device lives with the simulator; it cannot drift from the profile."""
+    from agent.sim.modbus_devices import load_bindings
+
+    prof = load_profile(profile)
+    points = {p.name: p for p in prof.expanded()}
+    bindings = load_bindings(profile)
+    assert set(bindings.points) <= set(points), set(bindings.points) - set(points)
+    for name, bits in bindings.bits.items():
+        assert set(bits) <= set(points[name].bits or {}), (name, bits)
+    raw = yaml.safe_load((PROFILE_DIR / f"{profile}.yaml").read_text())
+    raw["points"][0]["sim"] = "flow"  # a simulator field in a shipped profile is refused
+    with pytest.raises(Exception, match="sim"):
+        parse_profile(raw, profile)

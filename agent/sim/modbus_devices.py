@@ -1,9 +1,11 @@
 """Simulated Modbus TCP devices (CDUs, leak controllers) driven by the rack model.
 
-One class serves any Modbus profile: each profile point's `sim` field names
-a quantity of the rack model (a small fixed vocabulary below), which is
-converted to the point's device unit and encoded with the point's own type,
-scale and word order. So the reference CDU, the Liebert DCD (word-swapped
+One class serves any Modbus profile: the simulator's own binding file for
+that profile (agent/sim/modbus_bindings/<profile>.yaml; shipped profiles
+carry no simulator fields) names, per point and per status bit, a quantity
+of the rack model (a small fixed vocabulary below), which is converted to
+the point's device unit and encoded with the point's own type, scale and
+word order. So the reference CDU, the Liebert DCD (word-swapped
 floats) and the RLE leak controllers are all served from their profiles, and
 `probe modbus` works on every shipped profile. The independent `mbpoll`
 cross-check in the tests keeps this from being checked only against itself.
@@ -18,7 +20,11 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
+
+import yaml
 
 from pymodbus.constants import ExcCodes
 from pymodbus.server import ModbusTcpServer
@@ -93,6 +99,27 @@ WRITERS: dict[str, Callable[[RackModel, str, str | None, float], None]] = {
     "supply_setpoint": _write_setpoint, "pump_setpoint": _write_pump_setpoint, "valve": _write_valve}
 
 
+BINDINGS_DIR = Path(__file__).resolve().parent / "modbus_bindings"
+
+
+@dataclass(frozen=True)
+class Bindings:
+    """What the simulator serves for one profile: point name -> quantity, and point name -> bit -> quantity."""
+
+    points: dict[str, str] = field(default_factory=dict)
+    bits: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+def load_bindings(profile: str) -> Bindings:
+    """The binding file of a profile; a profile without one is served as all zeros."""
+    path = BINDINGS_DIR / f"{profile}.yaml"
+    if not path.exists():
+        return Bindings()
+    data = yaml.safe_load(path.read_text()) or {}
+    return Bindings(dict(data.get("points") or {}),
+                    {name: {int(b): q for b, q in bits.items()} for name, bits in (data.get("bits") or {}).items()})
+
+
 def _split(sim: str) -> tuple[str, str]:
     if sim.startswith("const:"):
         return "const", sim[6:]
@@ -148,6 +175,7 @@ class SimModbusDevice:
             default = {i + 1: z for i, z in enumerate(sorted(model.coolant.leak_zones))}
         self.zones = dict(zones) if zones is not None else default
         self.points = self.profile.expanded()
+        self.bindings = load_bindings(self.profile.name)
         self._lock = threading.Lock()
         self._tables: dict[str, dict[int, int]] = {"coil": {}, "discrete": {}, "holding": {}, "input": {}}
         self._server: _Server | None = None
@@ -278,13 +306,14 @@ class SimModbusDevice:
             return encode(raw, p.type, p.order)
         if p.bits:
             word = 0
-            for n, bit in p.bits.items():
-                if bit.sim and self._quantity(model, bit.sim, self._zone(p)) >= 0.5:
+            for n, quantity in self.bindings.bits.get(p.name, {}).items():
+                if self._quantity(model, quantity, self._zone(p)) >= 0.5:
                     word |= 1 << n
             return [word]
-        if p.sim is None:
+        quantity = self.bindings.points.get(p.name)
+        if quantity is None:
             return [0] * p.width
-        base = self._quantity(model, p.sim, self._zone(p))
+        base = self._quantity(model, quantity, self._zone(p))
         if p.type == "bit":
             return [1 if base >= 0.5 else 0]
         raw = (p.from_base(base) - p.offset) / p.scale
@@ -322,7 +351,7 @@ class SimModbusDevice:
     def _apply_write(self, table: str, address: int, words: list[int]):
         targets = [p for p in self.points if p.table == table and p.address >= address
                    and p.address + p.width <= address + len(words)]
-        if not targets or any(p.control is None or p.sim is None for p in targets):
+        if not targets or any(p.control is None or p.name not in self.bindings.points for p in targets):
             return ExcCodes.ILLEGAL_ADDRESS
         updates = []
         for p in targets:
@@ -331,7 +360,7 @@ class SimModbusDevice:
             device_value = raw * p.scale + p.offset
             if not p.control.min <= device_value <= p.control.max:
                 return ExcCodes.ILLEGAL_VALUE
-            head, arg = _split(p.sim)
+            head, arg = _split(self.bindings.points[p.name])
             if head not in WRITERS:
                 return ExcCodes.ILLEGAL_ADDRESS
             updates.append((p, head, arg, p.to_base(device_value)))
