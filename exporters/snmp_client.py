@@ -5,7 +5,8 @@ to a device the same way, and every transport failure must become one
 `SourceError` kind (timeout, auth, protocol) that `supernode_source_errors_total`
 can count. v2c goes over one UDP socket per device with the agent's own BER
 codec (snmp_v2c: pysnmp's engine cost ~4 ms CPU per request); v3 needs USM
-and stays on pysnmp's engine. Walking several columns in one GETBULK, and
+and stays on pysnmp's engine (exporters/snmp_v3.py, imported only when a
+device speaks v3: pysnmp and its crypto cost ~30 MB of resident memory). Walking several columns in one GETBULK, and
 from the second walk on splitting long columns into segments at the rows
 seen last time (snmp_exporter walks one subtree per request chain), keeps
 the request count per poll low.
@@ -16,28 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pysnmp.hlapi.v3arch.asyncio import (CommunityData, ContextData, ObjectIdentity, ObjectType, SnmpEngine,
-                                         UdpTransportTarget, UsmUserData, bulk_cmd, get_cmd, set_cmd)
-from pysnmp.hlapi.v3arch.asyncio import auth as _auth
-from pysnmp.proto import rfc1902, rfc1905
-
 from exporters import snmp_v2c
 from exporters.model import SourceError
 from exporters.snmp_v2c import END, TOO_BIG, Oid, error_name
-
-AUTH_PROTOCOLS = {
-    "MD5": _auth.usmHMACMD5AuthProtocol, "SHA": _auth.usmHMACSHAAuthProtocol,
-    "SHA224": _auth.usmHMAC128SHA224AuthProtocol, "SHA256": _auth.usmHMAC192SHA256AuthProtocol,
-    "SHA384": _auth.usmHMAC256SHA384AuthProtocol, "SHA512": _auth.usmHMAC384SHA512AuthProtocol,
-}
-PRIV_PROTOCOLS = {
-    "DES": _auth.usmDESPrivProtocol, "AES": _auth.usmAesCfb128Protocol,
-    "AES192": _auth.usmAesCfb192Protocol, "AES256": _auth.usmAesCfb256Protocol,
-}
-_END = (rfc1905.EndOfMibView, rfc1905.NoSuchObject, rfc1905.NoSuchInstance)
-_AUTH_WORDS = ("digest", "unknownusername", "unknown user", "decrypt", "authentication", "unsupportedseclevel",
-               "notintimewindow", "unknownengineid", "wrongdigest", "unavailable security")
-
 
 @dataclass(frozen=True)
 class SnmpCredentials:
@@ -55,49 +37,16 @@ class SnmpCredentials:
     def __repr__(self) -> str:  # secrets stay out of logs and tracebacks
         return f"SnmpCredentials(version={self.version!r}, v3_user={self.v3_user!r})"
 
-    def auth_data(self) -> CommunityData | UsmUserData:
+    def check(self) -> None:
+        """Refuse what cannot work before any request: the message names what is missing."""
         if self.version == "2c":
             if not self.community:
                 raise SourceError("config", "SNMP v2c needs a community")
-            return CommunityData(self.community, mpModel=1)
+            return
         if self.version != "3":
             raise SourceError("config", f"SNMP version {self.version!r} not supported (2c or 3)")
         if not self.v3_user:
             raise SourceError("config", "SNMP v3 needs a user")
-        try:
-            auth_proto = AUTH_PROTOCOLS[self.auth_protocol.upper()] if self.auth_key else _auth.usmNoAuthProtocol
-            priv_proto = PRIV_PROTOCOLS[self.priv_protocol.upper()] if self.priv_key else _auth.usmNoPrivProtocol
-        except KeyError as exc:
-            raise SourceError("config", f"unknown SNMP v3 protocol {exc.args[0]!r}; auth {sorted(AUTH_PROTOCOLS)}, "
-                                        f"priv {sorted(PRIV_PROTOCOLS)}") from None
-        return UsmUserData(self.v3_user, authKey=self.auth_key, privKey=self.priv_key,
-                           authProtocol=auth_proto, privProtocol=priv_proto)
-
-
-def _error(where: str, indication: Any) -> SourceError:
-    text = str(indication)
-    low = text.lower().replace(" ", "")
-    if "timeout" in low or "noresponse" in low or "beforetimeout" in low:
-        return SourceError("timeout", f"{where}: no SNMP response before timeout ({text})")
-    if any(w.replace(" ", "") in low for w in _AUTH_WORDS):
-        return SourceError("auth", f"{where}: SNMP authentication failed ({text})")
-    return SourceError("protocol", f"{where}: {text}")
-
-
-def to_python(value: Any) -> int | str | None:
-    """A varbind value as int (numbers) or str (strings); None for noSuch*/endOfMibView."""
-    if isinstance(value, _END):
-        return None
-    if isinstance(value, rfc1902.OctetString):
-        raw = bytes(value)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return raw.hex()
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 Varbinds = list[tuple[Oid, Any]]  # (oid, python value or END)
@@ -108,67 +57,11 @@ MAX_ROWS = 10_000  # rows of one column in one walk
 MAX_REQUESTS = 500  # GETBULK requests of one walk
 
 
-class _EngineBackend:
-    """pysnmp's engine (v3, USM): one engine and one transport per device, values converted to Python."""
-
-    def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float, retries: int):
-        self.where = f"{host}:{port}"
-        self._host, self._port = host, port
-        self._auth = credentials.auth_data()
-        self._context = credentials.context.encode()
-        self._timeout, self._retries = timeout, retries
-        self._engine: SnmpEngine | None = None
-        self._target: UdpTransportTarget | None = None
-
-    async def _ctx(self) -> tuple[SnmpEngine, UdpTransportTarget, ContextData]:
-        if self._engine is None:
-            self._engine = SnmpEngine()
-        if self._target is None:
-            self._target = await UdpTransportTarget.create((self._host, self._port), timeout=self._timeout,
-                                                           retries=self._retries)
-        return self._engine, self._target, ContextData(contextName=self._context)
-
-    def _result(self, answer: tuple) -> tuple[int, int, Varbinds]:
-        ind, status, index, vbs = answer
-        if ind:
-            raise _error(self.where, ind)
-        out = [(tuple(n), END if isinstance(v, _END) else to_python(v)) for n, v in vbs]
-        for oid, _ in out:  # the same bounds as the v2c codec (RFC 2578 3.5) before an OID becomes a label
-            if len(oid) > snmp_v2c.MAX_OID_LENGTH or any(s > snmp_v2c.MAX_SUBID for s in oid):
-                raise SourceError("decode", f"{self.where}: response OID beyond RFC 2578 bounds "
-                                            f"({len(oid)} sub-identifiers)")
-        return int(status), int(index), out
-
-    async def get(self, oids: list[Oid]) -> tuple[int, int, Varbinds]:
-        engine, target, ctx = await self._ctx()
-        return self._result(await get_cmd(engine, self._auth, target, ctx,
-                                          *(ObjectType(ObjectIdentity(rfc1902.ObjectName(o))) for o in oids),
-                                          lookupMib=False))
-
-    async def bulk(self, oids: list[Oid], max_repetitions: int) -> tuple[int, int, Varbinds]:
-        engine, target, ctx = await self._ctx()
-        return self._result(await bulk_cmd(engine, self._auth, target, ctx, 0, max_repetitions,
-                                           *(ObjectType(ObjectIdentity(rfc1902.ObjectName(o))) for o in oids),
-                                           lookupMib=False))
-
-    async def set_int(self, oid: Oid, value: int) -> tuple[int, int, Varbinds]:
-        engine, target, ctx = await self._ctx()
-        return self._result(await set_cmd(engine, self._auth, target, ctx,
-                                          ObjectType(ObjectIdentity(rfc1902.ObjectName(oid)),
-                                                     rfc1902.Integer32(value)), lookupMib=False))
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close_dispatcher()
-            self._engine = None
-            self._target = None
-
-
 class _V2cBackend:
     """v2c without pysnmp's engine: snmp_v2c's codec over one UDP socket per device."""
 
     def __init__(self, host: str, port: int, credentials: SnmpCredentials, timeout: float, retries: int):
-        credentials.auth_data()  # validates (community present)
+        credentials.check()
         self._t = snmp_v2c.V2cTransport(host, port, credentials.community or "", timeout, retries)
 
     async def get(self, oids: list[Oid]) -> tuple[int, int, Varbinds]:
@@ -208,8 +101,13 @@ class SnmpClient:
         if max_rows < 1 or max_requests < 1:
             raise SourceError("config", f"{host}:{port}: max_rows and max_requests must be at least 1")
         self.where = f"{host}:{port}"
-        backend = _V2cBackend if credentials.version == "2c" else _EngineBackend
-        self._backend = backend(host, port, credentials, timeout, retries)
+        credentials.check()
+        if credentials.version == "2c":
+            self._backend: Any = _V2cBackend(host, port, credentials, timeout, retries)
+        else:
+            from exporters.snmp_v3 import EngineBackend
+
+            self._backend = EngineBackend(host, port, credentials, timeout, retries)
         self.max_rows, self.max_requests = max_rows, max_requests
         self._rows: dict[str, list[Oid]] = {}  # column -> row OIDs of its last walk (segment boundaries)
         self.requests = 0

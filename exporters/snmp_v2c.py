@@ -7,7 +7,7 @@ GET / GETBULK / SET messages are encoded and their responses decoded here
 (SNMPv2-PDU, RFC 3416; BER, X.690), matched by request-id, with a timeout
 and retries per request. v3 (USM) stays on pysnmp's engine (snmp_client).
 
-Values come back as Python values the way `snmp_client.to_python` turns
+Values come back as Python values the way `snmp_v3.to_python` turns
 pysnmp objects into them: numbers as int, strings as str (utf-8, else
 hex), OIDs as dotted str, and `END` for noSuchObject / noSuchInstance /
 endOfMibView.

@@ -78,3 +78,17 @@ def test_the_daemon_loads_no_simulator_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_v2c_only_agent_never_loads_pysnmp():
+    """pysnmp's engine (and its crypto, ~30 MB resident) is for v3 devices only: a v2c client does without."""
+    import subprocess
+    import sys
+
+    code = ("import sys, agent.daemon, agent.sources, exporters.pdu; "
+            "from exporters.snmp_client import SnmpClient, SnmpCredentials; "
+            "c = SnmpClient('127.0.0.1', 161, SnmpCredentials(community='public')); c.close(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pysnmp', 'pysmi', 'cryptography'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
