@@ -34,6 +34,8 @@ class SourceState:
     last_error: str | None = None
     # Readings once marked unsupported stay listed (quality gauge), never re-polled as errors.
     unsupported: dict[str, Reading] = field(default_factory=dict)
+    # Metric families of the last published readings: which detectors a publish of this source concerns.
+    families: frozenset[str] = frozenset()
 
     def fresh(self, now: float) -> bool:
         return self.last_success is not None and now - self.last_success <= self.stale_after
@@ -90,6 +92,14 @@ class Snapshot:
                 return r.value
         return None
 
+    def families_of(self, origin: str) -> frozenset[str] | None:
+        """Metric families the source `origin` ("source/device") published last; None if unknown (all apply)."""
+        source, _, device = origin.partition("/")
+        for s in self.sources:
+            if s.source == source and s.device == device:
+                return s.families or None
+        return None
+
     def source_up(self, source: str, device: str | None = None) -> bool:
         return any(s.up and s.fresh(self.taken_at) for s in self.sources
                    if s.source == source and (device is None or s.device == device))
@@ -142,6 +152,7 @@ class SnapshotStore:
                 else:
                     kept.append(r)
             state.readings = kept
+            state.families = frozenset(r.spec.name for r in kept)
             state.up = True
             state.last_success = now
             state.last_attempt = now

@@ -165,3 +165,36 @@ def test_leak_watch_marks_every_input_unknown_once_its_source_is_stale():
     now[0] += 0.6
     store.fail("leak", "leak1", "timeout", "slow", 0.01)
     assert set(values().values()) == {1.0}  # stale: the leak series leave /metrics, "unknown" takes their place
+
+
+def test_each_detector_declares_exactly_the_families_it_reads():
+    """Detectors run only for the sources that feed them, so INPUTS must name every family a detector reads:
+    collected from the code (string literals in the method and in the helpers it calls), not from memory."""
+    import ast
+    import inspect
+    import textwrap
+
+    from agent.remediation import detectors as mod
+    from agent.remediation.detectors import Detectors
+
+    tree = ast.parse(inspect.getsource(mod))
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+    def families(fn: ast.FunctionDef, seen: set[str]) -> set[str]:
+        found = {n.value for n in ast.walk(fn) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                 and n.value.startswith("supernode_")}
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            f = call.func
+            name = f.attr if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self" \
+                else f.id if isinstance(f, ast.Name) else None
+            if name in functions and name not in seen and name not in ("_ok_or_fault", "_fault"):
+                seen.add(name)
+                found |= families(functions[name], seen)
+        return found
+
+    assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_gpu_thermal", "_gpu_xid", "_gpu_lost", "_nvlink",
+                                     "_optic", "_rack_power"}
+    for name, declared in Detectors.INPUTS.items():
+        read = families(functions[name], {name})
+        assert read, textwrap.dedent(f"{name}: found no family; the check would pass vacuously")
+        assert read == set(declared), (name, sorted(read ^ set(declared)))

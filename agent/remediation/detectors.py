@@ -166,9 +166,26 @@ class Detectors:
 
     # -- entry point -------------------------------------------------------------
 
-    def evaluate(self, snap: Snapshot) -> list[Event]:
+    # The metric families each detector reads (a test checks this against what they really select): a
+    # publish by one source runs only the detectors it feeds, not all of them on every leak poll.
+    INPUTS: dict[str, frozenset[str]] = {
+        "_leak": frozenset({"supernode_leak_detected", "supernode_leak_sensor_fault"}),
+        "_coolant": frozenset({"supernode_cdu_flow_cubic_meters_per_second", "supernode_cdu_temperature_celsius",
+                               "supernode_cdu_dew_point_margin_celsius", "supernode_cdu_pump_speed_setpoint_ratio"}),
+        "_gpu_thermal": frozenset({"supernode_gpu_temperature_celsius", "supernode_gpu_temperature_threshold_celsius",
+                                   "supernode_gpu_clock_event_active"}),
+        "_gpu_xid": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action"}),
+        "_gpu_lost": frozenset({"supernode_gpu_up", "supernode_gpu_hung"}),
+        "_nvlink": frozenset({"supernode_nvlink_errors_total", "supernode_nvlink_up", "supernode_nvlink_bit_error_rate"}),
+        "_optic": frozenset({"supernode_link_errors_total", "supernode_link_flaps_total",
+                             "supernode_optic_rx_power_dbm", "supernode_optic_threshold_dbm"}),
+        "_rack_power": frozenset({"supernode_rack_power_watts", "supernode_rack_power_budget_watts"}),
+    }
+
+    def evaluate(self, snap: Snapshot, families: frozenset[str] | None = None) -> list[Event]:
+        """Observations of every detector, or only of those reading one of `families` (what a source published)."""
         events: list[Event] = []
-        for obs in self.observe(snap):
+        for obs in self.observe(snap, families):
             tracker = self.trackers[obs.detector]
             if not getattr(tracker.hold, "enabled", True):
                 continue
@@ -182,10 +199,11 @@ class Detectors:
         t = self.trackers["leak"]
         return any(not st.active and 0 < st.count < t.consecutive for st in t.keys.values())
 
-    def observe(self, snap: Snapshot) -> Iterator[Observation]:
+    def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
                    self._optic, self._rack_power):
-            yield from fn(snap)
+            if families is None or self.INPUTS[fn.__name__] & families:
+                yield from fn(snap)
 
     def _fault(self, r: Reading) -> Observation:
         return Observation("sensor_fault", targets_of(reading=r.reading_id()), "warning", True,

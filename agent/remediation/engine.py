@@ -284,7 +284,8 @@ class RemediationEngine:
         loop.call_soon_threadsafe(self._evaluate, snap, origin)
 
     def _evaluate(self, snap: Snapshot, origin: str = "") -> None:
-        for ev in self.detectors.evaluate(snap):
+        # Only the detectors this source feeds: a leak poll twice a second does not re-run the NVLink rates.
+        for ev in self.detectors.evaluate(snap, snap.families_of(origin) if origin else None):
             if ev.kind == "fire":
                 self.fire(ev.detector, ev.targets, ev.severity, "local", ev.detail)
             else:
