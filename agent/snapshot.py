@@ -34,8 +34,13 @@ class SourceState:
     last_error: str | None = None
     # Readings once marked unsupported stay listed (quality gauge), never re-polled as errors.
     unsupported: dict[str, Reading] = field(default_factory=dict)
-    # Metric families of the last published readings: which detectors a publish of this source concerns.
-    families: frozenset[str] = frozenset()
+    # The last published readings by metric family: snapshots merge these per family instead of indexing
+    # every reading again on every publish; the keys say which detectors a publish concerns.
+    index: dict[str, list[Reading]] = field(default_factory=dict)
+
+    @property
+    def families(self) -> frozenset[str]:
+        return frozenset(self.index)
 
     def fresh(self, now: float) -> bool:
         return self.last_success is not None and now - self.last_success <= self.stale_after
@@ -152,7 +157,10 @@ class SnapshotStore:
                 else:
                     kept.append(r)
             state.readings = kept
-            state.families = frozenset(r.spec.name for r in kept)
+            index: dict[str, list[Reading]] = {}
+            for r in kept:
+                index.setdefault(r.spec.name, []).append(r)
+            state.index = index
             state.up = True
             state.last_success = now
             state.last_attempt = now
@@ -188,9 +196,16 @@ class SnapshotStore:
         now = self._clock()
         with self._lock:
             readings: list[Reading] = []
+            by_name: dict[str, list[Reading]] = {}
             states: list[SourceState] = []
             for state in self._states.values():
                 if state.fresh(now):
                     readings.extend(state.readings)
+                    for name, family in state.index.items():
+                        merged = by_name.get(name)
+                        if merged is None:
+                            by_name[name] = family  # shared, never mutated: publish swaps in new lists
+                        else:
+                            by_name[name] = merged + family
                 states.append(state)
-        return Snapshot(now, tuple(readings), tuple(states))
+        return Snapshot(now, tuple(readings), tuple(states), by_name)
