@@ -146,3 +146,176 @@ def test_slurm_unreachable_blocks_the_drain_retries_it_and_the_leak_playbook_goe
             assert "Traceback" not in agent.log()
             log = agent.log()
             assert re.search(r'event="drain blocked".*guardrail=scheduler_unreachable', log), log[-3000:]
+
+
+# -- 2: restart and reload resume the world; a person can resolve or reject ----------------------------
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "--config", str(tmp_path / "agent.yaml"), *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=30, env=dict(os.environ))
+
+
+def _rack_config(rack, tmp_path: Path, **detectors) -> dict:
+    _tokens(tmp_path)
+    cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce")
+    cfg["remediation"]["slurm"] = {"backend": "simulated"}
+    cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
+    cfg["remediation"]["detectors"] = detectors
+    return cfg
+
+
+def test_a_thermal_cap_is_undone_when_the_condition_cleared_while_the_agent_was_stopped(tmp_path):
+    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
+        cfg = _rack_config(rack, tmp_path, gpu_thermal={"fire_seconds": 0, "clear_seconds": 2})
+        gpu = rack.sim.model.nodes["node01"].gpus[0]
+        default = gpu.power_limit_mw
+        with running_agent(cfg, tmp_path) as agent:
+            rack.inject("thermal", node="node01", gpu=0, celsius=40)
+            wait_for(lambda: gpu.power_limit_mw == int(default * 0.75), 30, what="GPU 0 capped to 75 %")
+            wait_for(lambda: [i for i in _incidents(agent)["open"] if i["state"] == "mitigated"], 10,
+                     what="thermal incident mitigated")
+        rack.clear()  # cools down while no agent runs
+        wait_for(lambda: not gpu.hw_thermal_slowdown and gpu.temp_c < gpu.slowdown_c - 10, 60, what="GPU cool")
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: gpu.power_limit_mw == default, 30, what="cap undone after the restart")
+            wait_for(lambda: not _incidents(agent)["open"], 10, what="incident resolved")
+            assert _journal(agent, kind="result", action="gpu_power_cap", result="undone")
+
+
+def test_a_leak_that_dries_during_a_reload_resolves_and_its_caps_are_undone(tmp_path):
+    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
+        cfg = _rack_config(rack, tmp_path, leak={"fire_seconds": 0, "clear_seconds": 2})
+        gpus = rack.sim.model.nodes["node01"].gpus
+        default = gpus[0].power_limit_mw
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+            rack.inject("leak", zone="zone-a")
+            wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 20, what="zone GPUs capped")
+            inc = wait_for(lambda: [i for i in _incidents(agent)["open"] if i["detector"] == "leak"], 10)[0]
+            rack.clear()
+            agent.signal(signal.SIGHUP)  # the zone dries while the agent rebuilds its engine
+            wait_for(lambda: not [i for i in _incidents(agent)["open"] if i["id"] == inc["id"]], 30,
+                     what="leak incident resolved after the reload")
+            assert "config reloaded" in agent.log()
+            # Undo runs in reverse step order: the resume waits for a person (resume_after_leak), then the caps.
+            pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "drain"],
+                               20, what="resume pending approval")
+            assert all(g.power_limit_mw == g.min_limit_mw for g in gpus)
+            assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
+            wait_for(lambda: all(g.power_limit_mw == default for g in gpus), 30, what="caps undone")
+
+
+def test_a_person_resolves_or_rejects_an_incident_through_the_cli(tmp_path):
+    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
+        cfg = _rack_config(rack, tmp_path, gpu_thermal={"fire_seconds": 0, "clear_seconds": 300})
+        gpus = rack.sim.model.nodes["node01"].gpus
+        default = gpus[0].power_limit_mw
+        with running_agent(cfg, tmp_path) as agent:
+            rack.inject("thermal", node="node01", gpu=0, celsius=40)
+            rack.inject("thermal", node="node01", gpu=1, celsius=40)
+            wait_for(lambda: all(g.power_limit_mw == int(default * 0.75) for g in gpus), 30, what="both capped")
+            wait_for(lambda: len([i for i in _incidents(agent)["open"] if i["state"] == "mitigated"]) == 2, 10)
+            a, b = sorted(_incidents(agent)["open"], key=lambda i: i["targets"]["gpu"])
+            out = _cli(tmp_path, "incidents", "resolve", a["id"])
+            assert out.returncode == 0 and "resolved_by_person by admin_token" in out.stdout, out
+            wait_for(lambda: gpus[0].power_limit_mw == default, 20, what="GPU 0's cap undone by resolve")
+            out = _cli(tmp_path, "incidents", "reject", b["id"])
+            assert out.returncode == 0 and "rejected" in out.stdout, out
+            wait_for(lambda: not _incidents(agent)["open"], 10, what="both closed")
+            assert gpus[1].power_limit_mw == int(default * 0.75)  # rejected: left as it is, for the person
+            assert _journal(agent, kind="result", action="gpu_power_cap", result="released")
+            closed = [e for e in _journal(agent, kind="incident", result="resolved")]
+            assert {e["detail"]["detail"]["closed_by"] for e in closed} == {"admin_token"}
+            assert _cli(tmp_path, "incidents", "resolve", a["id"]).returncode == 1  # already closed
+            # restarted once the GPUs are cool: neither incident comes back, the released cap is not undone
+            agent.stop()
+            rack.clear()
+            wait_for(lambda: all(g.temp_c < g.slowdown_c - 10 for g in gpus), 60, what="GPUs cool")
+            agent.start()
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+            assert not _incidents(agent)["open"]
+            assert gpus[1].power_limit_mw == int(default * 0.75)
+
+
+# -- 4: no resume on a timer after a GPU fault; a health check or a person ---------------------------
+
+
+def test_a_node_drained_for_an_xid_is_not_resumed_on_a_timer_while_its_health_check_fails(clean_cluster, tmp_path):
+    cluster = clean_cluster
+    diag = tmp_path / "gpu-diag"  # stands in for `dcgmi diag -r 1`: fails until a person has reset the GPU
+    diag.write_text(f"#!/bin/sh\n[ -e '{tmp_path / 'reset-done'}' ] && exit 0\n"
+                    "echo \"diag: GPU 0 fails memory test, reset required ($1)\" >&2\nexit 1\n")
+    diag.chmod(0o755)
+    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
+        _tokens(tmp_path)
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=cluster.conf)
+        cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
+        cfg["remediation"]["detectors"] = {"gpu_xid_critical": {"fire_seconds": 0, "clear_seconds": 3}}
+        cfg["remediation"]["exec_allow"] = {"gpu-diag": {"path": str(diag)}}
+        cfg["remediation"]["resume_health_check"] = "gpu-diag"
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+            rack.inject("xid", node="node01", gpu=0, code=79)
+            wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30, what="drained")
+            # The XID goes quiet and its incident resolves, but the health check fails: a person decides.
+            check = wait_for(lambda: _journal(agent, kind="health_check"), 30, what="resume health check")
+            assert check[0]["result"] == "failed" and "reset required (node01)" in check[0]["detail"]["why"], check
+            pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "drain"],
+                               10, what="resume waits for approval")
+            assert pending[0]["approval"] == "resume_after_check" and pending[0]["phase"] == "undo"
+            assert not _incidents(agent)["open"]
+            assert cluster.states()["node01"] in ("drained", "draining")
+            assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
+            wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="resumed after approval")
+            assert _journal(agent, kind="approval", result="approved")[0]["detail"]["by"] == "admin_token"
+
+
+def test_a_node_drained_for_an_xid_resumes_by_itself_when_the_nvml_check_passes(clean_cluster, tmp_path):
+    cluster = clean_cluster
+    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
+        _tokens(tmp_path)
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=cluster.conf)
+        cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
+        cfg["remediation"]["detectors"] = {"gpu_xid_critical": {"fire_seconds": 0, "clear_seconds": 3}}
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+            rack.inject("xid", node="node01", gpu=0, code=79)
+            wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30, what="drained")
+            wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="resumed after the check passed")
+            check = _journal(agent, kind="health_check")
+            assert [c["result"] for c in check] == ["passed"] and check[0]["detail"]["check"] == "nvml"
+
+
+# -- maintenance -------------------------------------------------------------------------------------
+
+
+def _maintenance_metric(agent, node: str) -> float | None:
+    m = re.search(rf'^supernode_remediation_maintenance{{node="{node}"}} (\S+)$', agent.metrics(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_maintenance_stops_the_agent_acting_on_the_node_and_survives_a_restart(clean_cluster, tmp_path):
+    cluster = clean_cluster
+    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
+        _tokens(tmp_path)
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=cluster.conf)
+        cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
+        with running_agent(cfg, tmp_path) as agent:
+            assert _maintenance_metric(agent, "node01") == 0
+            out = _cli(tmp_path, "maintenance", "on", "--node", "node01", "--until", "2h")
+            assert out.returncode == 0 and "node01" in out.stdout, out
+            agent.stop()
+            agent.start()  # an upgrade in the middle of the work: maintenance holds
+            assert _maintenance_metric(agent, "node01") == 1 and _maintenance_metric(agent, "node02") == 0
+            assert _incidents(agent)["maintenance"]["node01"]["by"] == "admin_token"
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+            rack.inject("xid", node="node01", gpu=0, code=79)
+            rows = wait_for(lambda: _journal(agent, kind="blocked", action="drain"), 30, what="drain blocked")
+            assert rows[0]["detail"]["guardrail"] == "maintenance" and "admin_token" in rows[0]["detail"]["why"]
+            assert cluster.states()["node01"] == "idle"
+            assert re.search(r'event="drain blocked".*guardrail=maintenance', agent.log())
+            out = _cli(tmp_path, "maintenance", "off", "--node", "node01")
+            assert out.returncode == 0 and "no node in maintenance" in out.stdout, out
+            assert _maintenance_metric(agent, "node01") == 0
+            assert _cli(tmp_path, "maintenance", "on", "--node", "node09").returncode == 1  # not in this rack
