@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -156,18 +157,27 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=REPO, timeout=30, env=dict(os.environ))
 
 
-def _rack_config(rack, tmp_path: Path, **detectors) -> dict:
+def _config(rack, tmp_path: Path, slurm_conf: Path | None = None, **detectors) -> dict:
+    """node01's agent in enforce mode, no cooldown, these detector holds; the simulated scheduler unless given Slurm."""
     _tokens(tmp_path)
-    cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce")
-    cfg["remediation"]["slurm"] = {"backend": "simulated"}
+    cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=slurm_conf)
     cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
     cfg["remediation"]["detectors"] = detectors
     return cfg
 
 
+@contextmanager
+def _rack_agent(tmp_path: Path, **detectors):
+    """A 2x2 simulated rack and node01's agent on it: (rack, agent, node01's GPUs, their default limit)."""
+    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
+        gpus = rack.sim.model.nodes["node01"].gpus
+        with running_agent(_config(rack, tmp_path, **detectors), tmp_path) as agent:
+            yield rack, agent, gpus, gpus[0].power_limit_mw
+
+
 def test_a_thermal_cap_is_undone_when_the_condition_cleared_while_the_agent_was_stopped(tmp_path):
     with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        cfg = _rack_config(rack, tmp_path, gpu_thermal={"fire_seconds": 0, "clear_seconds": 2})
+        cfg = _config(rack, tmp_path, gpu_thermal={"fire_seconds": 0, "clear_seconds": 2})
         gpu = rack.sim.model.nodes["node01"].gpus[0]
         default = gpu.power_limit_mw
         with running_agent(cfg, tmp_path) as agent:
@@ -184,58 +194,50 @@ def test_a_thermal_cap_is_undone_when_the_condition_cleared_while_the_agent_was_
 
 
 def test_a_leak_that_dries_during_a_reload_resolves_and_its_caps_are_undone(tmp_path):
-    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        cfg = _rack_config(rack, tmp_path, leak={"fire_seconds": 0, "clear_seconds": 2})
-        gpus = rack.sim.model.nodes["node01"].gpus
-        default = gpus[0].power_limit_mw
-        with running_agent(cfg, tmp_path) as agent:
-            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
-            rack.inject("leak", zone="zone-a")
-            wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 20, what="zone GPUs capped")
-            inc = wait_for(lambda: [i for i in _incidents(agent)["open"] if i["detector"] == "leak"], 10)[0]
-            rack.clear()
-            agent.signal(signal.SIGHUP)  # the zone dries while the agent rebuilds its engine
-            wait_for(lambda: not [i for i in _incidents(agent)["open"] if i["id"] == inc["id"]], 30,
-                     what="leak incident resolved after the reload")
-            assert "config reloaded" in agent.log()
-            # Undo runs in reverse step order: the resume waits for a person (resume_after_leak), then the caps.
-            pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "drain"],
-                               20, what="resume pending approval")
-            assert all(g.power_limit_mw == g.min_limit_mw for g in gpus)
-            assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
-            wait_for(lambda: all(g.power_limit_mw == default for g in gpus), 30, what="caps undone")
+    with _rack_agent(tmp_path, leak={"fire_seconds": 0, "clear_seconds": 2}) as (rack, agent, gpus, default):
+        wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+        rack.inject("leak", zone="zone-a")
+        wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 20, what="zone GPUs capped")
+        inc = wait_for(lambda: [i for i in _incidents(agent)["open"] if i["detector"] == "leak"], 10)[0]
+        rack.clear()
+        agent.signal(signal.SIGHUP)  # the zone dries while the agent rebuilds its engine
+        wait_for(lambda: not [i for i in _incidents(agent)["open"] if i["id"] == inc["id"]], 30,
+                 what="leak incident resolved after the reload")
+        assert "config reloaded" in agent.log()
+        # Undo runs in reverse step order: the resume waits for a person (resume_after_leak), then the caps.
+        pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "drain"],
+                           20, what="resume pending approval")
+        assert all(g.power_limit_mw == g.min_limit_mw for g in gpus)
+        assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
+        wait_for(lambda: all(g.power_limit_mw == default for g in gpus), 30, what="caps undone")
 
 
 def test_a_person_resolves_or_rejects_an_incident_through_the_cli(tmp_path):
-    with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        cfg = _rack_config(rack, tmp_path, gpu_thermal={"fire_seconds": 0, "clear_seconds": 300})
-        gpus = rack.sim.model.nodes["node01"].gpus
-        default = gpus[0].power_limit_mw
-        with running_agent(cfg, tmp_path) as agent:
-            rack.inject("thermal", node="node01", gpu=0, celsius=40)
-            rack.inject("thermal", node="node01", gpu=1, celsius=40)
-            wait_for(lambda: all(g.power_limit_mw == int(default * 0.75) for g in gpus), 30, what="both capped")
-            wait_for(lambda: len([i for i in _incidents(agent)["open"] if i["state"] == "mitigated"]) == 2, 10)
-            a, b = sorted(_incidents(agent)["open"], key=lambda i: i["targets"]["gpu"])
-            out = _cli(tmp_path, "incidents", "resolve", a["id"])
-            assert out.returncode == 0 and "resolved_by_person by admin_token" in out.stdout, out
-            wait_for(lambda: gpus[0].power_limit_mw == default, 20, what="GPU 0's cap undone by resolve")
-            out = _cli(tmp_path, "incidents", "reject", b["id"])
-            assert out.returncode == 0 and "rejected" in out.stdout, out
-            wait_for(lambda: not _incidents(agent)["open"], 10, what="both closed")
-            assert gpus[1].power_limit_mw == int(default * 0.75)  # rejected: left as it is, for the person
-            assert _journal(agent, kind="result", action="gpu_power_cap", result="released")
-            closed = [e for e in _journal(agent, kind="incident", result="resolved")]
-            assert {e["detail"]["detail"]["closed_by"] for e in closed} == {"admin_token"}
-            assert _cli(tmp_path, "incidents", "resolve", a["id"]).returncode == 1  # already closed
-            # restarted once the GPUs are cool: neither incident comes back, the released cap is not undone
-            agent.stop()
-            rack.clear()
-            wait_for(lambda: all(g.temp_c < g.slowdown_c - 10 for g in gpus), 60, what="GPUs cool")
-            agent.start()
-            wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
-            assert not _incidents(agent)["open"]
-            assert gpus[1].power_limit_mw == int(default * 0.75)
+    with _rack_agent(tmp_path, gpu_thermal={"fire_seconds": 0, "clear_seconds": 300}) as (rack, agent, gpus, default):
+        rack.inject("thermal", node="node01", gpu=0, celsius=40)
+        rack.inject("thermal", node="node01", gpu=1, celsius=40)
+        wait_for(lambda: all(g.power_limit_mw == int(default * 0.75) for g in gpus), 30, what="both capped")
+        wait_for(lambda: len([i for i in _incidents(agent)["open"] if i["state"] == "mitigated"]) == 2, 10)
+        a, b = sorted(_incidents(agent)["open"], key=lambda i: i["targets"]["gpu"])
+        out = _cli(tmp_path, "incidents", "resolve", a["id"])
+        assert out.returncode == 0 and "resolved_by_person by admin_token" in out.stdout, out
+        wait_for(lambda: gpus[0].power_limit_mw == default, 20, what="GPU 0's cap undone by resolve")
+        out = _cli(tmp_path, "incidents", "reject", b["id"])
+        assert out.returncode == 0 and "rejected" in out.stdout, out
+        wait_for(lambda: not _incidents(agent)["open"], 10, what="both closed")
+        assert gpus[1].power_limit_mw == int(default * 0.75)  # rejected: left as it is, for the person
+        assert _journal(agent, kind="result", action="gpu_power_cap", result="released")
+        closed = [e for e in _journal(agent, kind="incident", result="resolved")]
+        assert {e["detail"]["detail"]["closed_by"] for e in closed} == {"admin_token"}
+        assert _cli(tmp_path, "incidents", "resolve", a["id"]).returncode == 1  # already closed
+        # restarted once the GPUs are cool: neither incident comes back, the released cap is not undone
+        agent.stop()
+        rack.clear()
+        wait_for(lambda: all(g.temp_c < g.slowdown_c - 10 for g in gpus), 60, what="GPUs cool")
+        agent.start()
+        wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+        assert not _incidents(agent)["open"]
+        assert gpus[1].power_limit_mw == int(default * 0.75)
 
 
 # -- 4: no resume on a timer after a GPU fault; a health check or a person ---------------------------
@@ -248,10 +250,7 @@ def test_a_node_drained_for_an_xid_is_not_resumed_on_a_timer_while_its_health_ch
                     "echo \"diag: GPU 0 fails memory test, reset required ($1)\" >&2\nexit 1\n")
     diag.chmod(0o755)
     with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        _tokens(tmp_path)
-        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=cluster.conf)
-        cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
-        cfg["remediation"]["detectors"] = {"gpu_xid_critical": {"fire_seconds": 0, "clear_seconds": 3}}
+        cfg = _config(rack, tmp_path, cluster.conf, gpu_xid_critical={"fire_seconds": 0, "clear_seconds": 3})
         cfg["remediation"]["exec_allow"] = {"gpu-diag": {"path": str(diag)}}
         cfg["remediation"]["resume_health_check"] = "gpu-diag"
         with running_agent(cfg, tmp_path) as agent:
@@ -274,10 +273,7 @@ def test_a_node_drained_for_an_xid_is_not_resumed_on_a_timer_while_its_health_ch
 def test_a_node_drained_for_an_xid_resumes_by_itself_when_the_nvml_check_passes(clean_cluster, tmp_path):
     cluster = clean_cluster
     with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        _tokens(tmp_path)
-        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=cluster.conf)
-        cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
-        cfg["remediation"]["detectors"] = {"gpu_xid_critical": {"fire_seconds": 0, "clear_seconds": 3}}
+        cfg = _config(rack, tmp_path, cluster.conf, gpu_xid_critical={"fire_seconds": 0, "clear_seconds": 3})
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
             rack.inject("xid", node="node01", gpu=0, code=79)
@@ -298,10 +294,7 @@ def _maintenance_metric(agent, node: str) -> float | None:
 def test_maintenance_stops_the_agent_acting_on_the_node_and_survives_a_restart(clean_cluster, tmp_path):
     cluster = clean_cluster
     with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        _tokens(tmp_path)
-        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=cluster.conf)
-        cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
-        with running_agent(cfg, tmp_path) as agent:
+        with running_agent(_config(rack, tmp_path, cluster.conf), tmp_path) as agent:
             assert _maintenance_metric(agent, "node01") == 0
             out = _cli(tmp_path, "maintenance", "on", "--node", "node01", "--until", "2h")
             assert out.returncode == 0 and "node01" in out.stdout, out
@@ -319,3 +312,23 @@ def test_maintenance_stops_the_agent_acting_on_the_node_and_survives_a_restart(c
             assert out.returncode == 0 and "no node in maintenance" in out.stdout, out
             assert _maintenance_metric(agent, "node01") == 0
             assert _cli(tmp_path, "maintenance", "on", "--node", "node09").returncode == 1  # not in this rack
+
+
+# -- 8: decisions are logged, one structured line each; format and level from the config ----------------
+
+
+def test_webhook_rejections_are_logged_as_json_lines_when_the_config_says_json(tmp_path):
+    from tests.agentproc import base_config
+
+    cfg = base_config(tmp_path, token=TOKEN, logging={"format": "json", "level": "info"})
+    cfg["secrets"]["webhook_token"] = {"file": str(tmp_path / "admin.token")}
+    with running_agent(cfg, tmp_path) as agent:
+        assert agent.request("POST", "/api/v1/alerts", body={"version": "4"}, token="wrong")[0] == 401
+        assert agent.request("POST", "/api/v1/alerts", raw=b"{not json", token=TOKEN)[0] in (400, 422)
+
+        def rejections() -> list[dict]:
+            return [r for r in map(json.loads, agent.log().splitlines()) if r.get("decision") == "webhook"]
+        rows = wait_for(lambda: len(rejections()) == 2 and rejections(), 10, what="two rejection lines")
+        assert [(r["status"], r["level"]) for r in rows][0] == (401, "warning")
+        assert rows[0]["peer"] == "127.0.0.1" and rows[1]["why"]
+        assert any(r.get("event") == "engine started" for r in map(json.loads, agent.log().splitlines()))
