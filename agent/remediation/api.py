@@ -191,6 +191,8 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
                      inc["severity"], inc["state"], _fmt_ts(inc["opened_at"]), f"{inc['duration_seconds']:.1f}",
                      inc.get("playbook") or "-"])
     print(f"mode: {data['mode']}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
+    for node, m in data.get("maintenance", {}).items():
+        print(f"maintenance: {node} (by {m['by']}, until {_fmt_ts(m['until'])})")
     _table(rows)
     if data["pending_approvals"]:
         print("\npending approvals (supernode-agent approve ID):")

@@ -72,7 +72,7 @@ class Guardrails:
         s = self.s
         if guardrail == "circuit_breaker":
             return (f"circuit breaker open: {s.breaker_max_actions} actions within {s.breaker_window_seconds:g} s; "
-                    "a person resets it (supernode-agent breaker-reset or POST /api/v1/breaker/reset)")
+                    "a person resets it (POST /api/v1/breaker/reset with the admin token)")
         if guardrail == "rate_limit":
             limit = s.rate_per_hour.get(kind, s.rate_per_hour.get("default", 60))
             return f"rate limit: {limit} {kind} actions per hour already taken"
