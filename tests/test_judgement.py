@@ -127,7 +127,7 @@ def test_slurm_unreachable_blocks_the_drain_retries_it_and_the_leak_playbook_goe
         _tokens(tmp_path)
         cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce", slurm_conf=cluster.conf)
         cfg["remediation"]["slurm"].update(sinfo=sinfo, scontrol=scontrol)
-        cfg["remediation"]["guardrails"].update(retry_backoff_seconds=0.2, scheduler_retry_max_seconds=1.0)
+        cfg["remediation"]["guardrails"].update(retry_backoff_seconds=0.2)
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
             rack.inject("leak", zone="zone-a")
