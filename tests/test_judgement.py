@@ -337,3 +337,49 @@ def test_webhook_rejections_are_logged_as_json_lines_when_the_config_says_json(t
         assert [(r["status"], r["level"]) for r in rows][0] == (401, "warning")
         assert rows[0]["peer"] == "127.0.0.1" and rows[1]["why"]
         assert any(r.get("event") == "engine started" for r in map(json.loads, agent.log().splitlines()))
+
+
+# -- small pieces, without a daemon ------------------------------------------------------------------
+
+
+def test_maintenance_ends_by_itself_at_its_until_time_and_says_so_in_the_journal(tmp_path):
+    from agent.remediation.journal import Journal
+    from agent.remediation.maintenance import Maintenance
+
+    now = [1000.0]
+    m = Maintenance(Journal(tmp_path / "j.db"), clock=lambda: now[0])
+    m.set("node01", True, "alice", until=1060.0)
+    assert m.active("node01") and not m.active("node02")
+    with pytest.raises(ValueError, match="until"):
+        m.set("node02", True, "bob", until=999.0)
+    now[0] = 1060.0
+    assert not m.active("node01")
+    rows = [(e.result, e.detail.get("by")) for e in m.journal.entries() if e.kind == "maintenance"]
+    assert rows == [("on", "alice"), ("off", "expiry")]
+    again = Maintenance(m.journal, clock=lambda: now[0])
+    assert again.restore() == 0
+
+
+def test_a_resume_health_check_that_names_no_known_check_is_refused_naming_the_field(tmp_path):
+    from pydantic import ValidationError
+
+    from agent.remediation.settings import RemediationSettings
+
+    with pytest.raises(ValidationError, match="resume_health_check: 'dcgm' is neither nvml, none nor a program"):
+        RemediationSettings.model_validate({"resume_health_check": "dcgm"})
+    ok = RemediationSettings.model_validate({"resume_health_check": "diag", "exec_allow": {"diag": {"path": "/bin/true"}}})
+    assert ok.resume_health_check == "diag"
+
+
+def test_until_accepts_a_duration_or_an_iso_time():
+    from agent.remediation_cli import parse_until
+
+    assert parse_until("90m", now=1000.0) == 1000.0 + 5400
+    import datetime
+
+    utc_14h = datetime.datetime(2026, 12, 1, 14, 0, tzinfo=datetime.timezone.utc).timestamp()
+    assert parse_until("2026-12-01T14:00:00+00:00") == utc_14h
+    assert parse_until("2026-12-01T16:00:00+02:00") == utc_14h
+    assert parse_until(None) is None
+    with pytest.raises(SystemExit, match="--until 'soon'"):
+        parse_until("soon")
