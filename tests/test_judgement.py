@@ -199,16 +199,19 @@ def test_a_thermal_cap_is_undone_when_the_condition_cleared_while_the_agent_was_
 
 
 def test_a_leak_that_dries_during_a_reload_resolves_and_its_caps_are_undone(tmp_path):
-    with _rack_agent(tmp_path, leak={"fire_seconds": 0, "clear_seconds": 2}) as (rack, agent, gpus, default):
+    # The clear hold outlasts the reload, so the old engine cannot be the one that clears it (checked below).
+    with _rack_agent(tmp_path, leak={"fire_seconds": 0, "clear_seconds": 8}) as (rack, agent, gpus, default):
         wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
         rack.inject("leak", zone="zone-a")
         wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 20, what="zone GPUs capped")
         inc = wait_for(lambda: [i for i in _incidents(agent)["open"] if i["detector"] == "leak"], 10)[0]
         rack.clear()
         agent.signal(signal.SIGHUP)  # the zone dries while the agent rebuilds its engine
-        wait_for(lambda: not [i for i in _incidents(agent)["open"] if i["id"] == inc["id"]], 30,
-                 what="leak incident resolved after the reload")
-        assert "config reloaded" in agent.log()
+        resolved = wait_for(lambda: [e["seq"] for e in _journal(agent, kind="incident", incident_id=inc["id"])
+                                     if e["result"] == "resolved"], 40, what="leak incident resolved after the reload")
+        starts = [e["seq"] for e in _journal(agent, kind="engine", result="started")]
+        assert len(starts) == 2 and resolved[0] > starts[1]  # cleared by the engine the reload built
+        assert not [i for i in _incidents(agent)["open"] if i["id"] == inc["id"]]
         # Undo runs in reverse step order: the resume waits for a person (resume_after_leak), then the caps.
         pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "drain"],
                            20, what="resume pending approval")
