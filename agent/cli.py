@@ -17,7 +17,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from agent.daemon import run
     from agent.logs import setup_logging
 
-    setup_logging(args.log_level)
+    level, fmt = args.log_level, "keyvalue"
+    try:  # the config's logging section, so the very first lines already have its format
+        logging_cfg = load_config(args.config).config.logging
+        level, fmt = level or logging_cfg.level, logging_cfg.format
+    except ConfigError:
+        pass  # run() reports the bad config below
+    setup_logging(level or "info", fmt)
     try:
         return run(Path(args.config))
     except ConfigError as exc:
@@ -156,7 +162,8 @@ def _cmd_remediation(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="supernode-agent", description=__doc__)
     p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="agent config (default %(default)s)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default=None, choices=["debug", "info", "warning", "error"],
+                   help="overrides the config's logging.level (default info)")
     sub = p.add_subparsers(dest="cmd")
 
     sub.add_parser("run", help="run the agent (the default)")

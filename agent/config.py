@@ -208,8 +208,17 @@ class Sources(Strict):
     sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")
 
 
+class Logging(Strict):
+    """The agent's own log: decisions (intent, result, block and why, approval, reset, webhook rejection) land here."""
+
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Least level logged; --log-level on the command line wins when given.")
+    format: Literal["keyvalue", "json"] = Field(default="keyvalue", description="key=value lines or JSON lines.")
+
+
 class Config(Strict):
     agent: Identity
+    logging: Logging = Logging()
     listen: Listen = Listen()
     inventory: Inventory = Inventory()
     sources: Sources = Sources()

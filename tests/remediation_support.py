@@ -44,7 +44,10 @@ def inventory(nodes=("node01", "node02"), gpus: int = 4, valve: str | None = Non
 
 
 def settings(**guard: Any) -> RemediationSettings:
-    data: dict[str, Any] = {"guardrails": {"cooldown_seconds": 0, "retry_backoff_seconds": 0.01, **guard}}
+    # These engines test other guardrails: a resume after a GPU fault needs no health check here
+    # (the resume policy itself is tested in test_judgement.py, with it required).
+    data: dict[str, Any] = {"guardrails": {"cooldown_seconds": 0, "retry_backoff_seconds": 0.01,
+                                           "automatic": ["resume_after_check"], **guard}}
     return RemediationSettings.model_validate(data)
 
 

@@ -178,3 +178,13 @@ def test_demo_leak_story_through_the_cli(tmp_path):
                 assert re.search(rf"\bintent\b.*\b{action}\b", journal.stdout), action
                 assert re.search(rf"\bresult\s+done\b.*\b{action}\b", journal.stdout), action
             assert cli("approve", "no-such-id").returncode == 1
+            # The agent's log tells the same story as a timeline, one decision per line: each chain in order
+            # (the playbook's steps run side by side, so the chains interleave).
+            events = [m.group(1) for m in re.finditer(r'logger=supernode\.decision event="([^"]+)"', agent.log())]
+            for chain in (["incident open", "drain intent", "drain done"],
+                          ["incident open", "gpu_power_cap intent", "gpu_power_cap done"],
+                          ["incident open", "approval pending", "approval approved", "cdu_write intent",
+                           "cdu_write done"]):
+                assert set(chain) <= set(events), events
+                first = [events.index(e) for e in chain]
+                assert first == sorted(first), (chain, events)

@@ -87,8 +87,10 @@ def test_sigkill_at_each_crash_point_then_restart_converges(cluster, tmp_path, c
     cfg["secrets"]["webhook_token"] = {"file": str(tmp_path / "webhook.token")}
     cfg["inventory"] = {"nodes": ["node01", "node02"]}
     cfg["remediation"] = {"slurm": {"scontrol": str(wrapper), "slurm_conf": str(cluster.conf), "timeout_seconds": 60},
+                          # no NVML here to check the GPUs before a resume: this test is about crashes, so
+                          # the resume is automatic (the resume check is tested in test_judgement.py)
                           "guardrails": {"max_drained_fraction": 1.0, "cooldown_seconds": 0,
-                                         "retry_backoff_seconds": 0.05}}
+                                         "retry_backoff_seconds": 0.05, "automatic": ["resume_after_check"]}}
     env = {"WRAP_LOG": str(log), "REAL_SCONTROL": require_binary("scontrol")}
     word, when = crash.split("-")
     first = AgentProcess(cfg, tmp_path, env={**env, "WRAP_HANG": crash}).start()

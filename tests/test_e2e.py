@@ -171,9 +171,16 @@ def test_nvlink_storm_drains_through_alertmanager_webhook_and_resumes(stack):
     hooks = s.agents["node01"].metrics()
     assert re.search(r'supernode_webhook_requests_total\{result="accepted"\} [1-9]', hooks), "no accepted webhook"
 
-    # Clear the fault: the alert resolves, Alertmanager sends `resolved`, the agent resumes node02.
+    # Clear the fault: the alert resolves, Alertmanager sends `resolved`. node01's agent cannot run the
+    # NVML resume check on node02, so the resume waits for a person (resume_after_check), who approves.
     s.sim.post("/api/v1/clear")
     wait_for(lambda: not s.alerts(ALERT), timeout=30, interval=0.2, what=f"{ALERT} resolved in Prometheus")
+    pending = wait_for(lambda: [p for p in s.api("node01", "/api/v1/incidents")["pending_approvals"]
+                                if p["incident_id"] == inc["id"] and p["phase"] == "undo"],
+                       timeout=20, interval=0.2, what="resume waiting for approval")
+    assert pending[0]["approval"] == "resume_after_check" and s.node_state("node02")[0].startswith("drain")
+    status, _ = s.agents["node01"].request("POST", f"/api/v1/incidents/{inc['id']}/approve", token=s.admin_token)
+    assert status == 200
     try:
         wait_for(lambda: s.node_state("node02")[0] == "idle", timeout=20, interval=0.2, what="node02 resumed")
     except AssertionError as exc:
@@ -187,8 +194,8 @@ def test_nvlink_storm_drains_through_alertmanager_webhook_and_resumes(stack):
 
 # --- every dashboard panel against the live stack ------------------------------------------------------
 
-# Series that exist only once something happened: an action (drain), a guardrail block (the xid
-# playbook's notify step without a notify URL), a resolved incident (the NVLink test above), an XID.
+# Series that exist only once something happened: an action (notify not configured), a guardrail block
+# (the xid playbook's drain on a node in maintenance), a resolved incident (the NVLink test above), an XID.
 AFTER_FAULTS = ("supernode_remediation_actions_total", "supernode_remediation_blocked_total",
                 "supernode_incident_duration_seconds_count", "supernode_gpu_xid_errors_total",
                 "supernode_incident_open")
@@ -210,8 +217,12 @@ def panel_queries() -> list[tuple[str, str, str]]:
 
 def test_every_dashboard_query_has_data_from_the_simulated_rack(stack):
     s = stack
-    # A critical XID on node01: the local detector drains node01 (an action), the xid playbook's notify
-    # step is blocked (no notify URL), and the incident stays open (it clears after 300 s).
+    # A critical XID on node01 while a person has node01 in maintenance: the drain is blocked (a guardrail
+    # block), notify is recorded as not configured (an action result), and the incident stays open (it
+    # clears after 300 s).
+    status, _ = s.agents["node01"].request("POST", "/api/v1/maintenance", body={"node": "node01", "on": True},
+                                           token=s.admin_token)
+    assert status == 200
     s.sim.post("/api/v1/inject", {"kind": "xid", "params": {"node": "node01", "gpu": 1, "code": 48}})
     try:
         wait_for(lambda: all(s.prom.query(f'{m}{{node="node01"}}') for m in AFTER_FAULTS),

@@ -25,7 +25,9 @@ def cluster():
 def xid_engine(tmp_path, cluster, **slurm) -> tuple[RemediationEngine, SlurmScheduler]:
     settings = RemediationSettings.model_validate({
         "slurm": {"checkpoint_signal": "USR1", **slurm},
-        "guardrails": {"cooldown_seconds": 0, "max_drained_fraction": 1.0, "max_drained_nodes": 2}})
+        # resume without the GPU health check (no NVML here; the check is tested in test_judgement.py)
+        "guardrails": {"cooldown_seconds": 0, "max_drained_fraction": 1.0, "max_drained_nodes": 2,
+                       "automatic": ["resume_after_check"]}})
     sched = SlurmScheduler(slurm_conf=cluster.conf, **{k: v for k, v in slurm.items() if k in ("squeue", "scancel")})
     eng = RemediationEngine(settings, "enforce", identity("enforce"), inventory(nodes=("node01", "node02")),
                             tmp_path / "journal.db", Executors(scheduler=sched))

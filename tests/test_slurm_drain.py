@@ -79,7 +79,8 @@ for i in $(seq 600); do sleep 0.1; done
             inv = inventory(nodes=("node01", "node02", "node03"))
             settings = RemediationSettings.model_validate({
                 "slurm": {"checkpoint_signal": "USR1"},
-                "guardrails": {"cooldown_seconds": 0, "max_drained_fraction": 1.0, "max_drained_nodes": 3}})
+                "guardrails": {"cooldown_seconds": 0, "max_drained_fraction": 1.0, "max_drained_nodes": 3,
+                               "automatic": ["resume_after_check"]}})
             eng = RemediationEngine(settings, "enforce", identity("enforce"), inv, tmp_path / "journal.db",
                                     Executors(scheduler=sched))
             await eng.start()

@@ -19,6 +19,7 @@ from pydantic import SecretStr
 
 from agent.httpclient import request_json
 
+from .decisions import log_webhook_rejection
 from .journal import Journal
 from .webhook import WebhookError, handle_payload
 
@@ -41,27 +42,37 @@ def _authorized(request: web.Request, token: TokenSource) -> bool:
     return hmac.compare_digest(header[7:].strip().encode(), token.get_secret_value().encode())
 
 
+def _who(request: web.Request) -> str:
+    """Who a person's request came from: the identity the auth layer put on the request (a named admin
+    token or the client certificate's subject), else the one shared admin token."""
+    who = request.get("who")
+    return str(who) if who else "admin_token"
+
+
+def _reject(request: web.Request, engine, status: int, result: str, why: str, **kw) -> web.Response:
+    """A refused webhook delivery: counted, logged with its peer and reason, answered."""
+    engine.count_webhook(result)
+    log_webhook_rejection(status, result, why, request.remote)
+    return web.json_response({"error": why}, status=status, **kw)
+
+
 def add_remediation_routes(app: web.Application, engine, admin_token: TokenSource,
                            webhook_token: TokenSource, max_body: int) -> None:
     async def alerts(request: web.Request) -> web.Response:
         if not _authorized(request, webhook_token):
-            engine.count_webhook("unauthorized")
-            return web.json_response({"error": "unauthorized"}, status=401,
-                                     headers={"WWW-Authenticate": "Bearer"})
+            return _reject(request, engine, 401, "unauthorized", "unauthorized",
+                           headers={"WWW-Authenticate": "Bearer"})
         if request.content_length is not None and request.content_length > max_body:
-            engine.count_webhook("invalid")
-            return web.json_response({"error": f"body over {max_body} bytes"}, status=413)
+            return _reject(request, engine, 413, "invalid", f"body over {max_body} bytes")
         body = bytearray()
         async for chunk in request.content.iter_chunked(65536):
             body += chunk
             if len(body) > max_body:
-                engine.count_webhook("invalid")
-                return web.json_response({"error": f"body over {max_body} bytes"}, status=413)
+                return _reject(request, engine, 413, "invalid", f"body over {max_body} bytes")
         try:
             out = handle_payload(engine, bytes(body))
         except WebhookError as exc:
-            engine.count_webhook(exc.result)
-            return web.json_response({"error": str(exc)}, status=exc.status)
+            return _reject(request, engine, exc.status, exc.result, str(exc))
         engine.count_webhook("accepted" if out["accepted"] else "duplicate")
         return web.json_response(out, status=200)
 
@@ -73,7 +84,7 @@ def add_remediation_routes(app: web.Application, engine, admin_token: TokenSourc
     async def approve(request: web.Request) -> web.Response:
         if not _authorized(request, admin_token):
             return web.json_response({"error": "unauthorized"}, status=401)
-        done = engine.approve(request.match_info["id"], who="api")
+        done = engine.approve(request.match_info["id"], who=_who(request))
         if not done:
             return web.json_response({"error": "nothing pending under that id"}, status=404)
         return web.json_response({"approved": done})
@@ -92,13 +103,48 @@ def add_remediation_routes(app: web.Application, engine, admin_token: TokenSourc
     async def breaker_reset(request: web.Request) -> web.Response:
         if not _authorized(request, admin_token):
             return web.json_response({"error": "unauthorized"}, status=401)
-        return web.json_response({"was_open": engine.reset_breaker(who="api")})
+        return web.json_response({"was_open": engine.reset_breaker(who=_who(request))})
+
+    async def close(request: web.Request) -> web.Response:
+        if not _authorized(request, admin_token):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        reject = request.match_info["verb"] == "reject"
+        inc = engine.close_by_person(request.match_info["id"], _who(request), reject=reject)
+        if inc is None:
+            return web.json_response({"error": "no open incident under that id"}, status=404)
+        return web.json_response({"id": inc.id, "state": inc.state, "resolution": inc.detail.get("resolution"),
+                                  "by": inc.detail.get("closed_by")})
+
+    async def maintenance_get(request: web.Request) -> web.Response:
+        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response({"maintenance": engine.maintenance.view()})
+
+    async def maintenance_set(request: web.Request) -> web.Response:
+        if not _authorized(request, admin_token):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        try:
+            body = await request.json()
+            node = body.get("node") or engine.identity.node
+            on, until = body["on"], body.get("until")
+            if not isinstance(node, str) or not isinstance(on, bool) or not (
+                    until is None or isinstance(until, (int, float))):
+                raise ValueError("node must be a string, on a boolean, until a number (epoch seconds) or null")
+            if node not in (engine.inventory.nodes or [engine.identity.node]):
+                raise ValueError(f"node: {node!r} is not in this rack's inventory")
+            view = engine.maintenance.set(node, on, _who(request), until)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return web.json_response({"error": f"bad maintenance request: {exc}"}, status=400)
+        return web.json_response({"maintenance": view})
 
     app.router.add_post("/api/v1/alerts", alerts)
     app.router.add_get("/api/v1/incidents", incidents)
     app.router.add_post("/api/v1/incidents/{id}/approve", approve)
     app.router.add_get("/api/v1/journal", journal)
     app.router.add_post("/api/v1/breaker/reset", breaker_reset)
+    app.router.add_post(r"/api/v1/incidents/{id}/{verb:resolve|reject}", close)
+    app.router.add_get("/api/v1/maintenance", maintenance_get)
+    app.router.add_post("/api/v1/maintenance", maintenance_set)
 
 
 def _entry_dict(e) -> dict:
@@ -107,11 +153,12 @@ def _entry_dict(e) -> dict:
 
 # -- CLI helpers (agent/cli.py calls these) -------------------------------------
 
-def _call(base_url: str, path: str, token_file: Path | str | None, method: str = "GET") -> dict | int:
+def _call(base_url: str, path: str, token_file: Path | str | None, method: str = "GET",
+          body: dict | None = None) -> dict | int:
     """The agent's answer as a dict, or the CLI's exit code after printing why there is none."""
     token = Path(token_file).read_text().strip() if token_file else None
     try:
-        status, data = request_json(method, base_url.rstrip("/") + path, token=token)
+        status, data = request_json(method, base_url.rstrip("/") + path, body, token=token)
     except OSError as exc:
         print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
         return 2
@@ -144,6 +191,8 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
                      inc["severity"], inc["state"], _fmt_ts(inc["opened_at"]), f"{inc['duration_seconds']:.1f}",
                      inc.get("playbook") or "-"])
     print(f"mode: {data['mode']}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
+    for node, m in data.get("maintenance", {}).items():
+        print(f"maintenance: {node} (by {m['by']}, until {_fmt_ts(m['until'])})")
     _table(rows)
     if data["pending_approvals"]:
         print("\npending approvals (supernode-agent approve ID):")
@@ -159,6 +208,29 @@ def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | st
         return data
     for aid in data["approved"]:
         print(f"approved {aid}")
+    return 0
+
+
+def cli_close(base_url: str, verb: str, incident_id: str, token_file: Path | str) -> int:
+    data = _call(base_url, f"/api/v1/incidents/{incident_id}/{verb}", token_file, method="POST")
+    if isinstance(data, int):
+        return data
+    print(f"{data['id']} {data['resolution']} by {data['by']}")
+    return 0
+
+
+def cli_maintenance(base_url: str, state: str, node: str | None, until: float | None, token_file: Path | str) -> int:
+    if state == "status":
+        data = _call(base_url, "/api/v1/maintenance", token_file)
+    else:
+        data = _call(base_url, "/api/v1/maintenance", token_file, method="POST",
+                     body={"node": node, "on": state == "on", "until": until})
+    if isinstance(data, int):
+        return data
+    rows = [["NODE", "BY", "SINCE", "UNTIL"]] + [[n, m["by"], _fmt_ts(m["since"]), _fmt_ts(m["until"])]
+                                                  for n, m in data["maintenance"].items()]
+    print("nodes in maintenance:" if len(rows) > 1 else "no node in maintenance")
+    _table(rows if len(rows) > 1 else [])
     return 0
 
 

@@ -22,10 +22,14 @@ from agent.snapshot import Snapshot
 
 from .actions import ActionError, ActionResult, parse_target, target_str
 from .calls import NVML
+from .blast import SCHEDULER_UNREACHABLE, check_drain
+from .decisions import LoggedJournal
 from .detectors import Context, Detectors, Event
-from .guardrails import Guardrails
+from .guardrails import MONOTONIC, Guardrails
 from .incidents import Incident, IncidentBook
-from .journal import Journal
+from .maintenance import Maintenance
+from .restored import seed_restored
+from .resume import ResumeCheck
 from .playbooks import Playbook, Step, find_playbook, load_playbooks
 from .settings import RemediationSettings
 from .ownership import carry_ownership, flip_for_undo, planned_after, rebuild_effects, verdict_result
@@ -81,7 +85,8 @@ def action_id(incident_id: str, step: int, target: str, phase: str = "apply") ->
 
 class RemediationEngine:
     def __init__(self, settings: RemediationSettings, mode: str, identity: Any, inventory: Any,
-                 journal_path: Path | str, executors: Executors | None = None, clock=time.time):
+                 journal_path: Path | str, executors: Executors | None = None, clock=time.time,
+                 monotonic: Callable[[], float] = MONOTONIC):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.settings = settings
@@ -90,15 +95,19 @@ class RemediationEngine:
         self.identity = identity
         self.inventory = inventory
         self.clock = clock
-        self.journal = Journal(journal_path)
+        self.journal = LoggedJournal(journal_path)
         self.incidents = IncidentBook(self.journal, clock)
-        self.guard = Guardrails(settings.guardrails, clock)
+        self.guard = Guardrails(settings.guardrails, monotonic)
+        self.maintenance = Maintenance(self.journal, clock)
+        self.retries: dict[str, int] = {}  # action id -> scheduler_unreachable retries so far
         self.executors = executors or Executors()
         self.playbooks: list[Playbook] = load_playbooks(settings.playbook_dir)
         self.detectors = Detectors(settings.detectors, Context(
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
             power_budget_watts=inventory.power_budget_watts), clock)
         self.actions = self._build_actions()
+        self.resume_check = ResumeCheck(settings.resume_health_check, self.executors.gpu_libs, inventory.gpus.count,
+                                        settings.exec_allow, self._xid_active)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: set[asyncio.Task] = set()
         self.pending: dict[str, Pending] = {}
@@ -127,7 +136,7 @@ class RemediationEngine:
             "gpu_power_cap": GpuPowerCapAction(ex.gpu_libs, s.device_timeout_seconds),
             "exec": ExecAction(s.exec_allow),
         }
-        if s.notify_url:  # without a URL, notify steps are journaled as blocked: not_configured
+        if s.notify_url:  # without a URL, notify steps are journaled as result not_configured (not a block)
             acts["notify"] = NotifyAction(s.notify_url, s.notify_timeout_seconds)
         if ex.scheduler is not None:
             acts["drain"] = DrainAction(ex.scheduler, s.slurm.checkpoint_signal)
@@ -153,6 +162,10 @@ class RemediationEngine:
         await self.reconcile()
         self._rebuild_effects(await asyncio.to_thread(self.journal.entries))
         restored = await asyncio.to_thread(self.incidents.restore)
+        await asyncio.to_thread(self.maintenance.restore)
+        # Resume the world, not only the journal: restored incidents are active in the fresh detectors,
+        # so the first snapshots that no longer show their condition clear (and undo) them.
+        seed_restored(self.detectors, self.incidents.open_incidents())
         self.journal.append("engine", result="started", detail={"mode": self.mode, "restored_incidents": restored})
         self.started = True
         self._undo_orphans()
@@ -180,6 +193,7 @@ class RemediationEngine:
         """Use a predecessor's journal (a reload): its queued rows and sequence carry on, no second writer."""
         self.journal = journal
         self.incidents.journal = journal
+        self.maintenance.journal = journal
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -309,13 +323,39 @@ class RemediationEngine:
         inc = self.incidents.find(detector, targets)
         if inc is None:
             return None
+        self._close(inc, undo=True)
+        return inc
+
+    def _close(self, inc: Incident, undo: bool) -> None:
         self.incidents.transition(inc, "resolved")
         for p in list(self.pending.values()):
-            if p.incident_id == inc.id and p.phase == "apply" and not p.future.done():
+            if p.incident_id == inc.id and (p.phase == "apply" or not undo) and not p.future.done():
                 p.future.set_result(False)
         book = self._playbook_for(inc)
-        if book is not None and book.undo_on_resolve:
+        if undo and book is not None and book.undo_on_resolve:
             self._spawn(self.run_undo(inc, book))
+
+    def close_by_person(self, ident: str, who: str, reject: bool = False) -> Incident | None:
+        """A person closes an open incident: `resolve` undoes its actions as the playbook says (approvals
+        still apply); `reject` (a false alarm, or the person takes over) stops it and undoes nothing: its
+        effects are released, never undone later. Journaled with who."""
+        inc = self.incidents.get(ident)
+        if inc is None or inc.state == "resolved":
+            return None
+        inc.detail = {**inc.detail, "closed_by": who, "resolution": "rejected" if reject else "resolved_by_person"}
+        if reject:
+            for (kind, tgt), eff in list(self.effects.items()):
+                apply_id = eff["holders"].pop(inc.id, None)
+                eff.get("playbooks", {}).pop(inc.id, None)
+                if apply_id is None:
+                    continue
+                self.journal.append("result", action_id=action_id(inc.id, -1, tgt, "release"), incident_id=inc.id,
+                                    playbook=inc.playbook, action=kind, target=tgt, result="released",
+                                    detail={"phase": "undo", "apply_action_id": apply_id, "by": who,
+                                            "why": "incident rejected: left as it is, for a person"})
+                if not eff["holders"]:
+                    del self.effects[(kind, tgt)]
+        self._close(inc, undo=not reject)
         return inc
 
     @property
@@ -413,23 +453,50 @@ class RemediationEngine:
         self.blocked_total[(book.name, guardrail)] = self.blocked_total.get((book.name, guardrail), 0) + 1
         self._count(book.name, step.action, "blocked")
 
-    async def _check(self, inc: Incident, book: Playbook, step: Step, target: Mapping[str, str]) -> str | None:
-        g = self.guard
-        blocked = g.check_breaker() or g.check_rate(step.action) or g.check_cooldown(step.action, target_str(target))
-        if blocked:
-            return blocked
+    def _node_of(self, target: Mapping[str, str]) -> str | None:
+        """The node a step acts on (a GPU's, a drain's, an outlet's), for maintenance."""
+        if "node" in target:
+            return target["node"]
+        pdu = next((p for p in self.inventory.pdus if p.name == target.get("pdu")), None)
+        return pdu.outlets.get(target.get("outlet", "")) if pdu is not None else None
+
+    async def _check(self, inc: Incident, book: Playbook, step: Step,
+                     target: Mapping[str, str]) -> tuple[str, str] | None:
+        """(guardrail, why in words) when the step may not run now, else None."""
+        g, tgt = self.guard, target_str(target)
+        name = g.check_breaker() or g.check_rate(step.action) or g.check_cooldown(step.action, tgt)
+        if name:
+            return name, g.why(name, step.action, tgt)
+        node = self._node_of(target)
+        if self.maintenance.active(node):
+            return "maintenance", self.maintenance.why(node)
         if step.action == "drain" and self.executors.scheduler is not None:
-            nodes = await self.executors.scheduler.list()
-            if nodes.get(target["node"]) is not None and nodes[target["node"]].drained:
-                return None  # already out: draining it again changes nothing
-            drained = sum(1 for n in nodes.values() if n.drained)
-            total = len(self.inventory.nodes) or len(nodes)
-            return g.check_blast_radius(drained, total)
+            return await check_drain(self.executors.scheduler, g, self.inventory.nodes, target["node"])
         return None
+
+    def _retry_later(self, inc: Incident, book: Playbook, idx: int, step: Step, target: Mapping[str, str]) -> float:
+        """Run a step blocked by an unreachable scheduler again after a doubling delay, until it runs or the
+        incident resolves; the playbook's other steps do not wait for it."""
+        aid = action_id(inc.id, idx, target_str(target))
+        n = self.retries.get(aid, 0)
+        self.retries[aid] = n + 1
+        g = self.settings.guardrails
+        delay = min(g.retry_backoff_seconds * 2 ** n, g.scheduler_retry_max_seconds)
+
+        async def again() -> None:
+            await asyncio.sleep(delay)
+            if self.started and inc.state != "resolved":
+                await self.run_step(inc, book, idx, step, target)
+        self._spawn(again())
+        return delay
+
+    def _xid_active(self, node: str) -> bool:
+        tracker = self.detectors.trackers.get("gpu_xid_critical")
+        return tracker is not None and (("node", node),) in tracker.active()
 
     async def _approve(self, inc: Incident, book: Playbook, step: Step, aid: str, tgt: str, phase: str,
                        key: str) -> bool:
-        now = self.clock()
+        now = self.clock()  # shown to people as a time of day; the wait itself runs on the loop's monotonic clock
         fut = asyncio.get_running_loop().create_future()
         p = Pending(aid, inc.id, book.name, step.action, tgt, phase, key, now,
                     now + self.settings.guardrails.approval_expiry_seconds, fut)
@@ -477,16 +544,19 @@ class RemediationEngine:
         mode = book.effective_mode(self.mode)
         ctx = {"incident_id": inc.id, "detector": inc.detector, **inc.targets,
                **{k: v for k, v in inc.detail.items() if isinstance(v, (int, float, str))}}
+        if act is None and step.action == "notify":  # nobody to tell is a configuration fact, not a guardrail
+            return self._result(inc, book, step, aid, tgt, "not_configured",
+                                {"phase": "apply", "why": "no remediation.notify_url configured"})
         if act is None:
-            self._block(inc, book, step, aid, tgt, "not_configured", f"no executor for {step.action}")
+            self._block(inc, book, step, aid, tgt, "not_configured",
+                        f"no executor for {step.action} on this agent (inventory or remediation settings)")
             return "blocked"
         if mode == "observe":
-            self._block(inc, book, step, aid, tgt, "mode", "observe mode")
+            self._block(inc, book, step, aid, tgt, "mode", "observe mode: the agent records what it would do")
             return "blocked"
         blocked = await self._check(inc, book, step, target)
         if blocked:
-            self._block(inc, book, step, aid, tgt, blocked)
-            return "blocked"
+            return self._blocked_step(inc, book, idx, step, aid, target, *blocked)
         if self.guard.needs_approval(step.approval) and mode == "enforce":
             if not await self._approve(inc, book, step, aid, tgt, "apply", step.approval or ""):
                 self._block(inc, book, step, aid, tgt, "approval", "not approved (expired or resolved)")
@@ -497,8 +567,7 @@ class RemediationEngine:
             plan = await act.plan(target, step.params, ctx)
         except ActionError as exc:
             if exc.guardrail:
-                self._block(inc, book, step, aid, tgt, exc.guardrail, str(exc))
-                return "blocked"
+                return self._blocked_step(inc, book, idx, step, aid, target, exc.guardrail, str(exc))
             return self._result(inc, book, step, aid, tgt, "failed", {"error": str(exc), "phase": "apply"})
         plan = carry_ownership(plan, self.journal.intent(aid))
         if mode == "dry-run":
@@ -516,6 +585,13 @@ class RemediationEngine:
                                 {"phase": "apply", "message": res.message, "before": res.before, "after": res.after,
                                  "skipped": res.skipped, "params": step.params})
         return self._result(inc, book, step, aid, tgt, "failed", {"phase": "apply", "error": res, "escalated": True})
+
+    def _blocked_step(self, inc: Incident, book: Playbook, idx: int, step: Step, aid: str,
+                      target: Mapping[str, str], guardrail: str, why: str) -> str:
+        if guardrail == SCHEDULER_UNREACHABLE:
+            why = f"{why}; retry in {self._retry_later(inc, book, idx, step, target):g} s"
+        self._block(inc, book, step, aid, target_str(target), guardrail, why)
+        return "blocked"
 
     def _hold(self, kind: str, tgt: str, incident_id: str, aid: str, res: ActionResult, params: Mapping) -> None:
         eff = self.effects.get((kind, tgt))
@@ -577,12 +653,25 @@ class RemediationEngine:
         if mode != "enforce":
             self._block(inc, book, step, aid, tgt, "mode", f"{mode} mode", phase="undo")
             return "blocked"
-        if self.guard.needs_approval(step.undo_approval):
-            if not await self._approve(inc, book, step, aid, tgt, "undo", step.undo_approval or ""):
-                self._block(inc, book, step, aid, tgt, "approval", "undo not approved", phase="undo")
+        target = parse_target(tgt)
+        node = self._node_of(target)
+        if self.maintenance.active(node):
+            self._block(inc, book, step, aid, tgt, "maintenance", self.maintenance.why(node), phase="undo")
+            return "blocked"
+        approval = step.undo_approval
+        if step.resume_check and kind == "drain":
+            passed, why = await self.resume_check.run(target["node"])
+            self.journal.append("health_check", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
+                                target=tgt, result="passed" if passed else "failed",
+                                detail={"check": self.settings.resume_health_check, "why": why})
+            if not passed and approval is None:
+                approval = "resume_after_check"
+        if self.guard.needs_approval(approval):
+            if not await self._approve(inc, book, step, aid, tgt, "undo", approval or ""):
+                self._block(inc, book, step, aid, tgt, "approval", f"undo not approved ({approval}): expired, "
+                            "rejected or the agent stopped", phase="undo")
                 return "blocked"
         act = self.actions[kind]
-        target = parse_target(tgt)
         self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind, target=tgt,
                             detail={"phase": "undo", "apply_action_id": apply_id, "params": eff["params"],
                                     # the apply's plan: reconcile asks "is the apply still in effect?"
@@ -609,7 +698,8 @@ class RemediationEngine:
         return {"open": [i.as_dict(now) for i in self.incidents.open_incidents()],
                 "recent": [i.as_dict(now) for i in self.incidents.recent()][-50:],
                 "pending_approvals": [p.as_dict() for p in self.pending.values()],
-                "breaker_open": self.guard.breaker_open, "mode": self.mode}
+                "breaker_open": self.guard.breaker_open, "mode": self.mode,
+                "maintenance": self.maintenance.view()}
 
     def count_webhook(self, result: str) -> None:
         self.webhook_total[result] = self.webhook_total.get(result, 0) + 1

@@ -14,12 +14,16 @@ from typing import Callable
 
 from .settings import Guardrails as GuardrailSettings
 
+# Whose clock: holds, cooldowns, rate windows and the breaker window measure elapsed time, so a wall-clock
+# step (NTP, a person setting the date) must neither release nor extend them.
+MONOTONIC = time.monotonic
+
 # Actions whose apply is counted against rate, cooldown and the breaker.
-DESTRUCTIVE_APPROVALS = ("pdu_outlet_off", "cdu_write_valve", "resume_after_leak")
+DESTRUCTIVE_APPROVALS = ("pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "resume_after_check")
 
 
 class Guardrails:
-    def __init__(self, settings: GuardrailSettings, clock: Callable[[], float] = time.time):
+    def __init__(self, settings: GuardrailSettings, clock: Callable[[], float] = MONOTONIC):
         self.s = settings
         self.clock = clock
         self.recent: deque[float] = deque()  # action times, for the breaker
@@ -47,14 +51,34 @@ class Guardrails:
             return "cooldown"
         return None
 
-    def check_blast_radius(self, drained_now: int, rack_nodes: int) -> str | None:
-        """drained_now: nodes the scheduler shows drained/down (excluding the one about to be drained)."""
-        after = drained_now + 1
+    def check_blast_radius(self, drained: list[str], rack_nodes: int, node: str) -> tuple[str, str] | None:
+        """(guardrail, why) when draining `node` would take too much of the rack out, else None.
+
+        drained: the rack's nodes the scheduler shows drained/down (not `node` itself), named so the
+        journal says which nodes were counted; rack_nodes: the rack's size (the inventory).
+        """
+        after = len(drained) + 1
+        counted = ", ".join(sorted(drained)) or "none"
         if after > self.s.max_drained_nodes:
-            return "blast_radius"
+            return "blast_radius", (f"draining {node} would make {after} of the rack's nodes out of service "
+                                    f"(drained now: {counted}); max_drained_nodes is {self.s.max_drained_nodes}")
         if rack_nodes > 0 and after / rack_nodes > self.s.max_drained_fraction + 1e-9:
-            return "blast_radius"
+            return "blast_radius", (f"draining {node} would take {after}/{rack_nodes} of the rack out of service "
+                                    f"(drained now: {counted}); max_drained_fraction is {self.s.max_drained_fraction}")
         return None
+
+    def why(self, guardrail: str, kind: str, target: str) -> str:
+        """The words for a block by rate, cooldown or breaker: what limit, and how to get past it."""
+        s = self.s
+        if guardrail == "circuit_breaker":
+            return (f"circuit breaker open: {s.breaker_max_actions} actions within {s.breaker_window_seconds:g} s; "
+                    "a person resets it (POST /api/v1/breaker/reset with the admin token)")
+        if guardrail == "rate_limit":
+            limit = s.rate_per_hour.get(kind, s.rate_per_hour.get("default", 60))
+            return f"rate limit: {limit} {kind} actions per hour already taken"
+        if guardrail == "cooldown":
+            return f"cooldown: {kind} on {target} ran less than {s.cooldown_seconds:g} s ago"
+        return guardrail
 
     def needs_approval(self, key: str | None) -> bool:
         return key is not None and (key == "always" or key not in self.s.automatic)

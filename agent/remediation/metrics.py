@@ -80,6 +80,13 @@ class RemediationCollector:
         yield GaugeMetricFamily("supernode_journal_moved_aside",
                                 "1 if an unreadable journal was moved aside at this start (a fresh one opened).",
                                 value=1 if j.moved_aside is not None else 0)
+        maint = GaugeMetricFamily("supernode_remediation_maintenance",
+                                  "1 while a person has the node in maintenance (observed, not acted on).",
+                                  labels=["node"])
+        in_maint = e.maintenance.view()
+        for node in sorted(set(e.inventory.nodes or [e.identity.node]) | set(in_maint)):
+            maint.add_metric([node], 1 if node in in_maint else 0)
+        yield maint
         hooks = CounterMetricFamily("supernode_webhook_requests", "Alertmanager webhook requests by result (count).",
                                     labels=["result"])
         for r in ("accepted", "unauthorized", "invalid", "duplicate"):

@@ -67,7 +67,7 @@ def rebuild_effects(entries: Iterable[Any]) -> dict[tuple[str, str], dict[str, A
             applied[e.action_id] = e
         elif phase == "apply" and e.result == "failed":
             applied.pop(e.action_id, None)
-        elif phase == "undo" and e.result in ("undone", "kept"):
+        elif phase == "undo" and e.result in ("undone", "kept", "released"):  # released: a person took it over
             applied.pop(e.detail.get("apply_action_id", ""), None)
     effects: dict[tuple[str, str], dict[str, Any]] = {}
     for aid, e in applied.items():

@@ -26,7 +26,7 @@ MODES = ("observe", "dry-run", "enforce")
 
 TargetKind = Literal["gpus", "rack_gpus", "nodes", "port", "valve", "outlets", "none"]
 ActionName = Literal["gpu_power_cap", "drain", "isolate_link", "cdu_write", "pdu_outlet", "notify", "exec"]
-ApprovalKey = Literal["pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "always"]
+ApprovalKey = Literal["pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "resume_after_check", "always"]
 
 
 class PlaybookError(Exception):
@@ -60,6 +60,8 @@ class Step(_Strict):
     approval: ApprovalKey | None = Field(default=None, description="Needs a person's approval unless automatic.")
     undo: bool = Field(default=True, description="Undo this step when the incident resolves.")
     undo_approval: ApprovalKey | None = Field(default=None, description="Undo needs approval (resume after a leak).")
+    resume_check: bool = Field(default=False, description=(
+        "Undo (resume) only after remediation.resume_health_check passes, else a person approves."))
 
 
 class Playbook(_Strict):

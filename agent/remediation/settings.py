@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_write", "pdu_outlet", "notify", "exec"]
 
@@ -98,7 +98,10 @@ class Guardrails(_Strict):
     retry_backoff_seconds: float = Field(default=0.5, ge=0, description="First retry delay; doubles each try.")
     approval_expiry_seconds: float = Field(default=3600.0, gt=0, description="A pending approval lapses after this.")
     automatic: list[str] = Field(default_factory=list, description=(
-        "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, resume_after_leak."))
+        "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, resume_after_leak, "
+        "resume_after_check."))
+    scheduler_retry_max_seconds: float = Field(default=60.0, gt=0, description=(
+        "A step blocked by scheduler_unreachable is retried with doubling delays up to this one."))
 
 
 class SlurmSettings(_Strict):
@@ -147,3 +150,14 @@ class RemediationSettings(_Strict):
         "Node whose agent drives shared rack devices (valves, outlets); default: the first inventory node."))
     webhook_token_secret: str | None = Field(default=None, description="Name in `secrets` of the webhook bearer token.")
     admin_token_secret: str | None = Field(default=None, description="Name in `secrets` of the admin (approve) token.")
+    resume_health_check: str = Field(default="nvml", description=(
+        "Before resuming a node drained for a GPU fault (steps with resume_check): `nvml` (the agent's own "
+        "check), the name of an exec_allow program (exit 0 passes), or `none` (always a person's approval)."))
+
+    @model_validator(mode="after")
+    def _resume_check_known(self) -> "RemediationSettings":
+        name = self.resume_health_check
+        if name not in ("nvml", "none") and name not in self.exec_allow:
+            raise ValueError(f"resume_health_check: {name!r} is neither nvml, none nor a program in exec_allow "
+                             f"({', '.join(sorted(self.exec_allow)) or 'none listed'})")
+        return self

@@ -6,7 +6,7 @@ import logging
 from typing import Any, Mapping
 
 from . import ActionError, ActionResult
-from .slurm import SchedulerError
+from .slurm import SchedulerError, UnknownNode
 
 MARKER = "supernode-agent:"
 log = logging.getLogger("supernode.remediation")
@@ -22,8 +22,10 @@ class DrainAction:
     async def plan(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
         try:
             st = await self.scheduler.state(target["node"])
-        except SchedulerError as exc:
-            raise ActionError(str(exc)) from exc
+        except UnknownNode as exc:
+            raise ActionError(str(exc), permanent=True) from exc
+        except SchedulerError as exc:  # the engine retries this step with backoff; the playbook goes on
+            raise ActionError(f"cannot read {target['node']}'s state: {exc}", guardrail="scheduler_unreachable") from exc
         reason = f"{MARKER} {ctx.get('incident_id', '?')} {ctx.get('detector', '')}".strip()
         return {"before": {"state": st.state, "reason": st.reason, "owned": not st.drained}, "reason": reason}
 

@@ -31,6 +31,10 @@ class SchedulerError(Exception):
     pass
 
 
+class UnknownNode(SchedulerError):
+    """The scheduler answered, and does not know the node: not a reason to retry."""
+
+
 class SlurmScheduler:
     """Talks to slurmctld with Slurm's own clients."""
 
@@ -56,15 +60,17 @@ class SlurmScheduler:
             raise SchedulerError(f"{' '.join(args[:3])}: exit {rc}: {err.strip()}")
         return out
 
-    async def list(self) -> dict[str, NodeState]:
-        out = await self._run(self.sinfo, "-h", "-N", "-o", "%N|%T|%E")
-        nodes: dict[str, NodeState] = {}
+    async def list(self, nodes: list[str] | None = None) -> dict[str, NodeState]:
+        """Node states; `nodes` limits the answer to those (`sinfo -n`): a rack counts only its own nodes."""
+        args = [self.sinfo, "-h", "-N"] + (["-n", ",".join(nodes)] if nodes else []) + ["-o", "%N|%T|%E"]
+        out = await self._run(*args)
+        states: dict[str, NodeState] = {}
         for line in out.splitlines():
             parts = line.split("|", 2)
             if len(parts) == 3:
                 reason = "" if parts[2] == "none" else parts[2]
-                nodes[parts[0]] = NodeState(parts[0], parts[1], reason)
-        return nodes
+                states[parts[0]] = NodeState(parts[0], parts[1], reason)
+        return {n: st for n, st in states.items() if not nodes or n in nodes}
 
     async def state(self, node: str) -> NodeState:
         out = await self._run(self.sinfo, "-h", "-N", "-n", node, "-o", "%N|%T|%E")
@@ -72,7 +78,7 @@ class SlurmScheduler:
             parts = line.split("|", 2)
             if len(parts) == 3 and parts[0] == node:
                 return NodeState(node, parts[1], "" if parts[2] == "none" else parts[2])
-        raise SchedulerError(f"node {node} unknown to Slurm")
+        raise UnknownNode(f"node {node} unknown to Slurm")
 
     async def drain(self, node: str, reason: str) -> None:
         await self._run(self.scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
@@ -104,14 +110,14 @@ class SimulatedScheduler:
     def __init__(self, nodes: list[str]):
         self.nodes = {n: NodeState(n, "idle", "") for n in nodes}
 
-    async def list(self) -> dict[str, NodeState]:
-        return dict(self.nodes)
+    async def list(self, nodes: list[str] | None = None) -> dict[str, NodeState]:
+        return {n: st for n, st in self.nodes.items() if not nodes or n in nodes}
 
     async def state(self, node: str) -> NodeState:
         try:
             return self.nodes[node]
         except KeyError:
-            raise SchedulerError(f"node {node} unknown to the simulated scheduler") from None
+            raise UnknownNode(f"node {node} unknown to the simulated scheduler") from None
 
     async def drain(self, node: str, reason: str) -> None:
         await self.state(node)

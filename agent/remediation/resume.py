@@ -1,0 +1,83 @@
+"""Resume policy: a node drained for a GPU fault returns to service only when a health check passes.
+
+Why: an XID, a lost GPU or a dead NVLink "clears" when its series goes
+quiet, not when the GPU is fixed; resuming on that timer sends jobs back to
+a broken node. So the undo of such a drain (playbook steps marked
+`resume_check: true`) first runs the configured check:
+
+- `nvml` (default): the agent asks NVML itself: every inventory GPU visible
+  and answering, NVML's recovery action NONE on each, and no critical XID
+  seen within the detector's hold (the local XID detector not active);
+- the name of an `exec_allow` program (e.g. `dcgmi diag -r 1` in a wrapper):
+  exit 0 passes; it gets the node name as its only argument;
+- `none`: no check; a person always decides.
+
+When the check does not pass (or cannot run: no NVML for that node on this
+agent), the resume waits for a person's approval (`resume_after_check`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Mapping
+
+from .actions import run_program
+
+RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (exporters/profiles/nvml.yaml)
+CALL_TIMEOUT = 5.0
+_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_value(fv: Any) -> int:
+    """The integer in a c_nvmlFieldValue_t, read by its valueType (the union member NVML filled)."""
+    return int(getattr(fv.value, _VALUE_ATTR.get(int(fv.valueType), "ullVal")))
+
+
+def _nvml_check(lib: Any, expected: int) -> tuple[bool, str]:
+    count = lib.nvmlDeviceGetCount()
+    if expected and count < expected:
+        return False, f"{count} of {expected} GPUs visible to NVML"
+    for i in range(count):
+        try:
+            h = lib.nvmlDeviceGetHandleByIndex(i)
+            lib.nvmlDeviceGetUUID(h)
+            fv = lib.nvmlDeviceGetFieldValues(h, [RECOVERY_ACTION_FIELD])[0]
+        except Exception as exc:  # GPU_IS_LOST and friends: the GPU is not healthy
+            return False, f"GPU {i} does not answer NVML: {exc}"
+        if fv.nvmlReturn == lib.NVML_SUCCESS and _field_value(fv) != 0:
+            return False, f"GPU {i}: NVML asks for recovery action {_field_value(fv)} (not NONE)"
+    return True, f"{count} GPUs answer NVML, recovery action NONE on each"
+
+
+class ResumeCheck:
+    def __init__(self, check: str, gpu_libs: Mapping[str, Any], expected_gpus: int, exec_allow: Mapping[str, Any],
+                 xid_active: Callable[[str], bool]):
+        self.check = check
+        self.gpu_libs = gpu_libs
+        self.expected = expected_gpus
+        self.exec_allow = exec_allow
+        self.xid_active = xid_active
+
+    async def run(self, node: str) -> tuple[bool, str]:
+        """(passed, why in words) for resuming `node`."""
+        if self.check == "none":
+            return False, "no resume health check configured (remediation.resume_health_check: none)"
+        if self.check == "nvml":
+            lib = self.gpu_libs.get(node)
+            if lib is None:
+                return False, f"no NVML for {node} on this agent: cannot check its GPUs"
+            if self.xid_active(node):
+                return False, f"a critical XID on {node} is still within the detector's hold"
+            try:
+                return await asyncio.wait_for(asyncio.to_thread(_nvml_check, lib, self.expected), CALL_TIMEOUT)
+            except asyncio.TimeoutError:
+                return False, f"NVML did not answer within {CALL_TIMEOUT:g} s"
+            except Exception as exc:
+                return False, f"NVML check failed: {exc}"
+        prog = self.exec_allow[self.check]
+        try:
+            rc, out, err = await run_program([str(prog.path), node], prog.timeout_seconds)
+        except (TimeoutError, OSError) as exc:
+            return False, f"{self.check}: {exc}"
+        tail = (err.strip() or out.strip()).splitlines()[-1:] or [""]
+        return rc == 0, f"{self.check} exited {rc}" + (f": {tail[0][:200]}" if tail[0] else "")
