@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from agent.snapshot import SnapshotStore
-from exporters.model import Quality, Reading, counter, gauge, info
+from exporters.model import READING_QUALITY, Quality, Reading, counter, gauge, info
 from exporters.render import render_text
 
 if TYPE_CHECKING:
@@ -34,9 +34,7 @@ SOURCE_INTERVAL = gauge("supernode_source_interval_seconds", "Configured poll in
                         ("source", "device"), "seconds")
 LEAK_ZONE_INFO = info("supernode_leak_zone_info", "Which nodes a leak zone endangers (from the inventory).",
                       ("zone", "nodes"))
-READING_QUALITY = gauge("supernode_reading_quality",
-                        "1 for each reading that is not ok (stale, sensor_fault, unsupported); its value is not exported.",
-                        ("source", "device", "reading", "quality"))
+
 
 
 class SnapshotCollector(Collector):

@@ -19,7 +19,7 @@ class ProbeError(Exception):
 
 def _probe_nvml(args: argparse.Namespace) -> str:
     from exporters.nvml import NvmlSource
-    from exporters.render import render_readings
+    from exporters.render import render_probe
 
     if args.sim:
         from agent.nvml_twin import NvmlTwin
@@ -31,16 +31,16 @@ def _probe_nvml(args: argparse.Namespace) -> str:
 
         lib = pynvml
 
-    async def once() -> bytes:
+    async def once() -> str:
         src = NvmlSource(lib, args.expect_gpus, args.nvlinks, call_timeout=args.timeout, xid_events=False)
         try:
             result = await src.poll()
         finally:
             await src.close()
-        return render_readings(result.readings)
+        return render_probe("nvml", "gpus", result.readings)
 
     try:
-        return asyncio.run(once()).decode()
+        return asyncio.run(once())
     except SourceError as exc:
         raise ProbeError(f"{exc.kind}: {exc}") from None
     except Exception as exc:  # pynvml raises NVMLError subclasses; say which
@@ -100,7 +100,7 @@ def _modbus_args(p: argparse.ArgumentParser) -> None:
 
 
 def _probe_modbus(args: argparse.Namespace) -> str:
-    from exporters.modbus import ProbeError as ModbusProbeError, probe_modbus
+    from exporters.modbus_probe import ProbeError as ModbusProbeError, probe_modbus
     from exporters.modbus_profile import ProfileError
 
     host, port = _target(args.target)

@@ -1,4 +1,4 @@
-"""Modbus collectors for CDUs and leak controllers, plus the probe and control-point writes.
+"""Modbus collectors for CDUs and leak controllers (probe: modbus_probe; control points: modbus_control).
 
 A `ModbusSource` polls one device through its profile: it reads the
 profile's register blocks over the shared gateway connection, decodes each
@@ -11,17 +11,17 @@ CDU sources add the derived readings (heat removed, dew point, margins).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import Callable, Iterable, Literal, Mapping
 
 from exporters import coolant as cool
+from exporters.coolant_readings import derived_readings
 from exporters import modbus_metrics as mm
-from exporters.model import Kind, PollResult, Quality, Reading, SourceError
+from exporters.model import PollResult, Quality, Reading, SourceError
 from exporters.modbus_client import Gateway, GatewayStats, ModbusExceptionReply, gateway_for, release_gateway
-from exporters.modbus_codec import decode, encode
+from exporters.modbus_codec import decode
 from exporters.modbus_profile import Block, Point, Profile, ProfileError, load_profile, plan_blocks
 
 Subset = Literal["all", "leak", "cdu"]
@@ -213,181 +213,3 @@ def _apply_leak_faults(readings: list[Reading]) -> list[Reading]:
             r = Reading(r.spec, r.value, r.labels, Quality.SENSOR_FAULT, r.timestamp)
         out.append(r)
     return out
-
-
-def _find(readings: list[Reading], spec, **labels: str) -> float | None:
-    for r in readings:
-        if r.spec is spec and r.ok and all(r.label(k) == v for k, v in labels.items()):
-            return r.value
-    return None
-
-
-def derived_readings(cdu: str, readings: list[Reading], coolant: cool.CoolantProperties = cool.PG25,
-                     rack_power_w: float | None = None, now: float | None = None) -> list[Reading]:
-    """Heat removed, dew point (unless reported), dew-point margin, approach, flow per watt.
-
-    Only OK inputs are used: a derived value never hides a sensor fault
-    behind a plausible number; it is simply absent.
-    """
-    ts = time.time() if now is None else now
-    lab = {"cdu": cdu}
-    out: list[Reading] = []
-    flow = _find(readings, mm.FLOW, loop="secondary")
-    s_sup = _find(readings, mm.TEMPERATURE, loop="secondary", point="supply")
-    s_ret = _find(readings, mm.TEMPERATURE, loop="secondary", point="return")
-    p_sup = _find(readings, mm.TEMPERATURE, loop="primary", point="supply")
-    if flow is not None and s_sup is not None and s_ret is not None:
-        out.append(Reading(mm.HEAT_REMOVED, cool.heat_removed_w(flow, s_sup, s_ret, coolant), lab, timestamp=ts))
-    dew = _find(readings, mm.DEW_POINT)
-    if dew is None:
-        amb, rh = _find(readings, mm.AMBIENT_TEMP), _find(readings, mm.AMBIENT_HUMIDITY)
-        if amb is not None and rh is not None and 0 < rh <= 1:
-            dew = cool.dew_point_c(amb, rh)
-            out.append(Reading(mm.DEW_POINT, dew, lab, timestamp=ts))
-    if dew is not None and s_sup is not None:
-        out.append(Reading(mm.DEW_MARGIN, cool.dew_point_margin_c(s_sup, dew), lab, timestamp=ts))
-    if s_sup is not None and p_sup is not None:
-        out.append(Reading(mm.APPROACH, cool.approach_c(s_sup, p_sup), lab, timestamp=ts))
-    if flow is not None and rack_power_w is not None:
-        fpp = cool.flow_per_power(flow, rack_power_w)
-        if fpp is not None:
-            out.append(Reading(mm.FLOW_PER_POWER, fpp, lab, timestamp=ts))
-    return out
-
-
-def flow_per_power_reading(cdu: str, flow_m3s: float, rack_power_w: float, now: float | None = None) -> Reading | None:
-    """For the agent side: the flow-per-power reading once the PDUs report rack power."""
-    fpp = cool.flow_per_power(flow_m3s, rack_power_w)
-    if fpp is None:
-        return None
-    return Reading(mm.FLOW_PER_POWER, fpp, {"cdu": cdu}, timestamp=time.time() if now is None else now)
-
-
-# -- probe ---------------------------------------------------------------------------
-
-
-class ProbeError(Exception):
-    """The device did not answer, or the profile does not fit it; the message says which."""
-
-
-def _fmt_value(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v))
-
-
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def render_text(source: str, device: str, readings: list[Reading]) -> str:
-    """Prometheus text exposition (0.0.4) of readings; non-OK ones as supernode_reading_quality."""
-    families: dict[str, list[Reading]] = {}
-    bad: list[Reading] = []
-    for r in readings:
-        (families.setdefault(r.name, []) if r.ok else bad).append(r)
-    lines: list[str] = []
-    for name in sorted(families):
-        spec = families[name][0].spec
-        lines.append(f"# HELP {name} {spec.help}")
-        lines.append(f"# TYPE {name} {'counter' if spec.kind is Kind.COUNTER else 'gauge'}")
-        for r in sorted(families[name], key=lambda r: r.key()):
-            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(r.labels.items()))
-            lines.append(f"{name}{{{lab}}} {_fmt_value(r.value)}" if lab else f"{name} {_fmt_value(r.value)}")
-    if bad:
-        lines.append("# HELP supernode_reading_quality 1 for readings that are not ok (stale, sensor_fault, unsupported).")
-        lines.append("# TYPE supernode_reading_quality gauge")
-        for r in sorted(bad, key=lambda r: r.reading_id()):
-            lines.append(f'supernode_reading_quality{{device="{_esc(device)}",quality="{r.quality.value}",'
-                         f'reading="{_esc(r.reading_id())}",source="{source}"}} 1')
-    return "\n".join(lines) + "\n"
-
-
-async def probe_modbus(profile_name: str, host: str, port: int, unit: int | None = None, timeout: float = 2.0,
-                       device: str | None = None, channels: Mapping[int, str] | None = None) -> str:
-    """Read one device once through a profile and return what the agent would export.
-
-    Raises ProbeError when the profile is unknown or invalid, the device does
-    not answer, refuses every request, or answers only with sentinels or
-    out-of-range values (the profile does not fit it).
-    """
-    try:
-        profile = load_profile(profile_name)
-    except ProfileError as exc:
-        raise ProbeError(str(exc)) from None
-    name = device or f"{host}:{port}"
-    src = ModbusSource(profile.kind, name, profile, host, port, unit, timeout, channels,
-                       busy_retries=1, backoff_s=0.05)
-    try:
-        result = await asyncio.wait_for(src.poll(), timeout * (2 + len(src.blocks)))
-    except SourceError as exc:
-        if exc.kind == "protocol":
-            raise ProbeError(f"{host}:{port} unit {src.unit}: profile {profile.name} does not fit: {exc}") from None
-        raise ProbeError(f"{host}:{port} unit {src.unit} ({profile.name}): {exc.kind}: {exc}") from None
-    except asyncio.TimeoutError:
-        raise ProbeError(f"{host}:{port} unit {src.unit} ({profile.name}): no answer in time") from None
-    finally:
-        await src.close()
-    polled = [r for r in result.readings if r.spec not in (mm.REQUESTS, mm.EXCEPTIONS, mm.CDU_INFO)]
-    if result.partial_errors:
-        errs = ", ".join(f"{k} x{v}" for k, v in sorted(result.partial_errors.items()))
-        raise ProbeError(f"{host}:{port} unit {src.unit}: profile {profile.name} does not fit: refused requests ({errs})")
-    if polled and not any(r.ok for r in polled):
-        raise ProbeError(f"{host}:{port} unit {src.unit}: profile {profile.name} does not fit: "
-                         f"every point is a sentinel or out of range")
-    return render_text(profile.kind, name, result.readings)
-
-
-# -- control points --------------------------------------------------------------------
-
-
-async def write_control_point(device_cfg: Any, point_name: str, value: float, timeout: float = 2.0) -> float:
-    """Write a control point (value in the point's device unit, within its allowed range) and read it back.
-
-    `device_cfg` has `profile`, `host`, `port` and `unit` (the inventory's
-    ModbusDevice). Returns the read-back value in the device unit; raises
-    ValueError for a point that is not writable or a value out of range, and
-    SourceError when the device refuses or does not answer.
-    """
-    profile = load_profile(device_cfg.profile)
-    p = profile.point(point_name)
-    if p.control is None:
-        raise ValueError(f"{profile.name}.{point_name}: not a control point")
-    if not p.control.min <= value <= p.control.max:
-        raise ValueError(f"{profile.name}.{point_name}: {value} outside the allowed range "
-                         f"[{p.control.min}, {p.control.max}] {p.unit}")
-    unit = profile.device.unit if getattr(device_cfg, "unit", None) is None else device_cfg.unit
-    raw = (value - p.offset) / p.scale
-    words = [1 if raw else 0] if p.type == "bit" else encode(raw, p.type, p.order)
-    gw = gateway_for(device_cfg.host, device_cfg.port, timeout)
-    try:
-        try:
-            await gw.write(p.table, p.address, words, unit)
-        except ModbusExceptionReply as exc:
-            raise SourceError("protocol", str(exc)) from None
-        back = await gw.read(Block(p.table, p.address, p.width, (p,)).fc, p.address, p.width, unit)
-    finally:
-        release_gateway(gw)
-    raw_back = back[0] if p.type == "bit" else decode(back, p.type, p.order)
-    return raw_back * p.scale + p.offset
-
-
-async def read_control_point(device_cfg: Any, point_name: str, timeout: float = 2.0) -> float:
-    """The current value of a control point (device unit): what remediation records before writing."""
-    profile = load_profile(device_cfg.profile)
-    p = profile.point(point_name)
-    if p.control is None:
-        raise ValueError(f"{profile.name}.{point_name}: not a control point")
-    unit = profile.device.unit if getattr(device_cfg, "unit", None) is None else device_cfg.unit
-    gw = gateway_for(device_cfg.host, device_cfg.port, timeout)
-    try:
-        try:
-            back = await gw.read(Block(p.table, p.address, p.width, (p,)).fc, p.address, p.width, unit)
-        except ModbusExceptionReply as exc:
-            raise SourceError("protocol", str(exc)) from None
-    finally:
-        release_gateway(gw)
-    raw_back = back[0] if p.type == "bit" else decode(back, p.type, p.order)
-    return raw_back * p.scale + p.offset

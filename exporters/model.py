@@ -156,3 +156,9 @@ class PollResult:
     readings: list[Reading]
     # Errors that did not fail the whole poll (one field, one register block).
     partial_errors: dict[str, int] = field(default_factory=dict)
+
+
+# Readings that are not ok are not exported as values; this family says which and why (one series each).
+READING_QUALITY = gauge("supernode_reading_quality",
+                        "1 for each reading that is not ok (stale, sensor_fault, unsupported); its value is not exported.",
+                        ("source", "device", "reading", "quality"))

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 from exporters.model import PollResult, Quality, Reading, SourceError
 from exporters.pdu_metrics import INLET_POWER, OUTLET_INFO, PDU_INFO, RACK_BUDGET, RACK_POWER
 from exporters.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
 from exporters.snmp_decode import Columns, CounterTracker, decode
 from exporters.snmp_profile import Profile, load_profile
-from exporters.render import render_readings
+from exporters.render import render_probe
 
 
 def parse_target(target: str | tuple[str, int], default_port: int = 161) -> tuple[str, int]:
@@ -177,4 +177,4 @@ async def probe_snmp(profile_name: str, host: str, port: int, community: str | N
     finally:
         await source.close()
     readings = result.readings + rack_power_readings(result.readings, None)
-    return render_readings(readings).decode()
+    return render_probe("pdu", pdu_name, readings)

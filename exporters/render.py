@@ -9,7 +9,7 @@ from prometheus_client.utils import floatToGoString
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.model import Kind, MetricSpec, Quality, Reading
+from exporters.model import READING_QUALITY, Kind, MetricSpec, Quality, Reading
 
 
 def _family(spec: MetricSpec, labelnames: list[str]) -> Metric:
@@ -87,3 +87,15 @@ def render_text(readings: Iterable[Reading]) -> str:
             else:
                 out.append(f"{name} {floatToGoString(r.value)}\n")
     return "".join(out)
+
+
+def render_probe(source: str, device: str, readings: Iterable[Reading]) -> str:
+    """What `/metrics` shows of one poll: the ok readings, and a quality series for each one that is not.
+
+    Why here: the probe commands must print what the agent would export, so they use the agent's own
+    renderer and the same `supernode_reading_quality` family (not a formatter of their own).
+    """
+    readings = list(readings)
+    marks = [Reading(READING_QUALITY, 1.0, {"source": source, "device": device, "reading": r.reading_id(),
+                                            "quality": r.quality.value}) for r in readings if not r.ok]
+    return render_text(readings + marks)

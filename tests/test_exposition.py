@@ -124,3 +124,23 @@ def test_fast_text_is_byte_identical_to_prometheus_client(tmp_path):
     rack = asyncio.run(frozen_readings(tmp_path))
     for readings in (edge, rack):
         assert render_text(readings) == render_readings(readings).decode()
+
+
+def test_a_probe_prints_what_metrics_shows_for_the_same_poll():
+    """One renderer: every line `probe` prints (values, and the quality series of a faulty reading) is a line
+    of /metrics for the same readings."""
+    from agent.exposition import build_registry, render_metrics
+    from agent.snapshot import SnapshotStore
+    from exporters.model import Quality, Reading, gauge
+    from exporters.render import render_probe
+
+    g = gauge("supernode_test_probe_celsius", "A probed value.", ("point",))
+    readings = [Reading(g, 21.5, {"point": "supply"}), Reading(g, 0.0, {"point": "return"}, Quality.SENSOR_FAULT)]
+    store = SnapshotStore()
+    store.register("cdu", "cdu9", 5.0, 2.0)
+    store.publish("cdu", "cdu9", readings, 0.01)
+    metrics = render_metrics(build_registry(store, lambda: {}), store).decode().splitlines()
+    probe = render_probe("cdu", "cdu9", readings).splitlines()
+    assert 'supernode_test_probe_celsius{point="supply"} 21.5' in probe
+    assert any(line.startswith("supernode_reading_quality{") and 'quality="sensor_fault"' in line for line in probe)
+    assert [line for line in probe if line not in metrics] == []

@@ -77,7 +77,7 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
         ex.link_read = link_read
     cdus = {d.name: d for d in cfg.inventory.cdus}
     if cdus:
-        from exporters.modbus import read_control_point, write_control_point
+        from exporters.modbus_control import read_control_point, write_control_point
 
         ex.cdu_write = lambda cdu, point, value: write_control_point(cdus[cdu], point, float(value))
         ex.cdu_read = lambda cdu, point: read_control_point(cdus[cdu], point)
