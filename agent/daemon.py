@@ -147,7 +147,8 @@ class Agent:
             if path is None:
                 return False, "config was not loaded from a file"
             try:
-                new = load_config(path)
+                # Parsed on a worker thread: whatever the file holds, /metrics and the watchdog keep answering.
+                new = await asyncio.to_thread(load_config, path)
                 sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
                 # Remediation is built too before anything running changes: a playbook that does not
                 # load refuses the whole reload.
