@@ -7,39 +7,21 @@ carry no secrets and Prometheus must scrape without credentials.
 
 from __future__ import annotations
 
-import hmac
 import json
+import logging
 import ssl
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import SecretStr
 
+from agent.auth import requires_admin
 from agent.config import Listen
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
 
-
-def bearer_ok(request: web.Request, token: SecretStr | None) -> bool:
-    if token is None:
-        return False
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return False
-    return hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode())
-
-
-def require_admin(request: web.Request, token: SecretStr | None) -> web.Response | None:
-    """None when authorised, else the 401/403 response to return."""
-    if token is None:
-        return web.json_response({"error": "no admin token configured (secrets.admin_token)"}, status=403)
-    if not bearer_ok(request, token):
-        return web.json_response({"error": "missing or wrong bearer token"}, status=401,
-                                 headers={"WWW-Authenticate": "Bearer"})
-    return None
+log = logging.getLogger("supernode.http")
 
 
 def ssl_context(listen: Listen) -> ssl.SSLContext | None:
@@ -77,10 +59,9 @@ def build_app(agent: "Agent") -> web.Application:
     async def state(_: web.Request) -> web.Response:
         return web.json_response(agent.state_dict(), dumps=lambda o: json.dumps(o, default=str))
 
-    async def reload(request: web.Request) -> web.Response:
-        denied = require_admin(request, agent.admin_token)
-        if denied is not None:
-            return denied
+    @requires_admin(lambda: agent.loaded.admin_tokens)
+    async def reload(request: web.Request, who: str) -> web.Response:
+        log.info("reload requested", extra={"who": who})
         ok, message = await agent.reload()
         return web.json_response({"reloaded": ok, "message": message}, status=200 if ok else 400)
 
@@ -108,4 +89,4 @@ async def start_server(app: web.Application, listen: Listen) -> tuple[web.AppRun
     return runner, port
 
 
-__all__ = ["build_app", "start_server", "bearer_ok", "require_admin", "RouteMount", "Awaitable"]
+__all__ = ["build_app", "start_server", "RouteMount", "Awaitable"]

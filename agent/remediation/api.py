@@ -2,97 +2,92 @@
 
 Why here: the runtime owns the server (TLS, client certs, listen address);
 this module only mounts routes on the app it is given, so the same routes
-run in tests on a loopback port. Tokens are compared in constant time.
+run in tests on a loopback port. Every token check is agent.auth's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from aiohttp import web
-from pydantic import SecretStr
 
+from agent.auth import Flag, TokenSource, caller, requires_admin, token_map, unauthorized
 from agent.httpclient import request_json
 
 from .journal import Journal
 from .webhook import WebhookError, handle_payload
 
 
-TokenSource = SecretStr | None | Callable[[], SecretStr | None]
+MAX_JOURNAL_LIMIT = 5000
 
 
-def _resolve(token: TokenSource) -> SecretStr | None:
-    """Tokens may be given as callables so a reload (secret rotation) applies to the next request."""
-    return token() if callable(token) else token
-
-
-def _authorized(request: web.Request, token: TokenSource) -> bool:
-    token = _resolve(token)
-    if token is None or not token.get_secret_value():
-        return False
-    header = request.headers.get("Authorization", "")
-    if not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header[7:].strip().encode(), token.get_secret_value().encode())
+def journal_limit(raw: str | None, default: int = 200) -> int:
+    """`?limit=`: a plain decimal integer 1..MAX_JOURNAL_LIMIT (ValueError naming the rule otherwise)."""
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 1 <= int(raw) <= MAX_JOURNAL_LIMIT:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_JOURNAL_LIMIT}")
+    return int(raw)
 
 
 def add_remediation_routes(app: web.Application, engine, admin_token: TokenSource,
-                           webhook_token: TokenSource, max_body: int) -> None:
+                           webhook_token: TokenSource, max_body: int, open_reads: Flag = False) -> None:
+    """Mount the routes. `admin_token`: name -> token (or one token, or a callable, see agent.auth);
+    `open_reads`: serve incidents and the journal without a token (config auth.open_reads)."""
+    admin = requires_admin(admin_token)
+    reader = requires_admin(admin_token, open_reads)
+
+    def too_large() -> web.Response:
+        engine.count_webhook("invalid")
+        return web.json_response({"error": f"body over {max_body} bytes"}, status=413)
+
     async def alerts(request: web.Request) -> web.Response:
-        if not _authorized(request, webhook_token):
+        if caller(request, token_map(webhook_token, "webhook")) is None:
             engine.count_webhook("unauthorized")
-            return web.json_response({"error": "unauthorized"}, status=401,
-                                     headers={"WWW-Authenticate": "Bearer"})
+            return unauthorized()
         if request.content_length is not None and request.content_length > max_body:
-            engine.count_webhook("invalid")
-            return web.json_response({"error": f"body over {max_body} bytes"}, status=413)
-        body = bytearray()
-        async for chunk in request.content.iter_chunked(65536):
-            body += chunk
-            if len(body) > max_body:
-                engine.count_webhook("invalid")
-                return web.json_response({"error": f"body over {max_body} bytes"}, status=413)
+            return too_large()
         try:
-            out = handle_payload(engine, bytes(body))
+            body = await request.read()  # the listener bounds its size (client_max_size) and time
+        except web.HTTPRequestEntityTooLarge:
+            return too_large()
+        if len(body) > max_body:
+            return too_large()
+        try:
+            out = handle_payload(engine, body)
         except WebhookError as exc:
             engine.count_webhook(exc.result)
             return web.json_response({"error": str(exc)}, status=exc.status)
         engine.count_webhook("accepted" if out["accepted"] else "duplicate")
         return web.json_response(out, status=200)
 
-    async def incidents(request: web.Request) -> web.Response:
-        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
+    @reader
+    async def incidents(request: web.Request, who: str) -> web.Response:
         return web.json_response(engine.incidents_view())
 
-    async def approve(request: web.Request) -> web.Response:
-        if not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
-        done = engine.approve(request.match_info["id"], who="api")
+    @admin
+    async def approve(request: web.Request, who: str) -> web.Response:
+        done = engine.approve(request.match_info["id"], who=who)
         if not done:
             return web.json_response({"error": "nothing pending under that id"}, status=404)
-        return web.json_response({"approved": done})
+        return web.json_response({"approved": done, "by": who})
 
-    async def journal(request: web.Request) -> web.Response:
-        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
+    @reader
+    async def journal(request: web.Request, who: str) -> web.Response:
         try:
-            limit = min(int(request.query.get("limit", "200")), 5000)
-        except ValueError:
-            return web.json_response({"error": "limit must be an integer"}, status=400)
+            limit = journal_limit(request.query.get("limit"))
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
         # a read of the file: on a thread, so a slow state disk never holds the event loop
         rows = [_entry_dict(e) for e in await asyncio.to_thread(engine.journal.entries, limit=limit)]
         return web.json_response({"entries": rows})
 
-    async def breaker_reset(request: web.Request) -> web.Response:
-        if not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
-        return web.json_response({"was_open": engine.reset_breaker(who="api")})
+    @admin
+    async def breaker_reset(request: web.Request, who: str) -> web.Response:
+        return web.json_response({"was_open": engine.reset_breaker(who=who), "by": who})
 
     app.router.add_post("/api/v1/alerts", alerts)
     app.router.add_get("/api/v1/incidents", incidents)
