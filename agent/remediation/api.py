@@ -111,7 +111,8 @@ def _call(base_url: str, path: str, token_file: Path | str | None, method: str =
         print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
         return 2
     if status != 200:
-        print(f"error: {status} {(data or {}).get('error', '')}", file=sys.stderr)
+        why = data.get("error", "") if isinstance(data, dict) else ""
+        print(f"error: {status} {terminal_safe(why)}", file=sys.stderr)
         return 1
     return data
 
@@ -120,10 +121,21 @@ def _fmt_ts(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
+def terminal_safe(value: object) -> str:
+    """The text with every control or format character escaped (\\x1b, \\n, \\u202e...), so strings that
+    came from outside (alert labels, device answers, error texts) can neither move the cursor, recolour
+    or clear the terminal, nor break a table row."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
 def _table(rows: list[list[str]], out=None) -> None:
     out = out or sys.stdout
     if not rows:
         return
+    rows = [[terminal_safe(c) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
@@ -138,7 +150,7 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
         rows.append([inc["id"], inc["detector"], ",".join(f"{k}={v}" for k, v in sorted(inc["targets"].items())),
                      inc["severity"], inc["state"], _fmt_ts(inc["opened_at"]), f"{inc['duration_seconds']:.1f}",
                      inc.get("playbook") or "-"])
-    print(f"mode: {data['mode']}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
+    print(f"mode: {terminal_safe(data['mode'])}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
     _table(rows)
     if data["pending_approvals"]:
         print("\npending approvals (supernode-agent approve ID):")
@@ -153,7 +165,7 @@ def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | st
     if isinstance(data, int):
         return data
     for aid in data["approved"]:
-        print(f"approved {aid}")
+        print(f"approved {terminal_safe(aid)}")
     return 0
 
 

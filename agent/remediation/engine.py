@@ -111,6 +111,7 @@ class RemediationEngine:
         self.actions_total: dict[tuple[str, str, str], int] = {}
         self.blocked_total: dict[tuple[str, str], int] = {}
         self.webhook_total: dict[str, int] = {}
+        self.webhook_ignored: dict[str, int] = {}  # alerts (not requests) dropped by reason
         self.first_action_at: float | None = None
 
     # -- construction ------------------------------------------------------------
@@ -613,6 +614,9 @@ class RemediationEngine:
 
     def count_webhook(self, result: str) -> None:
         self.webhook_total[result] = self.webhook_total.get(result, 0) + 1
+
+    def count_webhook_ignored(self, reason: str) -> None:
+        self.webhook_ignored[reason] = self.webhook_ignored.get(reason, 0) + 1
 
     def collector(self):
         from .metrics import RemediationCollector
