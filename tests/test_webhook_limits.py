@@ -30,6 +30,18 @@ def body(*alerts) -> bytes:
     return json.dumps(payload(*alerts)).encode()
 
 
+def with_engine(tmp_path, check) -> object:
+    """Run `await check(eng)` against a started observe-mode engine, stopped afterwards."""
+    async def main():
+        eng = engine(tmp_path, mode="observe")
+        await eng.start()
+        try:
+            return await check(eng)
+        finally:
+            await eng.stop()
+    return asyncio.run(main())
+
+
 def status_of(eng, data: bytes) -> int:
     try:
         handle_payload(eng, data)
@@ -40,21 +52,16 @@ def status_of(eng, data: bytes) -> int:
 
 @pytest.mark.parametrize("gpu", ["²", "٣", "0" * 5000, "4", "-1", " 1", "1e2", "９"])
 def test_gpu_label_must_be_an_ascii_index_in_the_inventory(tmp_path, gpu):
-    async def main():
-        eng = engine(tmp_path, mode="observe")
-        await eng.start()
+    async def check(eng):
         assert status_of(eng, body(nvlink(gpu=gpu))) == 422
         assert not eng.incidents.open_incidents()
         assert status_of(eng, body(nvlink(gpu="3", link="17"))) == 200
         assert status_of(eng, body(nvlink(gpu="3", link="18", fp="x"))) == 422  # 18 NVLinks: 0..17
-        await eng.stop()
-    asyncio.run(main())
+    with_engine(tmp_path, check)
 
 
 def test_unknown_alertnames_are_counted_not_stored(tmp_path):
-    async def main():
-        eng = engine(tmp_path, mode="observe")
-        await eng.start()
+    async def check(eng):
         metrics_before = len(list(eng.collector().collect()))
         for round_ in range(5):
             alerts = [alert(name=f"Spam{round_}-{i}\x1b[2J", fp=f"s{round_}-{i}") for i in range(1000)]
@@ -67,16 +74,13 @@ def test_unknown_alertnames_are_counted_not_stored(tmp_path):
         ignored = {s.labels["reason"]: s.value for s in families["supernode_webhook_alerts_ignored"].samples
                    if s.name.endswith("_total")}
         assert ignored == {"unknown_alertname": 5000, "incident_cap": 0}
-        await eng.stop()
-    asyncio.run(main())
+    with_engine(tmp_path, check)
 
 
 def test_open_incidents_from_the_webhook_are_capped(tmp_path, monkeypatch):
     monkeypatch.setattr(webhook, "MAX_OPEN_FROM_WEBHOOK", 5)
 
-    async def main():
-        eng = engine(tmp_path, mode="observe")
-        await eng.start()
+    async def check(eng):
         out = handle_payload(eng, body(*[nvlink(gpu=str(g), link=str(k)) for g in range(2) for k in range(5)]))
         assert out == {"accepted": 5, "duplicates": 0, "ignored": 5}
         assert len(eng.incidents.open_incidents()) == 5
@@ -85,28 +89,22 @@ def test_open_incidents_from_the_webhook_are_capped(tmp_path, monkeypatch):
         resolved = {**nvlink(gpu="0", link="0"), "status": "resolved", "fingerprint": "r00"}
         assert handle_payload(eng, body(resolved))["accepted"] == 1
         assert handle_payload(eng, body(nvlink(gpu="1", link="4", fp="again")))["accepted"] == 1
-        await eng.stop()
-    asyncio.run(main())
+    with_engine(tmp_path, check)
 
 
 def test_labels_and_severity_are_bounded(tmp_path):
-    async def main():
-        eng = engine(tmp_path, mode="observe")
-        await eng.start()
+    async def check(eng):
         assert status_of(eng, body(nvlink(summary="x" * 5000))) == 422
         many = nvlink(**{f"l{i}": "v" for i in range(100)})
         assert status_of(eng, body(many)) == 422
         handle_payload(eng, body(nvlink(gpu="1", severity="\x1b[31m" + "s" * 500)))
         (inc,) = eng.incidents.open_incidents()
         assert inc.severity == "warning"
-        await eng.stop()
-    asyncio.run(main())
+    with_engine(tmp_path, check)
 
 
 def test_deeply_nested_json_is_400_over_http_not_500(tmp_path):
-    async def main():
-        eng = engine(tmp_path, mode="observe")
-        await eng.start()
+    async def check(eng):
         runner, url, _ = await serve(eng, max_body=1 << 20)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession() as s:
@@ -115,8 +113,7 @@ def test_deeply_nested_json_is_400_over_http_not_500(tmp_path):
                 async with s.post(url + "/api/v1/alerts", data=raw, headers=auth) as r:
                     assert 400 <= r.status < 500, (r.status, raw[:40])
         await runner.cleanup()
-        await eng.stop()
-    asyncio.run(main())
+    with_engine(tmp_path, check)
 
 
 def test_terminal_safe_escapes_control_and_format_characters():
@@ -128,9 +125,7 @@ def test_terminal_safe_escapes_control_and_format_characters():
 def test_incidents_and_journal_cli_render_hostile_strings_inert(tmp_path):
     bad = "node\x1b[2J\x1b[31mRED\nSECOND LINE\u202e"
 
-    async def main():
-        eng = engine(tmp_path, mode="observe")
-        await eng.start()
+    async def check(eng):
         eng.fire("gpu_thermal", {"node": bad}, "warning", "local", {"error": bad})
         eng.journal.append("result", action="notify", target=bad, result="failed", detail={"error": bad})
         runner, url, _ = await serve(eng)
@@ -139,10 +134,9 @@ def test_incidents_and_journal_cli_render_hostile_strings_inert(tmp_path):
         with contextlib.redirect_stdout(out):
             rc = await asyncio.to_thread(cli_incidents, url, tmp_path / "admin.token")
         await runner.cleanup()
-        await eng.stop()
         return rc, out.getvalue()
 
-    rc, text = asyncio.run(main())
+    rc, text = with_engine(tmp_path, check)
     assert rc == 0 and "node\\x1b[2J" in text, text
     assert "\x1b" not in text and "\u202e" not in text and "SECOND LINE" in text
     assert len(text.splitlines()) == 3  # mode line, header, one incident: the newline did not split the row
