@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from agent.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from agent.httpclient import request_json
+from exporters.validation import terminal_safe
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -21,7 +22,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         return run(Path(args.config))
     except ConfigError as exc:
-        print(f"supernode-agent: {exc}", file=sys.stderr)
+        print("supernode-agent: " + terminal_safe(exc, keep="\n"), file=sys.stderr)
         return 2
 
 
@@ -29,7 +30,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     try:
         loaded = load_config(args.file)
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        print(terminal_safe(exc, keep="\n"), file=sys.stderr)
         return 1
     if args.dump:
         dump = loaded.config.dump()

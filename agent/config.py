@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, Va
 
 from agent.remediation.settings import RemediationSettings
 from exporters.safe_yaml import InputError, parse_yaml, read_text_file
-from exporters.validation import cut, error_lines, short_repr
+from exporters.validation import cut, error_lines, short_repr, terminal_safe
 
 DEFAULT_CONFIG_PATH = Path("/etc/supernode-agent/agent.yaml")
 MAX_CONFIG_BYTES = 1 << 20
@@ -293,7 +293,7 @@ def _read_secret(ref: SecretRef, where: str) -> SecretStr:
     except InputError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     if not value:
-        raise ConfigError(f"{where}: {ref.file} is empty")
+        raise ConfigError(f"{where}: {short_repr(str(ref.file))} is empty")
     return SecretStr(value)
 
 
@@ -355,7 +355,10 @@ def _check_playbooks(config: Config) -> None:
     try:
         load_playbooks(config.remediation.playbook_dir)
     except PlaybookError as exc:
-        raise ConfigError(f"remediation.playbook_dir: {exc}") from None
+        raise ConfigError(cut(terminal_safe(f"remediation.playbook_dir: {exc}", keep="\n"), 2000)) from None
+    except (OSError, ValueError) as exc:  # a path too long or with a NUL byte
+        raise ConfigError(f"remediation.playbook_dir: cannot use {short_repr(str(config.remediation.playbook_dir))}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 def load_config(path: Path | str) -> LoadedConfig:

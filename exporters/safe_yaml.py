@@ -38,16 +38,19 @@ def read_text_file(path: Path | str, limit: int, what: str = "file") -> str:
     `limit + 1` bytes whatever its size claims.
     """
     path = Path(path)
+    name = _short(str(path), 120)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+        raise InputError(f"cannot read {name}: {exc.strerror}") from None
+    except ValueError:  # a NUL byte in the path
+        raise InputError(f"cannot read {name}: not a valid path") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{path} is not a regular file (a {what} must be one)")
+            raise InputError(f"{name} is not a regular file (a {what} must be one)")
         if st.st_size > limit:
-            raise InputError(f"{path} is {st.st_size} bytes, over the {limit}-byte limit for a {what}")
+            raise InputError(f"{name} is {st.st_size} bytes, over the {limit}-byte limit for a {what}")
         chunks: list[bytes] = []
         total = 0
         while total <= limit:
@@ -57,16 +60,16 @@ def read_text_file(path: Path | str, limit: int, what: str = "file") -> str:
             chunks.append(chunk)
             total += len(chunk)
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+        raise InputError(f"cannot read {name}: {exc.strerror}") from None
     finally:
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > limit:
-        raise InputError(f"{path} is over the {limit}-byte limit for a {what}")
+        raise InputError(f"{name} is over the {limit}-byte limit for a {what}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})") from None
+        raise InputError(f"{name} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})") from None
 
 
 class _Composer(Composer):
@@ -134,8 +137,9 @@ def parse_yaml(text: str, source: str) -> Any:
     """One YAML document, safely: InputError naming `source` and the line for anything refused."""
     if len(text) > MAX_YAML_BYTES:
         raise InputError(f"{source}: over the {MAX_YAML_BYTES}-byte limit for a YAML file")
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # the reader already refuses control characters here
         return loader.get_single_data()
     except InputError as exc:
         raise InputError(f"{source}: {exc}") from None
@@ -147,7 +151,8 @@ def parse_yaml(text: str, source: str) -> Any:
     except (RecursionError, ValueError, OverflowError) as exc:  # belt and braces: never a traceback
         raise InputError(f"{source}: cannot parse: {type(exc).__name__}: {str(exc)[:200]}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml_file(path: Path | str, what: str = "YAML file", limit: int = MAX_YAML_BYTES) -> Any:

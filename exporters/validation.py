@@ -30,6 +30,16 @@ def short_repr(value: Any) -> str:
     return _repr.repr(value)
 
 
+def terminal_safe(value: object, keep: str = "") -> str:
+    """The text with every control or format character (except those in `keep`) escaped: \\x1b, \\n,
+    \\u202e... Strings that came from outside (alert labels, device answers, file names, error texts)
+    can then neither move the cursor, recolour or clear a terminal, nor break a table row."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch in keep else ascii(ch)[1:-1] for ch in text)
+
+
 def cut(text: str, limit: int = MAX_LINE) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text) - limit} more characters)"
 

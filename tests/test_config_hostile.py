@@ -137,3 +137,17 @@ def test_reload_of_an_alias_bomb_is_refused_briefly_by_the_real_daemon(tmp_path)
         assert len(body) < 1000, len(body)
         assert agent.get("/metrics")[0] == 200
         assert agent.state()["config"]["agent"]["node"] == "node01"  # the running config is kept
+
+
+@pytest.mark.parametrize("mutate, where", [
+    (lambda c, bad: c["secrets"].update(x={"file": bad}), "secrets.x.file"),
+    (lambda c, bad: c.update(auth={"admin_tokens": {"ops": {"file": bad}}}), "auth.admin_tokens.ops.file"),
+    (lambda c, bad: c.update(remediation={"playbook_dir": bad}), "remediation.playbook_dir"),
+])
+@pytest.mark.parametrize("bad", ["a\x00b", "/" + "a" * 5000], ids=["nul", "too_long"])
+def test_hostile_paths_are_one_short_message(tmp_path, mutate, where, bad):
+    """Found by tests/test_fuzz_input.py: a NUL byte or a 5,000-character path once raised ValueError/OSError."""
+    cfg = minimal(tmp_path)
+    mutate(cfg, bad)
+    msg = config_error(write(tmp_path, yaml.safe_dump(cfg)))
+    assert msg.startswith(where) and "\x00" not in msg, msg

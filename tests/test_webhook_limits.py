@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 
 from agent.remediation import webhook
-from agent.remediation.api import cli_incidents, cli_journal, terminal_safe
+from agent.remediation.api import cli_incidents, cli_journal
+from exporters.validation import terminal_safe
 from agent.remediation.journal import Journal
 from agent.remediation.webhook import WebhookError, handle_payload
 
@@ -145,3 +146,29 @@ def test_incidents_and_journal_cli_render_hostile_strings_inert(tmp_path):
         assert cli_journal(tmp_path / "journal.db") == 0
     assert "\x1b" not in out.getvalue() and "\\n" in out.getvalue()
     assert all("SECOND LINE" not in line or "node" in line for line in out.getvalue().splitlines())
+
+
+def test_cli_prints_a_message_when_something_else_answers_on_the_port(tmp_path, capsys):
+    """Not the agent (a proxy's HTML page, a reused port): a message and exit 1, no traceback."""
+    import http.server
+    import threading
+
+    class Html(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>\x1b[2J not the agent</html>")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert cli_incidents(f"http://127.0.0.1:{server.server_address[1]}", None) == 1
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert "not JSON" in err and "\x1b" not in err

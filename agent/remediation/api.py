@@ -16,6 +16,7 @@ from aiohttp import web
 
 from agent.auth import Flag, TokenSource, caller, requires_admin, token_map, unauthorized
 from agent.httpclient import request_json
+from exporters.validation import terminal_safe
 
 from .journal import Journal
 from .webhook import WebhookError, handle_payload
@@ -119,16 +120,6 @@ def _call(base_url: str, path: str, token_file: Path | str | None, method: str =
 
 def _fmt_ts(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
-
-
-def terminal_safe(value: object) -> str:
-    """The text with every control or format character escaped (\\x1b, \\n, \\u202e...), so strings that
-    came from outside (alert labels, device answers, error texts) can neither move the cursor, recolour
-    or clear the terminal, nor break a table row."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def _table(rows: list[list[str]], out=None) -> None:
