@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,7 @@ from agent.remediation.webhook import TARGET_LABELS, WebhookError, handle_payloa
 from remediation_support import engine
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+pytestmark = pytest.mark.timeout(0 if DEEP else 120)  # the deep profile runs as long as it needs
 FUZZ = settings(max_examples=5000 if DEEP else 150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
