@@ -2,8 +2,8 @@
 
 Why not `yaml.safe_load(path.read_text())`: that reads a FIFO forever, reads
 /dev/zero until memory runs out, expands a 423-byte alias bomb into a
-billion-node document, recurses until RecursionError on deep nesting, lets a
-duplicate key silently win, and turns a non-UTF-8 byte or a 5,000-digit integer
+billion-node document (then validated and echoed in full), recurses until
+RecursionError on deep nesting, lets a duplicate key silently win, and turns a non-UTF-8 byte or a 5,000-digit integer
 into a traceback. Here each of those is one short `InputError` naming the file
 and, where there is one, the line.
 """
@@ -19,11 +19,12 @@ import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent
-from yaml.nodes import MappingNode, Node
+from yaml.nodes import MappingNode, Node, SequenceNode
 
 MAX_YAML_BYTES = 1 << 20  # a rack config is a few KB; a profile tens of KB
 MAX_DEPTH = 32  # nesting of mappings/sequences; the config needs 6
 MAX_INT_DIGITS = 40  # any field is far below 10**40
+MAX_NODES = 100_000  # values in the document once aliases are expanded; a rack config has a few hundred
 
 
 class InputError(ValueError):
@@ -73,30 +74,46 @@ def read_text_file(path: Path | str, limit: int, what: str = "file") -> str:
 
 
 class _Composer(Composer):
-    """No aliases (no expansion to bound), and nesting no deeper than MAX_DEPTH (no recursion to exhaust)."""
+    """Aliases allowed (yaml.safe_dump writes them for shared objects) but their expansion bounded: every
+    node's size as if each alias were copied out is known when it is composed, so a "billion laughs"
+    fails at the level that crosses MAX_NODES, after a few hundred nodes of work. Nesting is bounded
+    too (no recursion to exhaust)."""
 
     _depth = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:  # type: ignore[override]
-        if self.check_event(AliasEvent):
-            mark = self.peek_event().start_mark
-            raise InputError(f"line {mark.line + 1}: YAML aliases (*name) are not allowed")
         event = self.peek_event()
-        if getattr(event, "anchor", None):
-            raise InputError(f"line {event.start_mark.line + 1}: YAML anchors (&name) are not allowed")
+        if self.check_event(AliasEvent):
+            return super().compose_node(parent, index)  # an anchored node, its size already known
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
                 raise InputError(f"line {event.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
-            return super().compose_node(parent, index)
+            node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        self._measure(node, event.start_mark.line + 1)
+        return node
+
+    def _measure(self, node: Node | None, line: int) -> None:
+        sizes: dict[int, int] = self.__dict__.setdefault("_sizes", {})
+        if isinstance(node, MappingNode):
+            size = 1 + sum(sizes.get(id(k), 1) + sizes.get(id(v), 1) for k, v in node.value)
+        elif isinstance(node, SequenceNode):
+            size = 1 + sum(sizes.get(id(v), 1) for v in node.value)
+        else:
+            size = 1
+        if size > MAX_NODES:
+            raise InputError(f"line {line}: YAML aliases expand this to more than {MAX_NODES} values")
+        sizes[id(node)] = size
 
 
 class _Constructor(SafeConstructor):
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
             key = self.construct_object(key_node, deep=True)
             try:
                 duplicate = key in seen
