@@ -78,6 +78,7 @@ def build_app(agent: "Agent") -> web.Application:
     middlewares = [host_filter(listen.allowed_hosts)] if listen.allowed_hosts else []
     app = web.Application(client_max_size=listen.max_body_bytes, middlewares=middlewares + [guard.middleware()])
     app[GUARD] = guard
+    agent.registry.register(guard.collector())
     app.on_shutdown.append(guard.stop)
 
     async def metrics(_: web.Request) -> web.Response:

@@ -19,9 +19,11 @@ import asyncio
 import logging
 import resource
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("supernode.http")
 
@@ -192,6 +194,24 @@ class ConnectionGuard:
 
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    def collector(self) -> Collector:
+        """`supernode_http_connections`, its cap, and the connections closed to protect the listener."""
+        guard = self
+
+        class _Collector(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield GaugeMetricFamily("supernode_http_connections", "Open HTTP connections (count).",
+                                        value=len(guard.conns))
+                yield GaugeMetricFamily("supernode_http_connections_max",
+                                        "Connection cap in force, under the file limit (count).", value=guard.cap)
+                closed = CounterMetricFamily("supernode_http_connections_closed",
+                                             "Connections the listener closed to protect itself, by reason (count).",
+                                             labels=["reason"])
+                for reason, n in sorted(guard.closed_total.items()):
+                    closed.add_metric([reason], n)
+                yield closed
+        return _Collector()
 
     async def stop(self, _: Any = None) -> None:
         if self._sweeper is not None:

@@ -4,6 +4,7 @@ under a 1024 file limit, header and body deadlines, the connection cap, Host all
 from __future__ import annotations
 
 import logging
+import re
 import resource
 import socket
 import time
@@ -68,6 +69,9 @@ def test_1100_half_sent_connections_under_1024_fds_leave_metrics_answering(tmp_p
             assert agent.proc.poll() is None
             closed = sum(closed_by_peer(s) for s in socks)
             assert closed >= 1100 - 512, closed  # the cap (512 by default) made room by closing the oldest
+            evicted = re.search(r'^supernode_http_connections_closed_total\{reason="evicted"\} (\S+)$',
+                                agent.metrics(), re.M)
+            assert evicted and float(evicted.group(1)) >= 1100 - 512
         finally:
             for s in socks:
                 s.close()
@@ -111,6 +115,7 @@ def test_connection_cap_closes_the_oldest_waiting_connection(tmp_path):
             open_now = [s for s in socks if not closed_by_peer(s)]
             assert len(open_now) <= 8, len(open_now)
             assert socks[-1] in open_now  # the newest is kept; the oldest go first
+            assert re.search(r"^supernode_http_connections_max 8\.0$", agent.metrics(), re.M)
         finally:
             for s in socks:
                 s.close()
