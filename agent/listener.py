@@ -157,20 +157,20 @@ class ConnectionGuard:
             conn = self.conns.get(request.protocol)
             if conn is not None:
                 conn.phase = BODY
-            if request.can_read_body:
-                try:
-                    await asyncio.wait_for(request.read(), self.body_timeout)
-                except asyncio.TimeoutError:
-                    self.closed_total["body_timeout"] += 1
-                    log.warning("request body not received in time; answered 408",
-                                extra={"body_timeout": self.body_timeout})
-                    return web.json_response({"error": f"body not received within {self.body_timeout:g}s"},
-                                             status=408, headers={"Connection": "close"})
-            if conn is not None:
-                conn.phase = HANDLING
             try:
+                if request.can_read_body:
+                    try:
+                        await asyncio.wait_for(request.read(), self.body_timeout)
+                    except asyncio.TimeoutError:
+                        self.closed_total["body_timeout"] += 1
+                        log.warning("request body not received in time; answered 408",
+                                    extra={"body_timeout": self.body_timeout})
+                        return web.json_response({"error": f"body not received within {self.body_timeout:g}s"},
+                                                 status=408, headers={"Connection": "close"})
+                if conn is not None:
+                    conn.phase = HANDLING
                 return await handler(request)
-            finally:
+            finally:  # whatever happened (413, 408, an error), the next request has its header deadline
                 if conn is not None:
                     conn.phase = WAITING
                     conn.since = time.monotonic()

@@ -179,3 +179,16 @@ def test_connection_cap_stays_under_the_file_limit():
         assert connection_cap(512) == 512 and connection_cap(5000) == 1024 - 228
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_body_over_the_limit_is_413_and_the_connection_still_has_a_header_deadline(tmp_path):
+    cfg = base_config(tmp_path)
+    cfg["listen"].update(max_body_bytes=1024, header_timeout_seconds=1)
+    with running_agent(cfg, tmp_path) as agent:
+        with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as s:
+            s.sendall(b"POST /-/reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5000\r\n"
+                      b"Authorization: Bearer admin-token-for-tests\r\n\r\n" + b"x" * 5000)
+            answer = s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+            s.sendall(HALF_SENT)  # then a request that never ends on the same connection
+            wait_for(lambda: closed_by_peer(s), 30, interval=0.1, what="the header deadline after a 413")
