@@ -7,10 +7,11 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from agent.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from agent.httpclient import request_json
+from exporters.validation import terminal_safe
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -27,7 +28,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         return run(Path(args.config))
     except ConfigError as exc:
-        print(f"supernode-agent: {exc}", file=sys.stderr)
+        print("supernode-agent: " + terminal_safe(exc, keep="\n"), file=sys.stderr)
         return 2
 
 
@@ -35,7 +36,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     try:
         loaded = load_config(args.file)
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        print(terminal_safe(exc, keep="\n"), file=sys.stderr)
         return 1
     if args.dump:
         dump = loaded.config.dump()

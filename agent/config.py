@@ -9,16 +9,22 @@ files that hold them; their values are `SecretStr` and print as `**********`.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from agent.remediation.settings import RemediationSettings
-from exporters.validation import error_lines
+from exporters.safe_yaml import InputError, parse_yaml, read_text_file
+from exporters.validation import cut, error_lines, short_repr, terminal_safe
 
 DEFAULT_CONFIG_PATH = Path("/etc/supernode-agent/agent.yaml")
+MAX_CONFIG_BYTES = 1 << 20
+MAX_SECRET_BYTES = 64 << 10
+LEGACY_ADMIN = "admin"  # the `who` of the single admin token of older configs (secrets.admin_token)
+
+_BARE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 Mode = Literal["observe", "dry-run", "enforce"]
 
@@ -45,11 +51,29 @@ class Tls(Strict):
     client_ca_file: Path | None = Field(default=None, description="Require client certificates signed by this CA.")
 
 
+def bare_name(v: str) -> str:
+    """A profile or token name: letters, digits, `_.-`; never a path (`/`, `..`)."""
+    if not _BARE_NAME.match(v) or ".." in v:
+        raise ValueError(f"expected a bare name (letters, digits, _ . -; no path), got {short_repr(v)}")
+    return v
+
+
+BareName = Annotated[str, AfterValidator(bare_name)]
+
+
 class Listen(Strict):
     address: str = Field(default="127.0.0.1", description="Explicit bind address; never a library default.")
     port: int = Field(default=9877, ge=0, le=65535)
     tls: Tls | None = None
-    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="Largest request body accepted.")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20, description="Largest request body accepted.")
+    max_connections: int = Field(default=512, ge=8, le=65536, description=(
+        "Open connections at most (also kept under the process's file limit); over it, the oldest "
+        "connection still sending its request is closed, so /metrics and /healthz keep being answered."))
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=300, description=(
+        "A connection must send its request headers within this (from connect or its previous response)."))
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=600, description="A request body must arrive within this.")
+    allowed_hosts: list[str] | None = Field(default=None, description=(
+        "Host header values accepted (without port), against DNS rebinding; default: any."))
 
     @field_validator("address")
     @classmethod
@@ -57,12 +81,21 @@ class Listen(Strict):
         try:
             ipaddress.ip_address(v)
         except ValueError:
-            raise ValueError(f"expected an IP address, got {v!r}") from None
+            raise ValueError(f"expected an IP address, got {short_repr(v)}") from None
         return v
 
 
 class SecretRef(Strict):
     file: Path = Field(description="File whose content (stripped) is the secret.")
+
+
+class Auth(Strict):
+    """Who may call the admin API, and whether reads need a token."""
+
+    admin_tokens: dict[BareName, SecretRef] = Field(default_factory=dict, description=(
+        "Name -> token file. The name of the token a request used is recorded as who approved or reset."))
+    open_reads: bool = Field(default=False, description=(
+        "Serve /api/v1/incidents and /api/v1/journal without a token (they name nodes, incidents and actions)."))
 
 
 class GpuInventory(Strict):
@@ -87,9 +120,10 @@ class Coolant(Strict):
 
 class ModbusDevice(Strict):
     name: str = Field(min_length=1)
-    profile: str = Field(min_length=1, description="Profile name under exporters/profiles/modbus/.")
+    profile: BareName = Field(description="Profile name under exporters/profiles/modbus/.")
     host: str = "127.0.0.1"
     port: int = Field(default=502, ge=1, le=65535)
+
     unit: int | None = Field(default=None, ge=0, le=255, description="Overrides the profile's unit id.")
     coolant: Coolant = Field(default_factory=Coolant, description="Coolant of the loop this CDU serves (PG25).")
     channels: dict[int, str] = Field(default_factory=dict,
@@ -105,9 +139,10 @@ class LeakZone(Strict):
 
 class Pdu(Strict):
     name: str = Field(min_length=1)
-    profile: str = Field(min_length=1, description="Profile name under exporters/profiles/snmp/.")
+    profile: BareName = Field(description="Profile name under exporters/profiles/snmp/.")
     host: str = "127.0.0.1"
     port: int = Field(default=161, ge=1, le=65535)
+
     version: Literal["2c", "3"] = "2c"
     community_secret: str | None = Field(default=None, description="Name in `secrets` holding the community.")
     v3_user: str | None = None
@@ -223,6 +258,7 @@ class Config(Strict):
     inventory: Inventory = Inventory()
     sources: Sources = Sources()
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
+    auth: Auth = Auth()
     remediation: RemediationSettings = Field(default_factory=RemediationSettings,
                                              description="Detectors, playbooks and guardrails.")
 
@@ -243,12 +279,14 @@ class Config(Strict):
 
 
 class LoadedConfig:
-    """A validated config plus its secrets, read from their files."""
+    """A validated config plus its secrets and admin tokens, read from their files."""
 
-    def __init__(self, config: Config, secrets: dict[str, SecretStr], path: Path | None):
+    def __init__(self, config: Config, secrets: dict[str, SecretStr], path: Path | None,
+                 admin_tokens: dict[str, SecretStr] | None = None):
         self.config = config
         self.secrets = secrets
         self.path = path
+        self.admin_tokens = admin_tokens if admin_tokens is not None else _admin_tokens(config, secrets, {})
 
     def secret(self, name: str) -> SecretStr:
         try:
@@ -257,22 +295,51 @@ class LoadedConfig:
             raise ConfigError(f"secrets.{name}: not defined") from None
 
 
+def _read_secret(ref: SecretRef, where: str) -> SecretStr:
+    """A secret file: regular, small, UTF-8, not empty (a FIFO or /dev/zero is refused, never read)."""
+    try:
+        value = read_text_file(ref.file, MAX_SECRET_BYTES, "secret file").strip()
+    except InputError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if not value:
+        raise ConfigError(f"{where}: {short_repr(str(ref.file))} is empty")
+    return SecretStr(value)
+
+
 def _read_secrets(config: Config) -> dict[str, SecretStr]:
-    secrets: dict[str, SecretStr] = {}
-    for name, ref in config.secrets.items():
-        try:
-            value = ref.file.read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"secrets.{name}.file: cannot read {ref.file}: {exc.strerror}") from None
-        if not value:
-            raise ConfigError(f"secrets.{name}.file: {ref.file} is empty")
-        secrets[name] = SecretStr(value)
+    secrets = {name: _read_secret(ref, f"secrets.{name}.file") for name, ref in config.secrets.items()}
     for pdu in config.inventory.pdus:
         for attr in ("community_secret", "v3_auth_secret", "v3_priv_secret"):
             ref_name = getattr(pdu, attr)
             if ref_name is not None and ref_name not in secrets:
                 raise ConfigError(f"inventory.pdus.{pdu.name}.{attr}: secret {ref_name!r} not in secrets")
     return secrets
+
+
+def _admin_tokens(config: Config, secrets: dict[str, SecretStr], named: dict[str, SecretStr]) -> dict[str, SecretStr]:
+    """Name -> admin token: `auth.admin_tokens`, plus the single token of older configs as `admin`."""
+    tokens = dict(named)
+    legacy = secrets.get(config.remediation.admin_token_secret or "admin_token")
+    if legacy is not None and LEGACY_ADMIN not in tokens:
+        tokens[LEGACY_ADMIN] = legacy
+    return tokens
+
+
+def _check_profiles(config: Config) -> None:
+    """Every device names a shipped profile that loads: a typo fails check-config, not `run`."""
+    from exporters import modbus_profile, snmp_profile
+
+    devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
+               for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)]
+    devices += [(f"inventory.pdus.{p.name}.profile", p.profile, snmp_profile) for p in config.inventory.pdus]
+    for where, name, module in devices:
+        if not (module.PROFILE_DIR / f"{name}.yaml").is_file():
+            known = ", ".join(sorted(f.stem for f in module.PROFILE_DIR.glob("*.yaml")))
+            raise ConfigError(f"{where}: no profile {name!r} (known: {known})")
+        try:
+            module.load_profile(name)
+        except Exception as exc:  # a shipped profile that does not load is still this field's problem
+            raise ConfigError(cut(f"{where}: profile {name!r} does not load: {exc}", 1000)) from None
 
 
 def parse_config(data: Any, source: str = "<config>", path: Path | None = None) -> LoadedConfig:
@@ -283,7 +350,11 @@ def parse_config(data: Any, source: str = "<config>", path: Path | None = None) 
     except ValidationError as err:
         raise ConfigError(error_lines(err, f"{source}: invalid config", show_input=True)) from None
     _check_playbooks(config)
-    return LoadedConfig(config, _read_secrets(config), path)
+    _check_profiles(config)
+    secrets = _read_secrets(config)
+    named = {name: _read_secret(ref, f"auth.admin_tokens.{name}.file")
+             for name, ref in config.auth.admin_tokens.items()}
+    return LoadedConfig(config, secrets, path, _admin_tokens(config, secrets, named))
 
 
 def _check_playbooks(config: Config) -> None:
@@ -293,19 +364,18 @@ def _check_playbooks(config: Config) -> None:
     try:
         load_playbooks(config.remediation.playbook_dir)
     except PlaybookError as exc:
-        raise ConfigError(f"remediation.playbook_dir: {exc}") from None
+        raise ConfigError(cut(terminal_safe(f"remediation.playbook_dir: {exc}", keep="\n"), 2000)) from None
+    except (OSError, ValueError) as exc:  # a path too long or with a NUL byte
+        raise ConfigError(f"remediation.playbook_dir: cannot use {short_repr(str(config.remediation.playbook_dir))}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
 def load_config(path: Path | str) -> LoadedConfig:
+    """Read, parse and validate a config file in bounded time and memory; ConfigError for anything wrong."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        data = parse_yaml(read_text_file(path, MAX_CONFIG_BYTES, "config file"), str(path))
+    except InputError as exc:
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
     return parse_config(data, str(path), path)

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import SecretStr
-
 from agent import __version__
 from agent.config import ConfigError, LoadedConfig, load_config
 from agent.exposition import build_registry, inventory_readings, render_metrics
@@ -56,10 +54,6 @@ class Agent:
                                        [*self.extra_collectors, RemediationHealth(self.remediation_degraded)])
 
     # -- identity and state ------------------------------------------------------
-
-    @property
-    def admin_token(self) -> SecretStr | None:
-        return self.loaded.secrets.get("admin_token")
 
     def identity(self) -> dict[str, str]:
         a = self.loaded.config.agent
@@ -147,7 +141,8 @@ class Agent:
             if path is None:
                 return False, "config was not loaded from a file"
             try:
-                new = load_config(path)
+                # Parsed on a worker thread: whatever the file holds, /metrics and the watchdog keep answering.
+                new = await asyncio.to_thread(load_config, path)
                 sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
                 # Remediation is built too before anything running changes: a playbook that does not
                 # load refuses the whole reload.

@@ -1,45 +1,33 @@
 """The agent's HTTP surface: /metrics, health, state API, reload; remediation mounts its routes here.
 
-Bound to the configured address only. Anything that changes state needs the
-admin token (bearer, compared in constant time); reads are open because they
-carry no secrets and Prometheus must scrape without credentials.
+Bound to the configured address only. Anything that changes state needs an
+admin token (agent.auth); /metrics, /healthz, /readyz and /api/v1/state are
+open because they carry no secret (state holds the config with secret *file
+paths* only, and readings /metrics already shows) and Prometheus must scrape
+without credentials. The listener defends itself (agent.listener): connection
+cap, header/body deadlines, rate-limited logs; an optional Host allow-list
+stops DNS rebinding; `Server` names no version.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
+import logging
 import ssl
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import SecretStr
 
+import aiohttp.web_response
+from agent.auth import requires_admin
 from agent.config import Listen
+from agent.listener import ACCEPT_BACKLOG, ConnectionGuard, install_log_limits
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
 
-
-def bearer_ok(request: web.Request, token: SecretStr | None) -> bool:
-    if token is None:
-        return False
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return False
-    return hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode())
-
-
-def require_admin(request: web.Request, token: SecretStr | None) -> web.Response | None:
-    """None when authorised, else the 401/403 response to return."""
-    if token is None:
-        return web.json_response({"error": "no admin token configured (secrets.admin_token)"}, status=403)
-    if not bearer_ok(request, token):
-        return web.json_response({"error": "missing or wrong bearer token"}, status=401,
-                                 headers={"WWW-Authenticate": "Bearer"})
-    return None
+log = logging.getLogger("supernode.http")
 
 
 def ssl_context(listen: Listen) -> ssl.SSLContext | None:
@@ -54,8 +42,44 @@ def ssl_context(listen: Listen) -> ssl.SSLContext | None:
     return ctx
 
 
+SERVER_NAME = "supernode-agent"
+GUARD = web.AppKey("connection_guard", ConnectionGuard)
+
+# Every response aiohttp writes, its own 400s included, takes its `Server` header from this module
+# global: naming no version tells a scanner nothing.
+aiohttp.web_response.SERVER_SOFTWARE = SERVER_NAME  # type: ignore[attr-defined]
+
+
+def host_allowed(host: str, allowed: list[str]) -> bool:
+    """`Host` without its port, compared case-insensitively ([v6]:port and name:port alike)."""
+    if host.startswith("["):
+        name = host[1:].partition("]")[0]
+    else:
+        name = host.rpartition(":")[0] if host.count(":") == 1 else host
+    return name.lower() in allowed
+
+
+def host_filter(allowed: list[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    allowed = [h.lower() for h in allowed]
+
+    @web.middleware
+    async def check_host(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+        if not host_allowed(request.headers.get("Host", ""), allowed):
+            log.warning("request refused: Host not in listen.allowed_hosts")
+            return web.json_response({"error": "Host not allowed (listen.allowed_hosts)"}, status=421)
+        return await handler(request)
+    return check_host
+
+
 def build_app(agent: "Agent") -> web.Application:
-    app = web.Application(client_max_size=agent.loaded.config.listen.max_body_bytes)
+    listen = agent.loaded.config.listen
+    guard = ConnectionGuard(listen.max_connections, listen.header_timeout_seconds, listen.body_timeout_seconds)
+    middlewares = [host_filter(listen.allowed_hosts)] if listen.allowed_hosts else []
+    app = web.Application(client_max_size=listen.max_body_bytes, middlewares=middlewares + [guard.middleware()])
+    app[GUARD] = guard
+    agent.registry.register(guard.collector())
+    app.on_shutdown.append(guard.stop)
 
     async def metrics(_: web.Request) -> web.Response:
         body = agent.render_metrics()
@@ -77,10 +101,9 @@ def build_app(agent: "Agent") -> web.Application:
     async def state(_: web.Request) -> web.Response:
         return web.json_response(agent.state_dict(), dumps=lambda o: json.dumps(o, default=str))
 
-    async def reload(request: web.Request) -> web.Response:
-        denied = require_admin(request, agent.admin_token)
-        if denied is not None:
-            return denied
+    @requires_admin(lambda: agent.loaded.admin_tokens)
+    async def reload(request: web.Request, who: str) -> web.Response:
+        log.info("reload requested", extra={"who": who})
         ok, message = await agent.reload()
         return web.json_response({"reloaded": ok, "message": message}, status=200 if ok else 400)
 
@@ -98,14 +121,19 @@ RouteMount = Callable[[web.Application], None]
 
 
 async def start_server(app: web.Application, listen: Listen) -> tuple[web.AppRunner, int]:
+    install_log_limits()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
+    guard = app[GUARD]
+    assert runner.server is not None
+    guard.attach(runner.server)
+    guard.start()
     site = web.TCPSite(runner, host=listen.address, port=listen.port, ssl_context=ssl_context(listen),
-                       reuse_address=True)
+                       reuse_address=True, backlog=ACCEPT_BACKLOG)
     await site.start()
     server = site._server
     port = server.sockets[0].getsockname()[1] if server and server.sockets else listen.port
     return runner, port
 
 
-__all__ = ["build_app", "start_server", "bearer_ok", "require_admin", "RouteMount", "Awaitable"]
+__all__ = ["build_app", "start_server", "RouteMount", "Awaitable"]

@@ -50,6 +50,8 @@ def _from_config(args: argparse.Namespace) -> tuple[str, str | None, Path]:
     scheme = "https" if cfg.listen.tls else "http"
     url = getattr(args, "url", None) or f"{scheme}://{cfg.listen.address}:{cfg.listen.port}"
     ref = cfg.secrets.get(cfg.remediation.admin_token_secret or "admin_token")
+    if ref is None and cfg.auth.admin_tokens:  # named tokens only: the first one (pass --token-file for another)
+        ref = next(iter(cfg.auth.admin_tokens.values()))
     token_file = getattr(args, "token_file", None) or (str(ref.file) if ref else None)
     return url, token_file, cfg.agent.state_dir
 

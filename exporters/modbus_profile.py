@@ -16,10 +16,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporters import modbus_metrics
+from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.validation import error_lines
 from exporters.modbus_codec import WIDTH
 
@@ -258,9 +258,9 @@ def load_profile(name: str, directory: Path = PROFILE_DIR) -> Profile:
     if not path.is_file():
         raise ProfileError(f"Modbus profile {name!r} not found in {directory} (known: {', '.join(list_profiles(directory))})")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+        data = load_yaml_file(path, "Modbus profile")
+    except InputError as exc:
+        raise ProfileError(str(exc)) from None
     profile = parse_profile(data, str(path))
     if profile.name != name:
         raise ProfileError(f"{path}: name {profile.name!r} does not match the file name {name!r}")

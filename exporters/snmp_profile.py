@@ -46,11 +46,11 @@ import string
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporters.model import Kind
 from exporters.pdu_metrics import PROFILE_METRICS
+from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.validation import error_lines
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles" / "snmp"
@@ -227,12 +227,10 @@ def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Pro
     if path.suffix not in (".yaml", ".yml"):
         path = directory / f"{name_or_path}.yaml"
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
+        data = load_yaml_file(path, "SNMP profile")
+    except InputError as exc:
         known = sorted(p.stem for p in directory.glob("*.yaml"))
-        raise ProfileError(f"{path}: cannot read ({exc.strerror}); known profiles: {known}") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+        raise ProfileError(f"{exc}; known profiles: {known}") from None
     profile = parse_profile(data, str(path))
     if profile.profile != path.stem:
         raise ProfileError(f"{path}: profile: name {profile.profile!r} differs from the file name {path.stem!r}")

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import yaml
 
@@ -19,7 +19,9 @@ from tests.helpers import REPO, free_port, wait_for
 
 
 class AgentProcess:
-    def __init__(self, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None):
+    def __init__(self, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,
+                 preexec: Callable[[], None] | None = None):
+        self.preexec = preexec  # run in the child before exec (e.g. a lower RLIMIT_NOFILE)
         self.workdir = workdir
         self.config = config
         self.port = config["listen"]["port"]
@@ -43,7 +45,8 @@ class AgentProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(self.config_path), "run"],
-                                     stdout=self._log, stderr=self._log, env=env, cwd=REPO)
+                                     stdout=self._log, stderr=self._log, env=env, cwd=REPO,
+                                     preexec_fn=self.preexec)
         wait_for(lambda: self.get("/healthz")[0] == 200 or self.proc.poll() is not None, 20, what="agent /healthz")
         assert self.proc.poll() is None, f"agent exited: {self.log()}"
         return self
@@ -109,8 +112,9 @@ def base_config(tmp_path: Path, token: str = "admin-token-for-tests", **sections
 
 
 @contextmanager
-def running_agent(config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None) -> Iterator[AgentProcess]:
-    agent = AgentProcess(config, workdir, env).start()
+def running_agent(config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,
+                  preexec: Callable[[], None] | None = None) -> Iterator[AgentProcess]:
+    agent = AgentProcess(config, workdir, env, preexec).start()
     try:
         yield agent
     finally:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-# What remediation may use from exporters: the shared model and the control primitives it acts through.
-REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.nvml_control"}
+# What remediation may use from exporters: the shared model, file reading and validation, and the control
+# primitives it acts through.
+REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.safe_yaml", "exporters.nvml_control"}
 
 
 def imports(path: Path, module_level_only: bool = False) -> set[str]:

@@ -12,7 +12,6 @@ import argparse
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 

@@ -33,7 +33,7 @@ def test_unit_is_notify_with_watchdog_and_restart():
     text = UNIT.read_text()
     for line in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "NoNewPrivileges=yes",
                  "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "RestrictAddressFamilies=",
-                 "SystemCallFilter=@system-service", "DevicePolicy=closed"):
+                 "SystemCallFilter=@system-service", "DevicePolicy=closed", "LimitNOFILE=8192"):
         assert line in text, line
 
 

@@ -129,6 +129,9 @@ def test_mutual_tls_guards_metrics_and_webhook(tmp_path, pki):
         assert _get(url + "/api/v1/alerts", good, data)[0] == 401  # TLS alone is not enough: token too
         status, body = _get(url + "/api/v1/alerts", good, data, token="hook-token")
         assert status == 200, body
+        # Under mTLS the caller recorded for an admin action is the client certificate's subject.
+        status, body = _get(url + "/api/v1/breaker/reset", good, b"", token="admin-token-for-tests")
+        assert status == 200 and json.loads(body)["by"] == "CN=alertmanager", body
     finally:
         proc.terminate()
         proc.wait(10)

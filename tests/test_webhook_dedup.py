@@ -40,10 +40,10 @@ def test_an_alert_the_engine_refused_is_acted_on_when_alertmanager_retries(tmp_p
             assert status == 503 and "not accepted" in body["error"]
             assert not eng.journal.alert_seen("fp1", "2026-01-01T00:00:00Z", "firing")
             status, body = await post()  # Alertmanager's retry
-            assert status == 200 and body == {"accepted": 1, "duplicates": 0}
+            assert status == 200 and body == {"accepted": 1, "duplicates": 0, "ignored": 0}
             await await_for(lambda: sched.nodes["node01"].drained, what="drained on the retry")
             status, body = await post()
-            assert status == 200 and body == {"accepted": 0, "duplicates": 1}
+            assert status == 200 and body == {"accepted": 0, "duplicates": 1, "ignored": 0}
         assert refusals and reg.get_sample_value("supernode_webhook_requests_total", {"result": "error"}) == 1
         await runner.cleanup()
         await eng.stop()

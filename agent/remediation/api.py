@@ -2,51 +2,37 @@
 
 Why here: the runtime owns the server (TLS, client certs, listen address);
 this module only mounts routes on the app it is given, so the same routes
-run in tests on a loopback port. Tokens are compared in constant time.
+run in tests on a loopback port. Every token check is agent.auth's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 from aiohttp import web
-from pydantic import SecretStr
 
+from agent.auth import Flag, TokenSource, caller, requires_admin, token_map, unauthorized
 from agent.httpclient import request_json
+from exporters.validation import terminal_safe
 
 from .decisions import log_webhook_rejection
 from .journal import Journal
 from .webhook import WebhookError, handle_payload
 
 
-TokenSource = SecretStr | None | Callable[[], SecretStr | None]
+MAX_JOURNAL_LIMIT = 5000
 
 
-def _resolve(token: TokenSource) -> SecretStr | None:
-    """Tokens may be given as callables so a reload (secret rotation) applies to the next request."""
-    return token() if callable(token) else token
-
-
-def _authorized(request: web.Request, token: TokenSource) -> bool:
-    token = _resolve(token)
-    if token is None or not token.get_secret_value():
-        return False
-    header = request.headers.get("Authorization", "")
-    if not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header[7:].strip().encode(), token.get_secret_value().encode())
-
-
-def _who(request: web.Request) -> str:
-    """Who a person's request came from: the identity the auth layer put on the request (a named admin
-    token or the client certificate's subject), else the one shared admin token."""
-    who = request.get("who")
-    return str(who) if who else "admin_token"
+def journal_limit(raw: str | None, default: int = 200) -> int:
+    """`?limit=`: a plain decimal integer 1..MAX_JOURNAL_LIMIT (ValueError naming the rule otherwise)."""
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 1 <= int(raw) <= MAX_JOURNAL_LIMIT:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_JOURNAL_LIMIT}")
+    return int(raw)
 
 
 def _reject(request: web.Request, engine, status: int, result: str, why: str, **kw) -> web.Response:
@@ -57,72 +43,75 @@ def _reject(request: web.Request, engine, status: int, result: str, why: str, **
 
 
 def add_remediation_routes(app: web.Application, engine, admin_token: TokenSource,
-                           webhook_token: TokenSource, max_body: int) -> None:
+                           webhook_token: TokenSource, max_body: int, open_reads: Flag = False) -> None:
+    """Mount the routes. `admin_token`: name -> token (or one token, or a callable, see agent.auth);
+    `open_reads`: serve incidents and the journal without a token (config auth.open_reads)."""
+    admin = requires_admin(admin_token)
+    reader = requires_admin(admin_token, open_reads)
+
+    def too_large(request: web.Request) -> web.Response:
+        return _reject(request, engine, 413, "invalid", f"body over {max_body} bytes")
+
     async def alerts(request: web.Request) -> web.Response:
-        if not _authorized(request, webhook_token):
-            return _reject(request, engine, 401, "unauthorized", "unauthorized",
-                           headers={"WWW-Authenticate": "Bearer"})
+        if caller(request, token_map(webhook_token, "webhook")) is None:
+            engine.count_webhook("unauthorized")
+            log_webhook_rejection(401, "unauthorized", "unauthorized", request.remote)
+            return unauthorized()
         if request.content_length is not None and request.content_length > max_body:
-            return _reject(request, engine, 413, "invalid", f"body over {max_body} bytes")
-        body = bytearray()
-        async for chunk in request.content.iter_chunked(65536):
-            body += chunk
-            if len(body) > max_body:
-                return _reject(request, engine, 413, "invalid", f"body over {max_body} bytes")
+            return too_large(request)
         try:
-            out = handle_payload(engine, bytes(body))
+            body = await request.read()  # the listener bounds its size (client_max_size) and time
+        except web.HTTPRequestEntityTooLarge:
+            return too_large(request)
+        if len(body) > max_body:
+            return too_large(request)
+        try:
+            out = handle_payload(engine, body)
         except WebhookError as exc:
             return _reject(request, engine, exc.status, exc.result, str(exc))
         engine.count_webhook("accepted" if out["accepted"] else "duplicate")
         return web.json_response(out, status=200)
 
-    async def incidents(request: web.Request) -> web.Response:
-        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
+    @reader
+    async def incidents(request: web.Request, who: str) -> web.Response:
         return web.json_response(engine.incidents_view())
 
-    async def approve(request: web.Request) -> web.Response:
-        if not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
-        done = engine.approve(request.match_info["id"], who=_who(request))
+    @admin
+    async def approve(request: web.Request, who: str) -> web.Response:
+        done = engine.approve(request.match_info["id"], who=who)
         if not done:
             return web.json_response({"error": "nothing pending under that id"}, status=404)
-        return web.json_response({"approved": done})
+        return web.json_response({"approved": done, "by": who})
 
-    async def journal(request: web.Request) -> web.Response:
-        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
+    @reader
+    async def journal(request: web.Request, who: str) -> web.Response:
         try:
-            limit = min(int(request.query.get("limit", "200")), 5000)
-        except ValueError:
-            return web.json_response({"error": "limit must be an integer"}, status=400)
+            limit = journal_limit(request.query.get("limit"))
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
         # a read of the file: on a thread, so a slow state disk never holds the event loop
         rows = [_entry_dict(e) for e in await asyncio.to_thread(engine.journal.entries, limit=limit)]
         return web.json_response({"entries": rows})
 
-    async def breaker_reset(request: web.Request) -> web.Response:
-        if not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
-        return web.json_response({"was_open": engine.reset_breaker(who=_who(request))})
+    @admin
+    async def breaker_reset(request: web.Request, who: str) -> web.Response:
+        return web.json_response({"was_open": engine.reset_breaker(who=who), "by": who})
 
-    async def close(request: web.Request) -> web.Response:
-        if not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
+    @admin
+    async def close(request: web.Request, who: str) -> web.Response:
         reject = request.match_info["verb"] == "reject"
-        inc = engine.close_by_person(request.match_info["id"], _who(request), reject=reject)
+        inc = engine.close_by_person(request.match_info["id"], who, reject=reject)
         if inc is None:
             return web.json_response({"error": "no open incident under that id"}, status=404)
         return web.json_response({"id": inc.id, "state": inc.state, "resolution": inc.detail.get("resolution"),
                                   "by": inc.detail.get("closed_by")})
 
-    async def maintenance_get(request: web.Request) -> web.Response:
-        if _resolve(admin_token) is not None and not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
+    @reader
+    async def maintenance_get(request: web.Request, who: str) -> web.Response:
         return web.json_response({"maintenance": engine.maintenance.view()})
 
-    async def maintenance_set(request: web.Request) -> web.Response:
-        if not _authorized(request, admin_token):
-            return web.json_response({"error": "unauthorized"}, status=401)
+    @admin
+    async def maintenance_set(request: web.Request, who: str) -> web.Response:
         try:
             body = await request.json()
             node = body.get("node") or engine.identity.node
@@ -132,9 +121,9 @@ def add_remediation_routes(app: web.Application, engine, admin_token: TokenSourc
                 raise ValueError("node must be a string, on a boolean, until a number (epoch seconds) or null")
             if node not in (engine.inventory.nodes or [engine.identity.node]):
                 raise ValueError(f"node: {node!r} is not in this rack's inventory")
-            view = engine.maintenance.set(node, on, _who(request), until)
+            view = engine.maintenance.set(node, on, who, until)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            return web.json_response({"error": f"bad maintenance request: {exc}"}, status=400)
+            return web.json_response({"error": f"bad maintenance request: {terminal_safe(str(exc))}"}, status=400)
         return web.json_response({"maintenance": view})
 
     app.router.add_post("/api/v1/alerts", alerts)
@@ -163,7 +152,8 @@ def _call(base_url: str, path: str, token_file: Path | str | None, method: str =
         print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
         return 2
     if status != 200:
-        print(f"error: {status} {(data or {}).get('error', '')}", file=sys.stderr)
+        why = data.get("error", "") if isinstance(data, dict) else ""
+        print(f"error: {status} {terminal_safe(why)}", file=sys.stderr)
         return 1
     return data
 
@@ -176,6 +166,7 @@ def _table(rows: list[list[str]], out=None) -> None:
     out = out or sys.stdout
     if not rows:
         return
+    rows = [[terminal_safe(c) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip(), file=out)
@@ -190,9 +181,9 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
         rows.append([inc["id"], inc["detector"], ",".join(f"{k}={v}" for k, v in sorted(inc["targets"].items())),
                      inc["severity"], inc["state"], _fmt_ts(inc["opened_at"]), f"{inc['duration_seconds']:.1f}",
                      inc.get("playbook") or "-"])
-    print(f"mode: {data['mode']}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
+    print(f"mode: {terminal_safe(data['mode'])}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
     for node, m in data.get("maintenance", {}).items():
-        print(f"maintenance: {node} (by {m['by']}, until {_fmt_ts(m['until'])})")
+        print(terminal_safe(f"maintenance: {node} (by {m['by']}, until {_fmt_ts(m['until'])})"))
     _table(rows)
     if data["pending_approvals"]:
         print("\npending approvals (supernode-agent approve ID):")
@@ -207,7 +198,7 @@ def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | st
     if isinstance(data, int):
         return data
     for aid in data["approved"]:
-        print(f"approved {aid}")
+        print(f"approved {terminal_safe(aid)}")
     return 0
 
 

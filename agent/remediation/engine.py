@@ -24,7 +24,8 @@ from .actions import ActionError, ActionResult, parse_target, target_str
 from .calls import NVML
 from .blast import SCHEDULER_UNREACHABLE, check_drain
 from .decisions import LoggedJournal
-from .detectors import Context, Detectors, Event
+from .journal import Journal
+from .detectors import Context, Detectors
 from .guardrails import MONOTONIC, Guardrails
 from .incidents import Incident, IncidentBook
 from .maintenance import Maintenance
@@ -120,6 +121,7 @@ class RemediationEngine:
         self.actions_total: dict[tuple[str, str, str], int] = {}
         self.blocked_total: dict[tuple[str, str], int] = {}
         self.webhook_total: dict[str, int] = {}
+        self.webhook_ignored: dict[str, int] = {}  # alerts (not requests) dropped by reason
         self.first_action_at: float | None = None
 
     # -- construction ------------------------------------------------------------
@@ -703,6 +705,9 @@ class RemediationEngine:
 
     def count_webhook(self, result: str) -> None:
         self.webhook_total[result] = self.webhook_total.get(result, 0) + 1
+
+    def count_webhook_ignored(self, reason: str) -> None:
+        self.webhook_ignored[reason] = self.webhook_ignored.get(reason, 0) + 1
 
     def collector(self):
         from .metrics import RemediationCollector

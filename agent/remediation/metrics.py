@@ -95,3 +95,9 @@ class RemediationCollector:
             if r not in ("accepted", "unauthorized", "invalid", "duplicate"):
                 hooks.add_metric([r], n)
         yield hooks
+        ignored = CounterMetricFamily("supernode_webhook_alerts_ignored",
+                                      "Alerts not acted on: unknown alertname or incident cap (count).",
+                                      labels=["reason"])
+        for r in ("unknown_alertname", "incident_cap"):
+            ignored.add_metric([r], e.webhook_ignored.get(r, 0))
+        yield ignored

@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.validation import error_lines
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "playbooks"
@@ -118,9 +118,9 @@ def load_playbooks(directory: Path | None = None) -> list[Playbook]:
     books: list[Playbook] = []
     for path in paths:
         try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise PlaybookError(f"{path}: not valid YAML: {exc}") from None
+            data = load_yaml_file(path, "playbook")
+        except InputError as exc:
+            raise PlaybookError(str(exc)) from None
         try:
             books.append(Playbook.model_validate(data))
         except ValidationError as err:

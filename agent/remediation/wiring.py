@@ -116,7 +116,8 @@ def attach(agent: "Agent") -> None:
     agent.extra_collectors.append(_CurrentCollector(hook))
     cfg = agent.loaded.config
     agent.route_mounts.append(lambda app: add_remediation_routes(
-        app, _CurrentEngine(hook), hook.admin_token, hook.webhook_token, cfg.listen.max_body_bytes))
+        app, _CurrentEngine(hook), hook.admin_tokens, hook.webhook_token, cfg.listen.max_body_bytes,
+        open_reads=lambda: hook.loaded.config.auth.open_reads))
 
 
 class _CurrentEngine:
@@ -161,8 +162,9 @@ class RemediationHook:
     def on_snapshot(self, snap: Any, origin: str) -> None:
         self.engine.on_snapshot(snap, origin)
 
-    def admin_token(self) -> Any:
-        return _token(self.loaded, self.loaded.config.remediation.admin_token_secret, "admin_token")
+    def admin_tokens(self) -> Any:
+        """Name -> admin token of the config running now (auth.admin_tokens and the legacy secret)."""
+        return self.loaded.admin_tokens
 
     def webhook_token(self) -> Any:
         return _token(self.loaded, self.loaded.config.remediation.webhook_token_secret, "webhook_token")
