@@ -22,6 +22,7 @@ from agent.runtime import ScheduledSource, SourceScheduler
 from agent.sdnotify import Notifier
 from agent.snapshot import SnapshotStore
 from agent.sources import build_sources
+from exporters.model import gauge
 
 log = logging.getLogger("supernode.agent")
 
@@ -188,6 +189,10 @@ class Agent:
             log.error("clean stop took too long; exiting anyway")
 
 
+REMEDIATION_DEGRADED = gauge("supernode_remediation_degraded",
+                             "1 while remediation is not running (see /readyz for why); observation continues.")
+
+
 class RemediationHealth:
     """`supernode_remediation_degraded`: 1 while remediation is not running (the agent still observes)."""
 
@@ -200,9 +205,7 @@ class RemediationHealth:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        yield GaugeMetricFamily("supernode_remediation_degraded",
-                                "1 while remediation is not running (see /readyz for why); observation continues.",
-                                value=1 if self.reason() else 0)
+        yield GaugeMetricFamily(REMEDIATION_DEGRADED.name, REMEDIATION_DEGRADED.help, value=1 if self.reason() else 0)
 
 
 def run(config_path: Path) -> int:

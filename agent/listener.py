@@ -25,10 +25,17 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporters.model import counter, gauge
+
 log = logging.getLogger("supernode.http")
 
 FD_RESERVE = 128  # descriptors left for the journal, device sockets, subprocess pipes, logs
 ACCEPT_BACKLOG = 100  # asyncio accepts up to this many sockets in one go, before any can be closed
+
+HTTP_CONNECTIONS = gauge("supernode_http_connections", "Open HTTP connections (count).")
+HTTP_CONNECTIONS_MAX = gauge("supernode_http_connections_max", "Connection cap in force, under the file limit (count).")
+HTTP_CLOSED = counter("supernode_http_connections_closed_total",
+                      "Connections the listener closed to protect itself, by reason (count).", ("reason",))
 
 
 def connection_cap(configured: int) -> int:
@@ -201,13 +208,10 @@ class ConnectionGuard:
 
         class _Collector(Collector):
             def collect(self) -> Iterator[Metric]:
-                yield GaugeMetricFamily("supernode_http_connections", "Open HTTP connections (count).",
-                                        value=len(guard.conns))
-                yield GaugeMetricFamily("supernode_http_connections_max",
-                                        "Connection cap in force, under the file limit (count).", value=guard.cap)
-                closed = CounterMetricFamily("supernode_http_connections_closed",
-                                             "Connections the listener closed to protect itself, by reason (count).",
-                                             labels=["reason"])
+                yield GaugeMetricFamily(HTTP_CONNECTIONS.name, HTTP_CONNECTIONS.help, value=len(guard.conns))
+                yield GaugeMetricFamily(HTTP_CONNECTIONS_MAX.name, HTTP_CONNECTIONS_MAX.help, value=guard.cap)
+                closed = CounterMetricFamily(HTTP_CLOSED.name.removesuffix("_total"), HTTP_CLOSED.help,
+                                             labels=list(HTTP_CLOSED.labels))
                 for reason, n in sorted(guard.closed_total.items()):
                     closed.add_metric([reason], n)
                 yield closed

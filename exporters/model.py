@@ -27,6 +27,7 @@ class Kind(str, enum.Enum):
     GAUGE = "gauge"
     COUNTER = "counter"
     INFO = "info"
+    HISTOGRAM = "histogram"  # agent-side families only (incident durations); never a device reading
 
 
 # Base units a metric name may end in (longest first, so `_cubic_meters_per_second` wins over `_second`).
@@ -66,6 +67,10 @@ def gauge(name: str, help: str, labels: Iterable[str] = (), unit: str = "") -> M
 
 def counter(name: str, help: str, labels: Iterable[str] = (), unit: str = "") -> MetricSpec:
     return MetricSpec(name, Kind.COUNTER, help, tuple(labels), unit)
+
+
+def histogram(name: str, help: str, labels: Iterable[str] = (), unit: str = "") -> MetricSpec:
+    return MetricSpec(name, Kind.HISTOGRAM, help, tuple(labels), unit)
 
 
 def info(name: str, help: str, labels: Iterable[str] = ()) -> MetricSpec:

@@ -1,17 +1,77 @@
-"""The prometheus_client collector for incidents and remediation (names per METRICS.md).
+"""The remediation families: declared once here (docs/metrics.md is generated from them), rendered per scrape.
 
 Why a custom collector: the values live in the engine (incident book,
 counters); `collect()` renders them fresh on each scrape and is registered
 on the agent's explicit registry, never the global one.
+
+Why known label values start at zero: a quiet rack must show "0 actions,
+0 blocks" on its dashboards, not "No data", and `increase()` must see a
+series' first event; so every (playbook, action), (playbook, guardrail),
+detector and outcome the agent can produce is exported from the start.
 """
 
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from .incidents import DURATION_BUCKETS
+from exporters.model import Kind, MetricSpec, counter, gauge, histogram
+
+from .blast import SCHEDULER_UNREACHABLE
+from .incidents import DURATION_BUCKETS, OUTCOMES
 
 MODES = ("observe", "dry-run", "enforce")
+SEVERITIES = ("warning", "critical")
+ACTION_RESULTS = ("done", "failed")  # the others (dry_run, undone, blocked...) appear with their first event
+GUARDRAILS = ("circuit_breaker", "rate_limit", "cooldown", "blast_radius", "approval", "mode", "maintenance",
+              SCHEDULER_UNREACHABLE)
+WEBHOOK_RESULTS = ("accepted", "unauthorized", "invalid", "duplicate")
+IGNORED_REASONS = ("unknown_alertname", "incident_cap")
+
+INCIDENT_OPEN = gauge("supernode_incident_open", "Open incidents (count).", ("detector", "severity"))
+INCIDENTS = counter("supernode_incidents_total", "Incidents opened (count).", ("detector", "severity"))
+INCIDENT_OUTCOMES = counter("supernode_incident_outcomes_total",
+                            "Playbook outcomes (mitigated only when every required effect was read back).",
+                            ("detector", "outcome"))
+INCIDENT_DURATION = histogram("supernode_incident_duration_seconds",
+                              "Duration from open to resolved of really mitigated incidents (seconds); MTTR.",
+                              ("detector",))
+ACTIONS = counter("supernode_remediation_actions_total", "Remediation decisions by result (count).",
+                  ("playbook", "action", "result"))
+BLOCKED = counter("supernode_remediation_blocked_total", "Actions stopped by a guardrail (count).",
+                  ("playbook", "guardrail"))
+PENDING = gauge("supernode_remediation_pending_approvals", "Steps waiting for approval (count).")
+MODE = gauge("supernode_remediation_mode", "Active remediation mode (1 for the active one).", ("mode",))
+BREAKER = gauge("supernode_remediation_circuit_breaker_open", "1 while the circuit breaker is open (reset by a person).")
+JOURNAL_WRITABLE = gauge("supernode_journal_writable",
+                         "1 while the journal's last write succeeded; 0 while rows wait in memory.")
+JOURNAL_ERRORS = counter("supernode_journal_errors_total", "Failed journal write attempts (count).")
+JOURNAL_PENDING = gauge("supernode_journal_pending_entries", "Journal rows accepted but not yet on disk (count).")
+JOURNAL_MOVED = gauge("supernode_journal_moved_aside",
+                      "1 if an unreadable journal was moved aside at this start (a fresh one opened).")
+MAINTENANCE = gauge("supernode_remediation_maintenance",
+                    "1 while a person has the node in maintenance (observed, not acted on).", ("node",))
+WEBHOOK = counter("supernode_webhook_requests_total", "Alertmanager webhook requests by result (count).", ("result",))
+WEBHOOK_IGNORED = counter("supernode_webhook_alerts_ignored_total",
+                          "Alerts not acted on: unknown alertname or incident cap (count).", ("reason",))
+
+
+def _family(spec: MetricSpec, value: float | None = None):
+    """The prometheus_client family of a spec (its exposition name without `_total`, as the library wants)."""
+    labels = list(spec.labels)
+    if spec.kind is Kind.COUNTER:
+        name = spec.name.removesuffix("_total")
+        return CounterMetricFamily(name, spec.help, value=value) if value is not None else \
+            CounterMetricFamily(name, spec.help, labels=labels)
+    if spec.kind is Kind.HISTOGRAM:
+        return HistogramMetricFamily(spec.name, spec.help, labels=labels)
+    return GaugeMetricFamily(spec.name, spec.help, value=value) if value is not None else \
+        GaugeMetricFamily(spec.name, spec.help, labels=labels)
+
+
+def _zeroed(counts: dict, known, zero=0) -> dict:
+    out = {key: zero for key in known}
+    out.update(counts)
+    return dict(sorted(out.items()))
 
 
 class RemediationCollector:
@@ -23,81 +83,59 @@ class RemediationCollector:
 
     def collect(self):
         e = self.engine
-        open_ = GaugeMetricFamily("supernode_incident_open", "Open incidents (count).", labels=["detector", "severity"])
+        detectors = sorted(set(e.detectors.trackers) | {b.trigger.detector for b in e.playbooks if b.trigger.detector})
+        open_ = _family(INCIDENT_OPEN)
         counts: dict[tuple[str, str], int] = {}
         for inc in e.incidents.open_incidents():
             counts[(inc.detector, inc.severity)] = counts.get((inc.detector, inc.severity), 0) + 1
-        for key in e.incidents.opened_total:
-            counts.setdefault(key, 0)
-        for key, n in sorted(counts.items()):
+        known = [(d, s) for d in detectors for s in SEVERITIES] + list(e.incidents.opened_total)
+        for key, n in _zeroed(counts, known).items():
             open_.add_metric(list(key), n)
         yield open_
-        total = CounterMetricFamily("supernode_incidents", "Incidents opened (count).", labels=["detector", "severity"])
-        for key, n in sorted(e.incidents.opened_total.items()):
+        total = _family(INCIDENTS)
+        for key, n in _zeroed(e.incidents.opened_total, known).items():
             total.add_metric(list(key), n)
         yield total
-        outcomes = CounterMetricFamily("supernode_incident_outcomes",
-                                       "Playbook outcomes (mitigated only when every required effect was read back).",
-                                       labels=["detector", "outcome"])
-        for key, n in sorted(e.incidents.outcomes_total.items()):
+        outcomes = _family(INCIDENT_OUTCOMES)
+        for key, n in _zeroed(e.incidents.outcomes_total, [(d, o) for d in detectors for o in OUTCOMES]).items():
             outcomes.add_metric(list(key), n)
         yield outcomes
-        hist = HistogramMetricFamily("supernode_incident_duration_seconds",
-                                     "Duration from open to resolved of really mitigated incidents (seconds); MTTR.",
-                                     labels=["detector"])
-        for det, (buckets, s, c) in sorted(e.incidents.durations.items()):
+        hist = _family(INCIDENT_DURATION)
+        empty = ([0] * len(DURATION_BUCKETS), 0.0, 0)
+        for det, (buckets, s, c) in _zeroed(e.incidents.durations, detectors, empty).items():
             pairs = [(str(float(b)), n) for b, n in zip(DURATION_BUCKETS, buckets)] + [("+Inf", c)]
             hist.add_metric([det], pairs, s)
         yield hist
-        acts = CounterMetricFamily("supernode_remediation_actions", "Remediation decisions by result (count).",
-                                   labels=["playbook", "action", "result"])
-        for key, n in sorted(e.actions_total.items()):
+        acts = _family(ACTIONS)
+        steps = {(b.name, s.action) for b in e.playbooks for s in b.steps}
+        for key, n in _zeroed(e.actions_total, [(b, a, r) for b, a in steps for r in ACTION_RESULTS]).items():
             acts.add_metric(list(key), n)
         yield acts
-        blocked = CounterMetricFamily("supernode_remediation_blocked", "Actions stopped by a guardrail (count).",
-                                      labels=["playbook", "guardrail"])
-        for key, n in sorted(e.blocked_total.items()):
+        blocked = _family(BLOCKED)
+        for key, n in _zeroed(e.blocked_total, [(b.name, g) for b in e.playbooks for g in GUARDRAILS]).items():
             blocked.add_metric(list(key), n)
         yield blocked
-        yield GaugeMetricFamily("supernode_remediation_pending_approvals", "Steps waiting for approval (count).",
-                                value=len(e.pending))
-        mode = GaugeMetricFamily("supernode_remediation_mode", "Active remediation mode (1 for the active one).",
-                                 labels=["mode"])
+        yield _family(PENDING, len(e.pending))
+        mode = _family(MODE)
         for m in MODES:
             mode.add_metric([m], 1 if m == e.mode else 0)
         yield mode
-        yield GaugeMetricFamily("supernode_remediation_circuit_breaker_open",
-                                "1 while the circuit breaker is open (reset by a person).",
-                                value=1 if e.guard.breaker_open else 0)
+        yield _family(BREAKER, 1 if e.guard.breaker_open else 0)
         j = e.journal
-        yield GaugeMetricFamily("supernode_journal_writable",
-                                "1 while the journal's last write succeeded; 0 while rows wait in memory.",
-                                value=1 if j.writable else 0)
-        yield CounterMetricFamily("supernode_journal_errors", "Failed journal write attempts (count).",
-                                  value=j.errors_total)
-        yield GaugeMetricFamily("supernode_journal_pending_entries",
-                                "Journal rows accepted but not yet on disk (count).", value=j.pending)
-        yield GaugeMetricFamily("supernode_journal_moved_aside",
-                                "1 if an unreadable journal was moved aside at this start (a fresh one opened).",
-                                value=1 if j.moved_aside is not None else 0)
-        maint = GaugeMetricFamily("supernode_remediation_maintenance",
-                                  "1 while a person has the node in maintenance (observed, not acted on).",
-                                  labels=["node"])
+        yield _family(JOURNAL_WRITABLE, 1 if j.writable else 0)
+        yield _family(JOURNAL_ERRORS, j.errors_total)
+        yield _family(JOURNAL_PENDING, j.pending)
+        yield _family(JOURNAL_MOVED, 1 if j.moved_aside is not None else 0)
+        maint = _family(MAINTENANCE)
         in_maint = e.maintenance.view()
         for node in sorted(set(e.inventory.nodes or [e.identity.node]) | set(in_maint)):
             maint.add_metric([node], 1 if node in in_maint else 0)
         yield maint
-        hooks = CounterMetricFamily("supernode_webhook_requests", "Alertmanager webhook requests by result (count).",
-                                    labels=["result"])
-        for r in ("accepted", "unauthorized", "invalid", "duplicate"):
-            hooks.add_metric([r], e.webhook_total.get(r, 0))
-        for r, n in sorted(e.webhook_total.items()):
-            if r not in ("accepted", "unauthorized", "invalid", "duplicate"):
-                hooks.add_metric([r], n)
+        hooks = _family(WEBHOOK)
+        for (r,), n in _zeroed({(k,): v for k, v in e.webhook_total.items()}, [(r,) for r in WEBHOOK_RESULTS]).items():
+            hooks.add_metric([r], n)
         yield hooks
-        ignored = CounterMetricFamily("supernode_webhook_alerts_ignored",
-                                      "Alerts not acted on: unknown alertname or incident cap (count).",
-                                      labels=["reason"])
-        for r in ("unknown_alertname", "incident_cap"):
-            ignored.add_metric([r], e.webhook_ignored.get(r, 0))
+        ignored = _family(WEBHOOK_IGNORED)
+        for (r,), n in _zeroed({(k,): v for k, v in e.webhook_ignored.items()}, [(r,) for r in IGNORED_REASONS]).items():
+            ignored.add_metric([r], n)
         yield ignored
