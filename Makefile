@@ -33,7 +33,10 @@ peers:
 demo: $(STAMP) peers
 	$(VENV)/bin/supernode-agent demo $(DEMO_ARGS)
 
-test: $(STAMP) peers
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) peers lint
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The property-based tests with the deep hypothesis profile (many random examples; minutes, not seconds).

@@ -226,10 +226,12 @@ class DomSettings(SourceSettings):
 
     interval: float = Field(default=30.0, gt=0, le=3600, description="Seconds between polls.")
     timeout: float = Field(default=10.0, gt=0, le=600, description="Seconds one poll may take.")
-    dom_dir: Path | None = Field(default=None, description="Read <dom_dir>/<netdev>.txt (ethtool -m text, e.g. the simulator's) instead of running ethtool.")
+    dom_dir: Path | None = Field(default=None, description=(
+        "Read <dom_dir>/<netdev>.txt (ethtool -m text, e.g. the simulator's) instead of running ethtool."))
     ethtool: str = Field(default="ethtool", min_length=1, description="ethtool binary for module EEPROM reads.")
     concurrency: int = Field(default=4, ge=1, le=64, description="Modules read at the same time.")
-    module_timeout: float = Field(default=2.0, gt=0, le=60, description="Seconds one module read may take; a slower module is a partial error.")
+    module_timeout: float = Field(default=2.0, gt=0, le=60, description=(
+        "Seconds one module read may take; a slower module is a partial error."))
 
 
 class Sources(Strict):
@@ -239,7 +241,8 @@ class Sources(Strict):
     cdu: SafetySourceSettings = SafetySourceSettings(interval=5.0, timeout=2.0)
     leak: SafetySourceSettings = SafetySourceSettings(interval=0.5, timeout=0.4)
     pdu: SourceSettings = SourceSettings(interval=5.0, timeout=3.0)
-    stale_after_intervals: float = Field(default=2.0, ge=1.0, description="Drop a source's readings after this many missed intervals.")
+    stale_after_intervals: float = Field(default=2.0, ge=1.0, description=(
+        "Drop a source's readings after this many missed intervals."))
     sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")
 
 

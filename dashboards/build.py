@@ -274,7 +274,8 @@ def power() -> Dashboard:
             (f"max by (rack, pdu, inlet, phase) (supernode_pdu_phase_voltage_volts{{{RACK}}})", inlet + " {{phase}}")]),
         ts("Outlet power by node", "watt", [
             (f"max by (rack, pdu, outlet) (supernode_pdu_outlet_power_watts{{{RACK}}})"
-             f" * on (rack, pdu, outlet) group_left (feeds) max by (rack, pdu, outlet, feeds) (supernode_pdu_outlet_info{{{RACK}}})",
+             f" * on (rack, pdu, outlet) group_left (feeds)"
+             f" max by (rack, pdu, outlet, feeds) (supernode_pdu_outlet_info{{{RACK}}})",
              "{{feeds}} ({{pdu}}/{{outlet}})")]),
         ts("GPU power by node", "watt", [(f"node:supernode_gpu_power_watts:sum{{{NODE}}}", "{{node}}")]),
         ts("Energy used per hour (kWh)", "kwatth", [

@@ -202,7 +202,8 @@ class Profile(_Strict):
                 data["labels"] = {key: v.replace("{i}", str(i)) for key, v in p.labels.items()}
                 data["channel"] = (p.channel if p.channel is not None else r.first) + k
                 if p.bits:
-                    data["bits"] = {b: {**bit.model_dump(), "labels": {kk: vv.replace("{i}", str(i)) for kk, vv in bit.labels.items()}}
+                    data["bits"] = {b: {**bit.model_dump(),
+                                        "labels": {kk: vv.replace("{i}", str(i)) for kk, vv in bit.labels.items()}}
                                     for b, bit in p.bits.items()}
                 out.append(Point.model_validate(data))
         return out

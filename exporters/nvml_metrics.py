@@ -9,10 +9,12 @@ L = ("gpu", "uuid", "link")
 
 GPU_INFO = info("supernode_gpu_info", "Static facts of a GPU (value 1).",
                 G + ("name", "serial", "pci_bus_id", "vbios", "driver", "cuda"))
-GPU_UP = gauge("supernode_gpu_up", "1 if the GPU answers NVML; 0 if lost (GPU_IS_LOST), hung, or missing against the inventory.", G)
-GPU_HUNG = gauge("supernode_gpu_hung", "1 while the GPU's NVML calls overrun the per-GPU time budget (skipped until a probe answers).", G)
-TEMPERATURE = gauge("supernode_gpu_temperature_celsius", "GPU die (sensor=gpu) or HBM (sensor=memory) temperature in degrees Celsius.",
-                    G + ("sensor",), "celsius")
+GPU_UP = gauge("supernode_gpu_up",
+               "1 if the GPU answers NVML; 0 if lost (GPU_IS_LOST), hung, or missing against the inventory.", G)
+GPU_HUNG = gauge("supernode_gpu_hung",
+                 "1 while the GPU's NVML calls overrun the per-GPU time budget (skipped until a probe answers).", G)
+TEMPERATURE = gauge("supernode_gpu_temperature_celsius",
+                    "GPU die (sensor=gpu) or HBM (sensor=memory) temperature in degrees Celsius.", G + ("sensor",), "celsius")
 THRESHOLD = gauge("supernode_gpu_temperature_threshold_celsius", "Driver temperature thresholds in degrees Celsius.",
                   G + ("threshold",), "celsius")
 POWER = gauge("supernode_gpu_power_watts", "GPU power draw in watts.", G, "watts")

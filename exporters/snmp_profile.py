@@ -109,7 +109,8 @@ class MetricMap(_Strict):
     table: str
     column: str
     where: dict[str, int] = Field(default_factory=dict)
-    when: dict[str, list[int]] = Field(default_factory=dict, description="Keep rows whose column (of the same table) has one of these values.")
+    when: dict[str, list[int]] = Field(default_factory=dict, description=(
+        "Keep rows whose column (of the same table) has one of these values."))
     labels: dict[str, str] = Field(default_factory=dict)
     unit: str = Field(min_length=1, description="The device's unit (documentation: W, 0.1 A, Wh, hundredths of kW...).")
     scale: float = 1.0

@@ -19,8 +19,8 @@ class NotifyAction:
     async def plan(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
         if not self.url:
             raise ActionError("notify: no remediation.notify_url configured", permanent=True)
-        return {"before": {}, "event": {"message": params.get("message", ""), **{k: v for k, v in ctx.items()
-                                                                                  if isinstance(v, (str, int, float, dict, list))}}}
+        facts = {k: v for k, v in ctx.items() if isinstance(v, (str, int, float, dict, list))}
+        return {"before": {}, "event": {"message": params.get("message", ""), **facts}}
 
     async def apply(self, target, params, ctx, plan) -> ActionResult:
         try:
