@@ -132,3 +132,17 @@ def test_playbooks_are_checked_with_the_config(tmp_path):
     cfg["remediation"]["playbook_dir"] = str(tmp_path / "missing")
     assert "not a directory" in error_of(cfg, tmp_path)
 
+
+
+def test_a_partial_source_section_keeps_that_sources_own_defaults(tmp_path):
+    """`leak: {timeout: 0.3}` must not slow leak polling to the generic 5 s (nor `dom:` speed DOM up to it)."""
+    from agent.config import load_config
+
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(yaml.safe_dump({"agent": {"rack": "r1", "node": "n1", "state_dir": str(tmp_path / "state")},
+                                   "sources": {"leak": {"timeout": 0.3}, "dom": {"concurrency": 2},
+                                               "pdu": {"interval": 10}}}))
+    s = load_config(cfg).config.sources
+    assert (s.leak.interval, s.leak.timeout, s.leak.max_backoff) == (0.5, 0.3, 2.0)
+    assert (s.dom.interval, s.dom.timeout) == (30.0, 10.0)
+    assert (s.pdu.interval, s.pdu.timeout) == (10, 3.0)
