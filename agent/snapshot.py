@@ -73,8 +73,13 @@ class Snapshot:
     readings: tuple[Reading, ...]
     sources: tuple[SourceState, ...]
     by_name: dict[str, list[Reading]] = field(default_factory=dict, compare=False, repr=False)
+    # When it was taken on a clock that never jumps: detector holds and windows measure time with it, so a
+    # wall-clock step (NTP, a person's `date -s`) neither fires nor clears anything. Default: taken_at.
+    monotonic: float | None = None
 
     def __post_init__(self) -> None:
+        if self.monotonic is None:
+            object.__setattr__(self, "monotonic", self.taken_at)
         if not self.by_name and self.readings:
             index: dict[str, list[Reading]] = {}
             for r in self.readings:
@@ -121,8 +126,10 @@ class SnapshotStore:
     scrape or timer.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.time):
+    def __init__(self, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] | None = None):
         self._lock = threading.Lock()
+        # A test that drives the wall clock drives hold times with it too.
+        self._mono = monotonic or (time.monotonic if clock is time.time else clock)
         self._states: dict[tuple[str, str], SourceState] = {}
         self._listeners: list[Listener] = []
         self._clock = clock
@@ -208,4 +215,4 @@ class SnapshotStore:
                         else:
                             by_name[name] = merged + family
                 states.append(state)
-        return Snapshot(now, tuple(readings), tuple(states), by_name)
+        return Snapshot(now, tuple(readings), tuple(states), by_name, self._mono())

@@ -198,3 +198,19 @@ def test_each_detector_declares_exactly_the_families_it_reads():
         read = families(functions[name], {name})
         assert read, textwrap.dedent(f"{name}: found no family; the check would pass vacuously")
         assert read == set(declared), (name, sorted(read ^ set(declared)))
+
+
+def test_hold_times_follow_the_monotonic_clock_not_a_wall_clock_step():
+    """A wall clock stepped an hour ahead between two polls must not satisfy a 60 s clear hold."""
+    d = Detectors(DetectorSettings(gpu_thermal={"fire_seconds": 0.0, "clear_seconds": 60.0}), Context("n1", "r01"))
+
+    def at(wall: float, mono: float, celsius: float) -> Snapshot:
+        temp = reading("supernode_gpu_temperature_celsius", celsius, wall, gpu="0", uuid="u", sensor="gpu")
+        limit = reading("supernode_gpu_temperature_threshold_celsius", 90.0, wall, gpu="0", uuid="u",
+                        threshold="slowdown")
+        return Snapshot(wall, (temp, limit), (), monotonic=mono)
+
+    assert [e.kind for e in d.evaluate(at(1000.0, 50.0, 89.0))] == ["fire"]
+    assert d.evaluate(at(1001.0, 51.0, 40.0)) == []
+    assert d.evaluate(at(4602.0, 52.0, 40.0)) == []  # NTP stepped an hour ahead; 1 s passed really: held
+    assert [e.kind for e in d.evaluate(at(4700.0, 112.0, 40.0))] == ["clear"]

@@ -189,7 +189,7 @@ class Detectors:
             tracker = self.trackers[obs.detector]
             if not getattr(tracker.hold, "enabled", True):
                 continue
-            kind = tracker.observe(obs, snap.taken_at)
+            kind = tracker.observe(obs, snap.monotonic)
             if kind:
                 events.append(Event(kind, obs.detector, dict(obs.targets), obs.severity, dict(obs.detail)))
         return events
@@ -288,7 +288,7 @@ class Detectors:
         new flow has settled, and no decision is taken meanwhile. Only healthy
         samples (at or above the clear ratio) feed the baseline.
         """
-        s, base, now = self.s, self.flow_baselines, snap.taken_at
+        s, base, now = self.s, self.flow_baselines, snap.monotonic
         cdu = flow.label("cdu")
         setpoint = snap.value("supernode_cdu_pump_speed_setpoint_ratio", cdu=cdu)
         if setpoint is not None:
@@ -436,9 +436,9 @@ class Detectors:
             why.setdefault(port, [])
             hist = self.flaps.setdefault(port, [])
             if not hist or hist[-1][1] != r.value:
-                hist.append((snap.taken_at, r.value))
-            window = [v for t, v in hist if snap.taken_at - t <= s.optic_flap_window_seconds]
-            hist[:] = [(t, v) for t, v in hist if snap.taken_at - t <= s.optic_flap_window_seconds] or hist[-1:]
+                hist.append((snap.monotonic, r.value))
+            window = [v for t, v in hist if snap.monotonic - t <= s.optic_flap_window_seconds]
+            hist[:] = [(t, v) for t, v in hist if snap.monotonic - t <= s.optic_flap_window_seconds] or hist[-1:]
             if len(window) >= 2 and window[-1] - window[0] >= s.optic_flaps:
                 why[port].append(f"{int(window[-1] - window[0])} flaps")
         for r in snap.select("supernode_link_errors_total", counter="symbol_error"):
