@@ -74,13 +74,15 @@ def recording(relpath: str) -> Path:
 
 
 def fill_filesystem(mnt: Path) -> Path:
-    """Write zeros into `mnt/filler` until the filesystem refuses (ENOSPC): a really full disk. Returns the file."""
+    """Write zeros into `mnt/filler` until the filesystem refuses even one more byte (ENOSPC): a really full
+    disk. Large writes first, then smaller ones: a partly refused large write leaves room a SQLite page fits in."""
     filler = mnt / "filler"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError:
-            pass
+    with open(filler, "wb", buffering=0) as f:
+        for chunk in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    if f.write(b"\0" * chunk) == 0:
+                        break
+            except OSError:
+                pass
     return filler
