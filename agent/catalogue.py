@@ -19,9 +19,8 @@ from exporters.model import MetricSpec
 REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = REPO / "docs" / "metrics.md"
 # Which source fills a family, by the module that declares it (first matching prefix wins).
-SOURCES = (("exporters.nvml", "nvml"), ("exporters.modbus", "modbus"), ("exporters.coolant", "modbus"),
-           ("exporters.pdu", "snmp"), ("exporters.snmp", "snmp"), ("exporters.dom", "links (ethtool -m)"),
-           ("exporters.links", "links (sysfs)"), ("exporters.ports", "links (sysfs)"),
+SOURCES = (("exporters.gpu", "nvml"), ("exporters.cooling", "modbus"), ("exporters.power", "snmp"),
+           ("exporters.links.dom", "links (ethtool -m)"), ("exporters.links", "links (sysfs)"),
            ("agent.remediation", "remediation"), ("agent.derived", "derived"), ("agent", "agent"))
 PACKAGES = ("exporters", "agent")
 SKIP = ("agent.sim", "agent.demo", "agent.catalogue")

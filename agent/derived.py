@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from agent.snapshot import Snapshot, SnapshotStore
-from exporters.modbus_metrics import LEAK_FAULT
+from exporters.cooling.modbus_metrics import LEAK_FAULT
 from exporters.model import PollResult, Reading
-from exporters.pdu import INLET_POWER, rack_power_readings
+from exporters.power.pdu import INLET_POWER, rack_power_readings
 
 if TYPE_CHECKING:
     from agent.config import LoadedConfig

@@ -18,7 +18,7 @@ class ProbeError(Exception):
 
 
 def _probe_nvml(args: argparse.Namespace) -> str:
-    from exporters.nvml import NvmlSource
+    from exporters.gpu.nvml import NvmlSource
     from exporters.render import render_probe
 
     if args.sim:
@@ -68,7 +68,7 @@ def _links_args(p: argparse.ArgumentParser) -> None:
 
 def _probe_links(args: argparse.Namespace) -> str:
     from agent.config import ConfigError, load_config
-    from exporters.links_probe import probe_links
+    from exporters.links.links_probe import probe_links
 
     try:
         cfg = load_config(args.config).config
@@ -100,8 +100,8 @@ def _modbus_args(p: argparse.ArgumentParser) -> None:
 
 
 def _probe_modbus(args: argparse.Namespace) -> str:
-    from exporters.modbus_probe import ProbeError as ModbusProbeError, probe_modbus
-    from exporters.modbus_profile import ProfileError
+    from exporters.cooling.modbus_probe import ProbeError as ModbusProbeError, probe_modbus
+    from exporters.cooling.modbus_profile import ProfileError
 
     host, port = _target(args.target)
     try:
@@ -140,11 +140,11 @@ def _read_secret(path: str | None) -> str | None:
 
 
 def _probe_snmp(args: argparse.Namespace) -> str:
-    from exporters.pdu import probe_snmp
-    from exporters.snmp_profile import ProfileError
+    from exporters.power.pdu import probe_snmp
+    from exporters.power.snmp_profile import ProfileError
 
     host, port = _target(args.target)
-    from exporters.snmp_client import MAX_REQUESTS, MAX_ROWS
+    from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS
 
     community = args.community or _read_secret(args.community_file)
     if not community and not args.v3_user:

@@ -36,7 +36,7 @@ def _nvml(loaded: LoadedConfig) -> list[ScheduledSource]:
     settings = cfg.sources.nvml
     if not settings.enabled:
         return []
-    from exporters.nvml import NvmlSource
+    from exporters.gpu.nvml import NvmlSource
 
     src = NvmlSource(nvml_library(loaded), cfg.inventory.gpus.count, cfg.inventory.gpus.nvlinks_per_gpu,
                      call_timeout=settings.timeout, xid_events=settings.xid_events, gpu_timeout=settings.gpu_timeout)
@@ -48,8 +48,8 @@ def _links(loaded: LoadedConfig) -> list[ScheduledSource]:
     s = cfg.sources
     if not cfg.inventory.ports:
         return []
-    from exporters.dom import DomSource, make_reader
-    from exporters.links import LinkSource
+    from exporters.links.dom import DomSource, make_reader
+    from exporters.links.links import LinkSource
 
     out: list[ScheduledSource] = []
     if s.links.enabled:
@@ -69,8 +69,8 @@ def _modbus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | Non
     s = cfg.sources
     if not (cfg.inventory.cdus or cfg.inventory.leak_controllers):
         return []
-    from exporters.coolant import CoolantProperties
-    from exporters.modbus import ModbusSource, has_leak_points
+    from exporters.cooling.coolant import CoolantProperties
+    from exporters.cooling.modbus import ModbusSource, has_leak_points
 
     out: list[ScheduledSource] = []
     for d in cfg.inventory.cdus:
@@ -95,8 +95,8 @@ def _pdus(loaded: LoadedConfig) -> list[ScheduledSource]:
     s = cfg.sources
     if not (cfg.inventory.pdus and s.pdu.enabled):
         return []
-    from exporters.pdu import PduSource
-    from exporters.snmp_client import SnmpCredentials
+    from exporters.power.pdu import PduSource
+    from exporters.power.snmp_client import SnmpCredentials
 
     def secret(name: str | None) -> str | None:
         return loaded.secret(name).get_secret_value() if name else None

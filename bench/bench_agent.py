@@ -37,7 +37,7 @@ from agent.exposition import build_registry, render_metrics  # noqa: E402
 from agent.nvml_twin import NvmlTwin  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from exporters.model import Kind  # noqa: E402
-from exporters.nvml import NvmlSource  # noqa: E402
+from exporters.gpu.nvml import NvmlSource  # noqa: E402
 from timing import median_wall_cpu  # noqa: E402
 
 GPUS, LINKS = 8, 18
@@ -143,7 +143,7 @@ def main() -> int:
         rss_start = _rss_kib(agent.pid)
         time.sleep(args.minutes * 60)
         rss_end = _rss_kib(agent.pid)
-        baseline = subprocess.run([sys.executable, "-c", "import agent.daemon, agent.sources, exporters.nvml, "
+        baseline = subprocess.run([sys.executable, "-c", "import agent.daemon, agent.sources, exporters.gpu.nvml, "
                                    "agent.nvml_twin, agent.remediation.wiring, resource; "
                                    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
                                   cwd=REPO, capture_output=True, text=True, check=True)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from agent.sim.links_tree import SimLinkTree
 from agent.sim.rack import RackModel
-from exporters.dom import DirReader, DomSource
-from exporters.links import LinkSource
+from exporters.links.dom import DirReader, DomSource
+from exporters.links.links import LinkSource
 from timing import median_wall_cpu
 
 PORTS = tuple((f"mlx5_{i}/1", "ib", f"ib{i}") for i in range(4)) + tuple((f"eth{i}", "eth", None) for i in range(4))

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporters.modbus import ModbusSource  # noqa: E402
-from exporters.modbus_profile import load_profile, plan_blocks  # noqa: E402
+from exporters.cooling.modbus import ModbusSource  # noqa: E402
+from exporters.cooling.modbus_profile import load_profile, plan_blocks  # noqa: E402
 
 DEVICES = (("cdu", "reference-cdu"), ("leak", "rle-ld2100"))
 MBPOLL_TABLE = {"coil": "0", "discrete": "1", "holding": "4", "input": "3"}

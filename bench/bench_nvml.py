@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.nvml_twin import NvmlTwin  # noqa: E402
 from exporters.model import Quality  # noqa: E402
-from exporters.nvml import NvmlSource  # noqa: E402
+from exporters.gpu.nvml import NvmlSource  # noqa: E402
 from timing import median_wall_cpu  # noqa: E402
 
 GPUS, LINKS = 8, 18

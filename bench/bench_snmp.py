@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporters.pdu import PduSource  # noqa: E402
-from exporters.snmp_client import SnmpCredentials  # noqa: E402
-from exporters.snmp_profile import load_profile  # noqa: E402
+from exporters.power.pdu import PduSource  # noqa: E402
+from exporters.power.snmp_client import SnmpCredentials  # noqa: E402
+from exporters.power.snmp_profile import load_profile  # noqa: E402
 
 SIM = r"""
 import asyncio, sys

@@ -11,7 +11,8 @@ import time
 from agent.remediation.detectors import Context, Detectors
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot
-from exporters import modbus_metrics, nvml_metrics
+from exporters.cooling import modbus_metrics
+from exporters.gpu import nvml_metrics
 from exporters.model import Quality, Reading
 
 SPECS = {**modbus_metrics.ALL, **{m.name: m for m in nvml_metrics.ALL}}
@@ -138,7 +139,7 @@ def test_leak_watch_marks_every_input_unknown_once_its_source_is_stale():
 
     from agent.derived import LeakWatchSource
     from agent.snapshot import SnapshotStore
-    from exporters.modbus import ModbusSource
+    from exporters.cooling.modbus import ModbusSource
 
     now = [1000.0]
     store = SnapshotStore(clock=lambda: now[0])

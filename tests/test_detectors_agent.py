@@ -14,8 +14,8 @@ import re
 from types import SimpleNamespace
 
 from agent.demo import agent_config
-from exporters.modbus import ModbusSource
-from exporters.modbus_control import write_control_point
+from exporters.cooling.modbus import ModbusSource
+from exporters.cooling.modbus_control import write_control_point
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
 from tests.simrack import sim_rack

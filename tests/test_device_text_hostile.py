@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters.dom import (OPTIC_RX, OPTIC_TEMP, OPTIC_TX, DirReader, DomSource, module_readings, parse_module)
-from exporters.links import LINK_CARRIER_CHANGES, LINK_ERRORS, LINK_RX_BYTES, LINK_SPEED, LINK_UP, LinkSource
+from exporters.links.dom import (OPTIC_RX, OPTIC_TEMP, OPTIC_TX, DirReader, DomSource, module_readings, parse_module)
+from exporters.links.links import LINK_CARRIER_CHANGES, LINK_ERRORS, LINK_RX_BYTES, LINK_SPEED, LINK_UP, LinkSource
 from exporters.model import Quality
-from exporters.ports import PortSpec
+from exporters.links.ports import PortSpec
 
 FIX = Path(__file__).parent / "fixtures" / "links"
 SFP = (FIX / "ethtool" / "sfp-10g-lr.txt").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from exporters.dom import OPTIC_ALARM, OPTIC_DOM, OPTIC_RX, OPTIC_THRESHOLD_DBM, module_readings, parse_module
+from exporters.links.dom import OPTIC_ALARM, OPTIC_DOM, OPTIC_RX, OPTIC_THRESHOLD_DBM, module_readings, parse_module
 from exporters.render import render_readings
 from tests.helpers import recording
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from exporters.dom import OPTIC_DOM, OPTIC_RX, DirReader, DomSource, EthtoolReader
+from exporters.links.dom import OPTIC_DOM, OPTIC_RX, DirReader, DomSource, EthtoolReader
 from exporters.model import SourceError
-from exporters.ports import PortSpec
+from exporters.links.ports import PortSpec
 from tests.helpers import require_binary, wait_for
 
 FIX = Path(__file__).parent / "fixtures" / "links" / "ethtool"

@@ -15,12 +15,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from bad_snmp_agent import _tlv, int_tlv, oid_tlv, response
-from exporters import modbus_codec, snmp_v2c
-from exporters.dom import module_readings, parse_module
-from exporters.links import parse_uint
+from exporters.cooling import modbus_codec
+from exporters.power import snmp_v2c
+from exporters.links.dom import module_readings, parse_module
+from exporters.links.links import parse_uint
 from exporters.model import Quality
-from exporters.snmp_decode import CounterTracker, decode
-from exporters.snmp_profile import load_profile
+from exporters.power.snmp_decode import CounterTracker, decode
+from exporters.power.snmp_profile import load_profile
 
 SUBID = st.integers(0, snmp_v2c.MAX_SUBID)
 OIDS = st.tuples(st.integers(0, 1), st.integers(0, 39)).flatmap(

@@ -10,7 +10,7 @@ from tests.helpers import REPO
 
 # What remediation may use from exporters: the shared model, file reading and validation, and the control
 # primitives it acts through.
-REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.safe_yaml", "exporters.nvml_control"}
+REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.safe_yaml", "exporters.gpu.nvml_control"}
 
 
 def imports(path: Path, module_level_only: bool = False) -> set[str]:
@@ -86,8 +86,8 @@ def test_a_v2c_only_agent_never_loads_pysnmp():
     import subprocess
     import sys
 
-    code = ("import sys, agent.daemon, agent.sources, exporters.pdu; "
-            "from exporters.snmp_client import SnmpClient, SnmpCredentials; "
+    code = ("import sys, agent.daemon, agent.sources, exporters.power.pdu; "
+            "from exporters.power.snmp_client import SnmpClient, SnmpCredentials; "
             "c = SnmpClient('127.0.0.1', 161, SnmpCredentials(community='public')); c.close(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pysnmp', 'pysmi', 'cryptography'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -11,9 +11,9 @@ from typing import Iterator
 
 import pytest
 
-from exporters.link_control import LinkControlError, isolate_link, read_link_state
-from exporters.links import LINK_CARRIER_CHANGES, LINK_FLAPS, LINK_UP, LinkSource
-from exporters.ports import PortSpec
+from exporters.links.link_control import LinkControlError, isolate_link, read_link_state
+from exporters.links.links import LINK_CARRIER_CHANGES, LINK_FLAPS, LINK_UP, LinkSource
+from exporters.links.ports import PortSpec
 from tests.helpers import ALLOW_MISSING_PEERS, require_binary, wait_for
 
 

@@ -13,11 +13,11 @@ import pytest
 
 from agent.sim.links_tree import SimLinkTree
 from agent.sim.rack import RackModel
-from exporters.dom import OPTIC_ALARM, OPTIC_RX, DirReader, DomSource
-from exporters.link_control import LinkControlError, isolate_link, read_link_state
-from exporters.links import LINK_ERRORS, LINK_FLAPS, LINK_RX_BYTES, LINK_SATURATED, LINK_UP, LinkSource
-from exporters.links_probe import probe_links
-from exporters.ports import PortSpec
+from exporters.links.dom import OPTIC_ALARM, OPTIC_RX, DirReader, DomSource
+from exporters.links.link_control import LinkControlError, isolate_link, read_link_state
+from exporters.links.links import LINK_ERRORS, LINK_FLAPS, LINK_RX_BYTES, LINK_SATURATED, LINK_UP, LinkSource
+from exporters.links.links_probe import probe_links
+from exporters.links.ports import PortSpec
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters.links import (LINK_CARRIER_CHANGES, LINK_ERRORS, LINK_FLAPS, LINK_IB_PHYS_STATE, LINK_RX_BYTES,
+from exporters.links.links import (LINK_CARRIER_CHANGES, LINK_ERRORS, LINK_FLAPS, LINK_IB_PHYS_STATE, LINK_RX_BYTES,
                              LINK_SATURATED, LINK_SPEED, LINK_UP, LinkSource)
 from exporters.model import Quality, SourceError
-from exporters.ports import PortSpec
+from exporters.links.ports import PortSpec
 
 FIX = Path(__file__).parent / "fixtures" / "links" / "sysfs"
 IB = [PortSpec(f"mlx5_{i}/1", "ib") for i in range(4)]

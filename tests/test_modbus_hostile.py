@@ -17,8 +17,8 @@ import contextlib
 import pytest
 
 from bad_modbus_server import BadModbusServer
-from exporters.modbus import ModbusSource
-from exporters.modbus_client import gateway_for, release_gateway
+from exporters.cooling.modbus import ModbusSource
+from exporters.cooling.modbus_client import gateway_for, release_gateway
 from exporters.model import SourceError
 
 

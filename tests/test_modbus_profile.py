@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from exporters import coolant
-from exporters.modbus_codec import decode, encode
-from exporters.modbus_profile import ProfileError, list_profiles, load_profile, parse_profile, plan_blocks
+from exporters.cooling import coolant
+from exporters.cooling.modbus_codec import decode, encode
+from exporters.cooling.modbus_profile import ProfileError, list_profiles, load_profile, parse_profile, plan_blocks
 
 BASE = {"name": "t", "kind": "cdu", "vendor": "v", "model": "m", "sources": ["test"]}
 

@@ -12,12 +12,12 @@ import yaml
 
 from agent.sim.modbus_devices import SimModbusDevice
 from agent.sim.rack import RackModel
-from exporters import modbus_metrics as mm
-from exporters.modbus import ModbusSource
-from exporters.modbus_control import write_control_point
-from exporters.modbus_probe import ProbeError, probe_modbus
-from exporters.modbus_codec import decode
-from exporters.modbus_profile import PROFILE_DIR, list_profiles, load_profile, parse_profile
+from exporters.cooling import modbus_metrics as mm
+from exporters.cooling.modbus import ModbusSource
+from exporters.cooling.modbus_control import write_control_point
+from exporters.cooling.modbus_probe import ProbeError, probe_modbus
+from exporters.cooling.modbus_codec import decode
+from exporters.cooling.modbus_profile import PROFILE_DIR, list_profiles, load_profile, parse_profile
 from exporters.model import Quality, SourceError
 from tests.helpers import await_for, free_port, require_binary
 

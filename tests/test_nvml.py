@@ -12,10 +12,10 @@ import pytest
 
 from agent.nvml_twin import NvmlTwin
 from agent.sim.rack import RackModel
-from exporters import nvml_metrics as M
+from exporters.gpu import nvml_metrics as M
 from exporters.model import PollResult, Quality, SourceError
-from exporters.nvml import NvmlSource
-from exporters.nvml_control import get_power_limit, set_power_limit
+from exporters.gpu.nvml import NvmlSource
+from exporters.gpu.nvml_control import get_power_limit, set_power_limit
 from tests.helpers import await_for, free_port
 from tests.nvml_sim import serve
 
@@ -458,7 +458,7 @@ def test_renumbered_gpu_carries_its_new_index_on_every_series(sim, model):
 
 def test_field_answers_decode_every_value_type_as_the_struct_does():
     """The buffer decoding of a real pynvml c_nvmlFieldValue_t array agrees with reading each struct."""
-    from exporters.nvml import _field_answers
+    from exporters.gpu.nvml import _field_answers
 
     cases = [(pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", 2.5e-9),
              (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 4_000_000_000),

@@ -18,7 +18,7 @@ from agent.demo import agent_config
 from agent.remediation.detectors import Context, Detectors
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot
-from exporters import nvml_metrics as M
+from exporters.gpu import nvml_metrics as M
 from exporters.model import Quality, Reading
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
@@ -149,7 +149,7 @@ def test_remediation_nvml_init_runs_off_the_caller_and_times_out_on_a_hung_drive
     import pynvml
 
     from agent.nvml_twin import NvmlTwin
-    from exporters.nvml_control import InitOnFirstUse, get_power_limit
+    from exporters.gpu.nvml_control import InitOnFirstUse, get_power_limit
 
     with sim_rack(tmp_path) as rack:
         rack.inject("nvml-driver-hang", node="node01", seconds=120)

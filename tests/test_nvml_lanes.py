@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from exporters.nvml_lanes import GpuLanes
+from exporters.gpu.nvml_lanes import GpuLanes
 from tests.helpers import wait_for
 
 

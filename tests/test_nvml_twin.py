@@ -10,7 +10,7 @@ import yaml
 
 from agent.nvml_twin import NvmlTwin
 from agent.sim.rack import RackModel
-from exporters.nvml_profile import ProfileError, load_profile
+from exporters.gpu.nvml_profile import ProfileError, load_profile
 from tests.nvml_sim import serve
 
 NODE = "node01"

@@ -10,8 +10,8 @@ import pytest
 from agent.sim.rack import RackModel
 from agent.sim.snmp_pdu import SimulatedRaritanPdu
 from exporters.model import SourceError
-from exporters.pdu import PduSource, rack_power_readings
-from exporters.snmp_client import SnmpCredentials
+from exporters.power.pdu import PduSource, rack_power_readings
+from exporters.power.snmp_client import SnmpCredentials
 from helpers import await_for
 
 

@@ -30,7 +30,7 @@ from agent.remediation.wiring import build_engine
 from agent.sim.modbus_devices import reference_cdu
 from agent.sim.rack import RackModel
 from agent.sim.snmp_pdu import SWITCH_STATE, STATE_OFF, STATE_ON, SimulatedRaritanPdu
-from exporters.modbus_control import read_control_point
+from exporters.cooling.modbus_control import read_control_point
 
 from helpers import REPO, await_for, free_port, require_binary, wait_for
 from nvml_sim import NvmlSimServer

@@ -21,11 +21,11 @@ import pytest
 from agent.sim.rack import RackModel
 from agent.sim.snmp_pdu import SimulatedRaritanPdu
 from bad_snmp_agent import BadSnmpAgent
-from exporters import snmp_v2c
+from exporters.power import snmp_v2c
 from exporters.model import Quality, SourceError
-from exporters.pdu import PduSource
-from exporters.pdu_metrics import OUTLET_POWER
-from exporters.snmp_client import SnmpCredentials
+from exporters.power.pdu import PduSource
+from exporters.power.pdu_metrics import OUTLET_POWER
+from exporters.power.snmp_client import SnmpCredentials
 
 REPO = Path(__file__).resolve().parents[1]
 

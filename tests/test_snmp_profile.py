@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from exporters.model import Quality
-from exporters.snmp_decode import CounterTracker, decode
-from exporters.snmp_profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
+from exporters.power.snmp_decode import CounterTracker, decode
+from exporters.power.snmp_profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
 
 SHIPPED = {"raritan-pdu2", "apc-rpdu2", "servertech-sentry4", "vertiv-geist-v5", "entity-sensor"}
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from exporters.model import SourceError
-from exporters.pdu import PduSource, probe_snmp
-from exporters.snmp_client import SnmpCredentials
+from exporters.power.pdu import PduSource, probe_snmp
+from exporters.power.snmp_client import SnmpCredentials
 from snmpsim_peer import V3_AUTH, V3_PRIV, V3_USER, recordings, run_snmpsim
 
 

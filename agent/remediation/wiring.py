@@ -40,7 +40,7 @@ def _gpu_lib(loaded: "LoadedConfig") -> Any:
         return None
     from agent.sources import nvml_library
 
-    from exporters.nvml_control import InitOnFirstUse
+    from exporters.gpu.nvml_control import InitOnFirstUse
 
     # Never nvmlInit here: this runs on the event loop at start and on reload, and a wedged driver would stop
     # /metrics and the watchdog. The init runs on its own thread; GPU actions wait for it on theirs, bounded.
@@ -55,7 +55,7 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
         ex.gpu_libs = {cfg.agent.node: lib}
     ports = {p.name: p for p in cfg.inventory.ports}
     if ports:
-        from exporters.link_control import isolate_link, read_link_state
+        from exporters.links.link_control import isolate_link, read_link_state
 
         root = cfg.sources.sysfs_root
         lc = cfg.remediation.link_control
@@ -77,7 +77,7 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
         ex.link_read = link_read
     cdus = {d.name: d for d in cfg.inventory.cdus}
     if cdus:
-        from exporters.modbus_control import read_control_point, write_control_point
+        from exporters.cooling.modbus_control import read_control_point, write_control_point
 
         ex.cdu_write = lambda cdu, point, value: write_control_point(cdus[cdu], point, float(value))
         ex.cdu_read = lambda cdu, point: read_control_point(cdus[cdu], point)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agent.sim.ethtool_text import SimModule, render
 from agent.sim.rack import RackModel
-from exporters.links_profile import load_links_profile
+from exporters.links.links_profile import load_links_profile
 
 # Where the simulator's `ip`/`ibportstate` stand-in leaves the wanted admin state of a port.
 SIM_ADMIN_FILE = "sim_admin_state"

@@ -31,8 +31,8 @@ from pymodbus.server import ModbusTcpServer
 from pymodbus.simulator import DataType, SimData, SimDevice
 
 from agent.sim.rack import CoolantState, RackModel
-from exporters.modbus_codec import clamp_raw, decode, encode
-from exporters.modbus_profile import Point, Profile, load_profile
+from exporters.cooling.modbus_codec import clamp_raw, decode, encode
+from exporters.cooling.modbus_profile import Point, Profile, load_profile
 
 LEAK_DISTANCE_M = 12.5  # where along the rope the simulated leak is
 

@@ -1,7 +1,7 @@
 """Thin adapters for isolate_link, cdu_write and pdu_outlet over injected device functions.
 
 Why injected: the link, Modbus and SNMP helpers own those protocols
-(exporters/link_control, exporters modbus write, exporters.pdu); the engine
+(exporters/links/link_control.py, exporters/cooling/modbus_control.py, exporters/power/pdu.py); the engine
 gets plain async-or-sync callables so this package never reaches into
 collector internals, and a test can hand it the real functions.
 """

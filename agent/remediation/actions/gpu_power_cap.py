@@ -16,7 +16,7 @@ from ..calls import NVML
 from . import ActionError, ActionResult
 
 try:  # the shared NVML control helpers, when present
-    from exporters.nvml_control import get_power_limit, set_power_limit  # type: ignore
+    from exporters.gpu.nvml_control import get_power_limit, set_power_limit  # type: ignore
 except ImportError:  # pragma: no cover - same signatures, used until that module lands
     def get_power_limit(lib: Any, index: int) -> float:
         h = lib.nvmlDeviceGetHandleByIndex(index)

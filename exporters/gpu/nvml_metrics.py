@@ -1,4 +1,4 @@
-"""The GPU and NVLink metric families (METRICS.md), declared once; exporters/nvml.py fills them."""
+"""The GPU and NVLink metric families (METRICS.md), declared once; exporters/gpu/nvml.py fills them."""
 
 from __future__ import annotations
 

@@ -15,10 +15,10 @@ import time
 from typing import Any, Iterable
 
 from exporters.model import PollResult, Quality, Reading, SourceError
-from exporters.pdu_metrics import INLET_POWER, OUTLET_INFO, PDU_INFO, RACK_BUDGET, RACK_POWER
-from exporters.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
-from exporters.snmp_decode import Columns, CounterTracker, decode
-from exporters.snmp_profile import Profile, load_profile
+from exporters.power.pdu_metrics import INLET_POWER, OUTLET_INFO, PDU_INFO, RACK_BUDGET, RACK_POWER
+from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
+from exporters.power.snmp_decode import Columns, CounterTracker, decode
+from exporters.power.snmp_profile import Profile, load_profile
 from exporters.render import render_probe
 
 

@@ -10,8 +10,8 @@ import asyncio
 from pathlib import Path
 from typing import Any, Iterable
 
-from exporters.dom import DomSource, make_reader
-from exporters.links import LinkSource
+from exporters.links.dom import DomSource, make_reader
+from exporters.links.links import LinkSource
 from exporters.model import PollResult
 from exporters.render import render_readings
 

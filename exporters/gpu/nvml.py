@@ -2,7 +2,7 @@
 
 Why it is shaped this way:
 - A hung GPU is one GPU: each GPU's reads have a time budget (`gpu_timeout`,
-  exporters/nvml_lanes.py). A GPU that overruns it reads `supernode_gpu_hung 1`
+  exporters/gpu/nvml_lanes.py). A GPU that overruns it reads `supernode_gpu_hung 1`
   and `supernode_gpu_up 0` and is skipped until a cheap probe answers, while
   the other GPUs keep reporting fresh values in the same cycle.
 - Init and enumeration run through `BlockingCaller`: a wedged driver as a
@@ -32,13 +32,13 @@ import threading
 import time
 from typing import Any
 
-from exporters import nvml_metrics as M
+from exporters.gpu import nvml_metrics as M
 from exporters.base import BlockingCaller, EventStream, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
-from exporters.nvml_lanes import GpuLanes
-from exporters.nvml_profile import LinkField, NvmlProfile, load_profile
+from exporters.gpu.nvml_lanes import GpuLanes
+from exporters.gpu.nvml_profile import LinkField, NvmlProfile, load_profile
 
-log = logging.getLogger("exporters.nvml")
+log = logging.getLogger("exporters.gpu.nvml")
 
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _DOUBLE, _ULL = 0, 3  # NVML_VALUE_TYPE_DOUBLE, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: the types decoded from bytes
@@ -664,7 +664,7 @@ def probe_nvml(lib: Any, gpus: int = 0, nvlinks: int = 18, timeout: float = 10.0
 
 
 def main() -> None:
-    """`python -m exporters.nvml`: one poll of the real NVML, printed as Prometheus text."""
+    """`python -m exporters.gpu.nvml`: one poll of the real NVML, printed as Prometheus text."""
     import argparse
 
     import pynvml

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from exporters.model import Quality, Reading
-from exporters.pdu_metrics import PROFILE_METRICS
-from exporters.snmp_profile import MetricMap, Profile
+from exporters.power.pdu_metrics import PROFILE_METRICS
+from exporters.power.snmp_profile import MetricMap, Profile
 
 Columns = dict[str, dict[tuple[int, ...], Any]]  # column oid -> {index: value}
 

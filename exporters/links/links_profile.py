@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles" / "links"
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "links"
 
 
 class ProfileError(ValueError):

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from exporters.links_profile import ProfileError, load_links_profile, require
+from exporters.links.links_profile import ProfileError, load_links_profile, require
 from exporters.model import PollResult, Quality, Reading, SourceError, gauge, info
-from exporters.ports import PortSpec, as_port_specs
+from exporters.links.ports import PortSpec, as_port_specs
 
 OPTIC_RX = gauge("supernode_optic_rx_power_dbm", "Transceiver received optical power per lane, dBm (-Inf: dark lane).",
                  ("port", "lane"), unit="dbm")

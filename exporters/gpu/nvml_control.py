@@ -15,7 +15,7 @@ import logging
 import threading
 from typing import Any
 
-log = logging.getLogger("exporters.nvml")
+log = logging.getLogger("exporters.gpu.nvml")
 
 
 def get_power_limit(lib: Any, index: int) -> float:

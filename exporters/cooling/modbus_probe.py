@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Mapping
 
-from exporters import modbus_metrics as mm
+from exporters.cooling import modbus_metrics as mm
 from exporters.model import SourceError
-from exporters.modbus import ModbusSource
-from exporters.modbus_profile import ProfileError, load_profile
+from exporters.cooling.modbus import ModbusSource
+from exporters.cooling.modbus_profile import ProfileError, load_profile
 from exporters.render import render_probe
 
 

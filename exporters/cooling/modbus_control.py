@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from exporters.model import SourceError
-from exporters.modbus_client import ModbusExceptionReply, gateway_for, release_gateway
-from exporters.modbus_codec import decode, encode
-from exporters.modbus_profile import Block, load_profile
+from exporters.cooling.modbus_client import ModbusExceptionReply, gateway_for, release_gateway
+from exporters.cooling.modbus_codec import decode, encode
+from exporters.cooling.modbus_profile import Block, load_profile
 
 
 async def write_control_point(device_cfg: Any, point_name: str, value: float, timeout: float = 2.0) -> float:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from exporters.links import SysfsReader
-from exporters.ports import PortSpec, as_port_spec
+from exporters.links.links import SysfsReader
+from exporters.links.ports import PortSpec, as_port_spec
 
 REAL_SYSFS = Path("/sys")
 

@@ -16,13 +16,13 @@ import time
 from collections import Counter
 from typing import Callable, Iterable, Literal, Mapping
 
-from exporters import coolant as cool
-from exporters.coolant_readings import derived_readings
-from exporters import modbus_metrics as mm
+from exporters.cooling import coolant as cool
+from exporters.cooling.coolant_readings import derived_readings
+from exporters.cooling import modbus_metrics as mm
 from exporters.model import PollResult, Quality, Reading, SourceError
-from exporters.modbus_client import Gateway, GatewayStats, ModbusExceptionReply, gateway_for, release_gateway
-from exporters.modbus_codec import decode
-from exporters.modbus_profile import Block, Point, Profile, ProfileError, load_profile, plan_blocks
+from exporters.cooling.modbus_client import Gateway, GatewayStats, ModbusExceptionReply, gateway_for, release_gateway
+from exporters.cooling.modbus_codec import decode
+from exporters.cooling.modbus_profile import Block, Point, Profile, ProfileError, load_profile, plan_blocks
 
 Subset = Literal["all", "leak", "cdu"]
 LEAK_METRICS = {mm.LEAK_DETECTED.name, mm.LEAK_FAULT.name, mm.LEAK_LOCATION.name}

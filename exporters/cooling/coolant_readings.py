@@ -1,15 +1,15 @@
 """Readings derived from a CDU's own readings: heat removed, dew point and margin, approach, flow per watt.
 
 Why apart from the collector: the agent computes flow per watt with rack power
-from the PDUs, a different source; the physics itself is exporters/coolant.py.
+from the PDUs, a different source; the physics itself is exporters/cooling/coolant.py.
 """
 
 from __future__ import annotations
 
 import time
 
-from exporters import coolant as cool
-from exporters import modbus_metrics as mm
+from exporters.cooling import coolant as cool
+from exporters.cooling import modbus_metrics as mm
 from exporters.model import Reading
 
 

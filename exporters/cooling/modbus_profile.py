@@ -18,12 +18,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from exporters import modbus_metrics
+from exporters.cooling import modbus_metrics
 from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.validation import error_lines
-from exporters.modbus_codec import WIDTH
+from exporters.cooling.modbus_codec import WIDTH
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles" / "modbus"
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "modbus"
 
 Table = Literal["coil", "discrete", "input", "holding"]
 

@@ -49,11 +49,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporters.model import Kind
-from exporters.pdu_metrics import PROFILE_METRICS
+from exporters.power.pdu_metrics import PROFILE_METRICS
 from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.validation import error_lines
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles" / "snmp"
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "snmp"
 _OID = re.compile(r"^1(\.(0|[1-9][0-9]*))+$")
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from exporters.base import BlockingCaller
-from exporters.links_profile import load_links_profile, require
+from exporters.links.links_profile import load_links_profile, require
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, counter, gauge
-from exporters.ports import PortSpec, as_port_specs
+from exporters.links.ports import PortSpec, as_port_specs
 
 LINK_UP = gauge("supernode_link_up", "Port is up (1): Ethernet operstate up, InfiniBand port state ACTIVE.",
                 ("port", "kind"))

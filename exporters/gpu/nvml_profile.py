@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-DEFAULT_PROFILE = Path(__file__).with_name("profiles") / "nvml.yaml"
+DEFAULT_PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "nvml.yaml"
 NVLINK_METRICS = ("errors", "transmit_bytes", "receive_bytes", "bit_error_rate")
 
 
