@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import aiohttp.web_response
 from agent.auth import requires_admin
+from agent.compression import encode
 from agent.config import Listen
 from agent.listener import ACCEPT_BACKLOG, ConnectionGuard, install_log_limits
 
@@ -81,9 +82,9 @@ def build_app(agent: "Agent") -> web.Application:
     agent.registry.register(guard.collector())
     app.on_shutdown.append(guard.stop)
 
-    async def metrics(_: web.Request) -> web.Response:
-        body = agent.render_metrics()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(request: web.Request) -> web.Response:
+        body, headers = encode(agent.render_metrics(), request.headers.get("Accept-Encoding", ""))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST, **headers})
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")

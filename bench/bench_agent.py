@@ -4,7 +4,8 @@ Prints medians of repeated runs:
 - render: time to render the whole exposition from the snapshot in process
   (our custom collector), against prometheus_client's own Gauge/Counter
   objects holding the same series in the same run (the named peer; ratio);
-- scrape: wall time of GET /metrics on a running agent process (HTTP included);
+- scrape: wall time of GET /metrics on a running agent process (HTTP included), plain and gzip
+  (as Prometheus asks), with the bytes each sends;
 - series count;
 - resident memory of the agent process after --minutes of polling at 1 s
   (default 10), against a bare interpreter that imported the same modules.
@@ -135,11 +136,15 @@ def main() -> int:
         _wait_http(url, time.monotonic() + 20)
         time.sleep(2)  # let the first polls land: this is a benchmark's settling time, not a test's sync
 
-        def scrape() -> None:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                resp.read()
+        sizes: dict[str, int] = {}
+
+        def scrape(accept_encoding: str = "") -> None:
+            headers = {"Accept-Encoding": accept_encoding} if accept_encoding else {}
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
+                sizes[accept_encoding or "plain"] = len(resp.read())
 
         scrape_ms = _median_ms(scrape, args.runs)
+        scrape_gzip_ms = _median_ms(lambda: scrape("gzip"), args.runs)  # what Prometheus asks for
         rss_start = _rss_kib(agent.pid)
         time.sleep(args.minutes * 60)
         rss_end = _rss_kib(agent.pid)
@@ -154,6 +159,9 @@ def main() -> int:
             "render_peer_prometheus_client_objects_ms": round(peer_ms, 2),
             "render_ratio_vs_peer": round(render_ms / peer_ms, 2),
             "scrape_http_ms_median": round(scrape_ms, 2),
+            "scrape_http_gzip_ms_median": round(scrape_gzip_ms, 2),
+            "scrape_bytes_plain": sizes["plain"],
+            "scrape_bytes_gzip": sizes["gzip"],
             "rss_mib_at_start": round(rss_start / 1024, 1),
             f"rss_mib_after_{args.minutes:g}_min": round(rss_end / 1024, 1),
             "rss_mib_bare_interpreter_same_imports": round(base_kib / 1024, 1),
