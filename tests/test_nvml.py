@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import Any
 
 import pynvml
@@ -300,9 +299,7 @@ def test_xid_events_become_counters_and_last_xid(sim, model):
 
             return await await_for(seen, timeout=10, interval=0.05, what="xid counters")
         finally:
-            start = time.monotonic()
-            await src.close()
-            assert time.monotonic() - start < 2.0
+            await asyncio.wait_for(src.close(), 10)  # close wakes the event thread: it must not hang
             assert not src._events.is_alive()
 
     res = run(scenario)
