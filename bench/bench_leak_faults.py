@@ -63,7 +63,7 @@ def run_case(case: str, work: Path, cluster: SlurmCluster) -> tuple[list[float],
         cfg["remediation"].update({
             "device_timeout_seconds": 1.0,
             "detectors": {"leak": {"clear_seconds": 0.2}},
-            "guardrails": {"automatic": ["resume_after_leak", "cdu_write_valve"], "cooldown_seconds": 0,
+            "guardrails": {"automatic": ["resume_after_leak", "resume_after_check", "cdu_write_valve"], "cooldown_seconds": 0,
                            "max_drained_fraction": 1.0, "max_drained_nodes": 2, "breaker_max_actions": 100000,
                            "rate_per_hour": {"default": 100000}}})
         state = Path(cfg["agent"]["state_dir"])
