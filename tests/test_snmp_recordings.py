@@ -127,3 +127,27 @@ def test_later_polls_walk_in_segments_and_read_the_same_rows(snmpsim, creds):
     assert {k for k in a if k[0] in moving} == {k for k in b if k[0] in moving}  # same rows in both polls
     # snmpsim caps a GETBULK answer near 60 varbinds: segments cannot save requests here, and must not cost any
     assert r2 <= r1
+
+
+def test_vertiv_geist_v5_phase_rows_have_one_index_component(snmpsim):
+    # crafted/vertiv-geist-v5.snmprec: pduPhaseEntry INDEX { pduPhaseIndex } (one component), LibreNMS example values
+    result, _ = poll(snmpsim, "vertiv-geist-v5", SnmpCredentials(community="vertiv-geist-v5"))
+    v = values(result)
+    assert result.partial_errors == {}
+    assert v[("supernode_pdu_inlet_power_watts", (("inlet", "1"),))] == pytest.approx(4392.0)
+    ph1 = (("inlet", "1"), ("phase", "1"))
+    assert v[("supernode_pdu_phase_voltage_volts", ph1)] == pytest.approx(206.8)
+    assert v[("supernode_pdu_phase_current_amperes", ph1)] == pytest.approx(7.25)
+    assert v[("supernode_pdu_phase_power_watts", ph1)] == pytest.approx(1464.0)
+    phases = {dict(lab)["phase"] for (n, lab) in v if n == "supernode_pdu_phase_voltage_volts"}
+    assert phases == {"1", "2", "3"}
+
+
+def test_entity_sensor_negative_precision_is_accurate_digits_not_a_shift(snmpsim):
+    # crafted/entity-sensor.snmprec, RFC 3433: only a positive precision scales by 10^-p
+    result, _ = poll(snmpsim, "entity-sensor", SnmpCredentials(community="entity-sensor"))
+    v = values(result)
+    assert v[("supernode_pdu_outlet_power_watts", (("outlet", "11"),))] == pytest.approx(1234.0)    # precision -2
+    assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "12"),))] == pytest.approx(2.5)   # milli, 0
+    assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "13"),))] == pytest.approx(7.5)   # precision 1
+    assert v[("supernode_pdu_outlet_power_watts", (("outlet", "14"),))] == pytest.approx(2000.0)    # kilo, -8

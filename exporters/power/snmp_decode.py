@@ -27,6 +27,8 @@ Columns = dict[str, dict[tuple[int, ...], Any]]  # column oid -> {index: value}
 DECIMAL_DIGITS = range(0, 10)
 ENTITY_SCALE = range(1, 18)  # ENTITY-SENSOR-MIB EntitySensorDataScale: yocto(1) .. yotta(17)
 ENTITY_PRECISION = range(-8, 10)  # EntitySensorPrecision: Integer32 (-8..9)
+# RFC 3433: a positive precision p is p decimal places (value x 10^-p); a negative one (-8..-1) only says how
+# many digits are accurate, the value itself is not shifted.
 RAW_LIMIT = 1 << 64  # the widest SMI number (Counter64); anything wider is not a device value
 
 
@@ -76,7 +78,7 @@ def row_factor(m: MetricMap, table_cols: dict[str, str], columns: Columns, index
     p = columns.get(table_cols[rs.entity_precision], {}).get(index, 0) if rs.entity_precision else 0
     if not isinstance(s, int) or not isinstance(p, int) or s not in ENTITY_SCALE or p not in ENTITY_PRECISION:
         return None
-    return 10.0 ** (3 * (s - 9)) * 10.0 ** -p
+    return 10.0 ** (3 * (s - 9)) * 10.0 ** -max(p, 0)
 
 
 def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracker,
