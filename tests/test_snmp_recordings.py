@@ -151,3 +151,16 @@ def test_entity_sensor_negative_precision_is_accurate_digits_not_a_shift(snmpsim
     assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "12"),))] == pytest.approx(2.5)   # milli, 0
     assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "13"),))] == pytest.approx(7.5)   # precision 1
     assert v[("supernode_pdu_outlet_power_watts", (("outlet", "14"),))] == pytest.approx(2000.0)    # kilo, -8
+
+
+def test_raritan_pdu2_inlet_current_voltage_power_factor_and_thresholds(snmpsim):
+    # the real walk: inlet sensor 1 = 1626 (3 digits), 4 = 233 (0), 7 = 64 (2); thresholds 12800 / 10400 (3 digits)
+    result, _ = poll(snmpsim, "raritan-pdu2", SnmpCredentials(community="raritan-pdu2"))
+    v = values(result)
+    i1 = (("inlet", "1"),)
+    assert v[("supernode_pdu_inlet_current_amperes", i1)] == pytest.approx(1.626)
+    assert v[("supernode_pdu_inlet_voltage_volts", i1)] == pytest.approx(233.0)
+    assert v[("supernode_pdu_inlet_power_factor_ratio", i1)] == pytest.approx(0.64)
+    limit = "supernode_pdu_inlet_current_limit_amperes"
+    assert v[(limit, (("inlet", "1"), ("threshold", "upper_critical")))] == pytest.approx(12.8)
+    assert v[(limit, (("inlet", "1"), ("threshold", "upper_warning")))] == pytest.approx(10.4)

@@ -18,6 +18,16 @@ INLET_APPARENT = gauge("supernode_pdu_inlet_apparent_power_volt_amperes",
 INLET_ENERGY = counter("supernode_pdu_inlet_energy_joules_total",
                        "Active energy through a PDU inlet, in joules; device counter wraps (2^32) and resets are "
                        "absorbed so the series only grows.", ("pdu", "inlet"), "joules")
+INLET_CURRENT = gauge("supernode_pdu_inlet_current_amperes",
+                      "RMS current of a PDU inlet, in amperes (single-phase units report no phases).", ("pdu", "inlet"),
+                      "amperes")
+INLET_VOLTAGE = gauge("supernode_pdu_inlet_voltage_volts", "RMS voltage of a PDU inlet, in volts.", ("pdu", "inlet"),
+                      "volts")
+INLET_POWER_FACTOR = gauge("supernode_pdu_inlet_power_factor_ratio", "Power factor of a PDU inlet (0..1).",
+                           ("pdu", "inlet"), "ratio")
+INLET_CURRENT_LIMIT = gauge("supernode_pdu_inlet_current_limit_amperes",
+                            "Current threshold of a PDU inlet set on the device (threshold: upper_critical or "
+                            "upper_warning), in amperes.", ("pdu", "inlet", "threshold"), "amperes")
 PHASE_CURRENT = gauge("supernode_pdu_phase_current_amperes", "RMS current of one inlet phase (pole), in amperes.",
                       ("pdu", "inlet", "phase"), "amperes")
 PHASE_VOLTAGE = gauge("supernode_pdu_phase_voltage_volts", "RMS voltage of one inlet phase (pole), in volts.",
@@ -43,6 +53,7 @@ RACK_BUDGET = gauge("supernode_rack_power_budget_watts", "Rack power budget from
 
 # Families a profile may map columns onto (the rest are computed by the collector).
 PROFILE_METRICS: dict[str, MetricSpec] = {s.name: s for s in (
-    INLET_POWER, INLET_APPARENT, INLET_ENERGY, PHASE_CURRENT, PHASE_VOLTAGE, PHASE_POWER, PHASE_CURRENT_LIMIT,
+    INLET_POWER, INLET_APPARENT, INLET_ENERGY, INLET_CURRENT, INLET_VOLTAGE, INLET_POWER_FACTOR, INLET_CURRENT_LIMIT,
+    PHASE_CURRENT, PHASE_VOLTAGE, PHASE_POWER, PHASE_CURRENT_LIMIT,
     OUTLET_POWER, OUTLET_CURRENT, OUTLET_ENERGY, OUTLET_ON)}
 ALL_METRICS: tuple[MetricSpec, ...] = (PDU_INFO, *PROFILE_METRICS.values(), OUTLET_INFO, RACK_POWER, RACK_BUDGET)
