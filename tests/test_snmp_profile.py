@@ -108,3 +108,20 @@ def test_counter_wrap_and_reset_keep_the_total_growing():
     c2 = CounterTracker()
     c2.update(key, 19516, 32, 360000.0)
     assert c2.update(key, 2, 32, 360000.0) == pytest.approx((19516 + 2) * 360000.0)
+
+
+@pytest.mark.parametrize("profile,oid,index", [
+    ("apc-rpdu2", "1.3.6.1.4.1.318.1.1.26.4.3.1.9", (1,)),                 # rPDU2DeviceStatusEnergy: INTEGER
+    ("servertech-sentry4", "1.3.6.1.4.1.1718.4.1.3.3.1.10", (1, 1)),       # st4InputCordEnergy: Integer32
+])
+def test_signed_integer_energy_rolls_over_at_2_31(profile, oid, index):
+    p = load_profile(profile)
+    c = CounterTracker()
+    top = (1 << 31) - 3
+    first = next(r for r in decode(p, {oid: {index: top}}, "x", c) if r.name.endswith("energy_joules_total"))
+    after = next(r for r in decode(p, {oid: {index: 4}}, "x", c) if r.name.endswith("energy_joules_total"))
+    assert after.value == pytest.approx(first.value + 7 * 360000.0)   # 2^31-3 -> 4: seven tenths of kWh, not a reset
+    assert (c.wraps, c.resets) == (1, 0)
+    beyond = next(r for r in decode(p, {oid: {index: 1 << 31}}, "x", CounterTracker())
+                  if r.name.endswith("energy_joules_total"))
+    assert beyond.quality is Quality.SENSOR_FAULT                        # not a value an INTEGER can hold

@@ -16,8 +16,8 @@ INLET_POWER = gauge("supernode_pdu_inlet_power_watts", "Active power of a PDU in
 INLET_APPARENT = gauge("supernode_pdu_inlet_apparent_power_volt_amperes",
                        "Apparent power of a PDU inlet, in volt-amperes (polled).", ("pdu", "inlet"), "volt_amperes")
 INLET_ENERGY = counter("supernode_pdu_inlet_energy_joules_total",
-                       "Active energy through a PDU inlet, in joules; device counter wraps (2^32) and resets are "
-                       "absorbed so the series only grows.", ("pdu", "inlet"), "joules")
+                       "Active energy through a PDU inlet, in joules; device counter wraps (at the MIB's width: 2^32 "
+                       "unsigned, 2^31 signed) and resets are absorbed so the series only grows.", ("pdu", "inlet"), "joules")
 INLET_CURRENT = gauge("supernode_pdu_inlet_current_amperes",
                       "RMS current of a PDU inlet, in amperes (single-phase units report no phases).", ("pdu", "inlet"),
                       "amperes")
