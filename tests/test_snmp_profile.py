@@ -87,11 +87,29 @@ def test_entity_sensor_scale_and_precision():
 
 def test_unsupported_and_unknown_enum_values_are_flagged():
     p = load_profile("apc-rpdu2")
-    cols = {"1.3.6.1.4.1.318.1.1.26.4.3.1.5": {(1,): -1}, "1.3.6.1.4.1.318.1.1.26.9.2.3.1.5": {(1,): 2, (2,): 9}}
+    apc = "1.3.6.1.4.1.318.1.1.26."
+    cols = {apc + "4.3.1.5": {(1,): -1}, apc + "4.3.1.2": {(1,): 1},
+            apc + "9.2.3.1.5": {(1,): 2, (2,): 9}, apc + "9.2.3.1.2": {(1,): 1, (2,): 1},
+            apc + "9.2.3.1.4": {(1,): 1, (2,): 2}}
     got = {(r.name, r.labels.get("outlet", "")): r for r in decode(p, cols, "x", CounterTracker())}
     assert got[("supernode_pdu_inlet_power_watts", "")].quality is Quality.UNSUPPORTED
-    assert got[("supernode_pdu_outlet_on", "1")].value == 1.0 and got[("supernode_pdu_outlet_on", "1")].ok
-    assert got[("supernode_pdu_outlet_on", "2")].quality is Quality.SENSOR_FAULT
+    assert got[("supernode_pdu_outlet_on", "1.1")].value == 1.0 and got[("supernode_pdu_outlet_on", "1.1")].ok
+    assert got[("supernode_pdu_outlet_on", "1.2")].quality is Quality.SENSOR_FAULT
+
+
+def test_apc_row_indexes_label_by_module_and_number_so_linked_pdus_never_collide():
+    # rPDU2OutletMeteredStatusTable of a host PDU (module 1) and a linked one (module 2), 2 outlets each; the
+    # linked PDU's rows come after the host's (rows 3, 4) but its outlets are numbered 1, 2 again
+    p = load_profile("apc-rpdu2")
+    t = "1.3.6.1.4.1.318.1.1.26.9.4.3.1."
+    rows = {(1,): (1, 1, 100), (2,): (1, 2, 200), (3,): (2, 1, 300), (4,): (2, 2, 400)}
+    cols = {t + "2": {r: v[0] for r, v in rows.items()}, t + "4": {r: v[1] for r, v in rows.items()},
+            t + "7": {r: v[2] for r, v in rows.items()}, t + "6": {(5,): 10}}   # row 5: no module/number
+    errors: dict[str, int] = {}
+    got = {r.labels["outlet"]: r.value for r in decode(p, cols, "x", CounterTracker(), errors)
+           if r.name == "supernode_pdu_outlet_power_watts"}
+    assert got == {"1.1": 100.0, "1.2": 200.0, "2.1": 300.0, "2.2": 400.0}
+    assert errors == {"outlet_metered.labels": 1}          # an id column missing: counted, never guessed
 
 
 def test_counter_wrap_and_reset_keep_the_total_growing():
@@ -118,10 +136,11 @@ def test_signed_integer_energy_rolls_over_at_2_31(profile, oid, index):
     p = load_profile(profile)
     c = CounterTracker()
     top = (1 << 31) - 3
-    first = next(r for r in decode(p, {oid: {index: top}}, "x", c) if r.name.endswith("energy_joules_total"))
-    after = next(r for r in decode(p, {oid: {index: 4}}, "x", c) if r.name.endswith("energy_joules_total"))
+    ids = {"1.3.6.1.4.1.318.1.1.26.4.3.1.2": {index: 1}}   # APC: the module column labels the inlet
+    first = next(r for r in decode(p, {oid: {index: top}, **ids}, "x", c) if r.name.endswith("energy_joules_total"))
+    after = next(r for r in decode(p, {oid: {index: 4}, **ids}, "x", c) if r.name.endswith("energy_joules_total"))
     assert after.value == pytest.approx(first.value + 7 * 360000.0)   # 2^31-3 -> 4: seven tenths of kWh, not a reset
     assert (c.wraps, c.resets) == (1, 0)
-    beyond = next(r for r in decode(p, {oid: {index: 1 << 31}}, "x", CounterTracker())
+    beyond = next(r for r in decode(p, {oid: {index: 1 << 31}, **ids}, "x", CounterTracker())
                   if r.name.endswith("energy_joules_total"))
     assert beyond.quality is Quality.SENSOR_FAULT                        # not a value an INTEGER can hold

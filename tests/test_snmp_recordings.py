@@ -44,11 +44,12 @@ def test_apc_ap8641_decodes_as_powernet_mib_says(snmpsim):
     assert v[("supernode_pdu_phase_current_amperes", ph)] == pytest.approx(6.5)
     assert v[("supernode_pdu_phase_voltage_volts", ph)] == pytest.approx(201.0)
     assert v[("supernode_pdu_phase_power_watts", ph)] == pytest.approx(1220.0)
+    # outlet = rPDU2 module.number (row indexes are not outlet ids; linked PDUs never collide)
     outlets = {lab[0][1] for (name, lab) in v if name == "supernode_pdu_outlet_power_watts"}
-    assert outlets == {str(i) for i in range(1, 25)}
-    assert v[("supernode_pdu_outlet_power_watts", (("outlet", "1"),))] == pytest.approx(163.0)
-    assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "1"),))] == pytest.approx(0.9)
-    assert {v[("supernode_pdu_outlet_on", (("outlet", str(i)),))] for i in range(1, 25)} <= {0.0, 1.0}
+    assert outlets == {f"1.{i}" for i in range(1, 25)}
+    assert v[("supernode_pdu_outlet_power_watts", (("outlet", "1.1"),))] == pytest.approx(163.0)
+    assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "1.1"),))] == pytest.approx(0.9)
+    assert {v[("supernode_pdu_outlet_on", (("outlet", f"1.{i}"),))] for i in range(1, 25)} <= {0.0, 1.0}
     info = next(r for r in result.readings if r.name == "supernode_pdu_info")
     assert (info.labels["model"], info.labels["firmware"], info.labels["vendor"]) == ("AP8641", "6.7.2", "APC")
     assert requests < 20
@@ -164,3 +165,19 @@ def test_raritan_pdu2_inlet_current_voltage_power_factor_and_thresholds(snmpsim)
     limit = "supernode_pdu_inlet_current_limit_amperes"
     assert v[(limit, (("inlet", "1"), ("threshold", "upper_critical")))] == pytest.approx(12.8)
     assert v[(limit, (("inlet", "1"), ("threshold", "upper_warning")))] == pytest.approx(10.4)
+
+
+def test_apc_outlet_control_finds_the_row_by_module_and_number(snmpsim):
+    async def run():
+        s = PduSource("pdu-a", "apc-rpdu2", ("127.0.0.1", snmpsim), SnmpCredentials(community="apc-7902b"),
+                      timeout=1.0, retries=1)
+        try:
+            on = await s.outlet_on("1.16")     # module 1, outlet 16: row 16 of rPDU2OutletSwitchedStatusTable
+            with pytest.raises(SourceError) as err:
+                await s.outlet_on("2.1")       # no linked PDU on this unit: refused, never another PDU's outlet
+            return on, err.value
+        finally:
+            await s.close()
+    on, err = asyncio.run(run())
+    assert on in (True, False)
+    assert err.kind == "config" and "'2.1'" in str(err)

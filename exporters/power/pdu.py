@@ -18,7 +18,7 @@ from exporters.model import PollResult, Quality, Reading, SourceError
 from exporters.power.pdu_metrics import INLET_POWER, OUTLET_INFO, PDU_INFO, RACK_BUDGET, RACK_POWER
 from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
 from exporters.power.snmp_decode import Columns, CounterTracker, decode
-from exporters.power.snmp_profile import Profile, load_profile
+from exporters.power.snmp_profile import Profile, load_profile, template_fields
 from exporters.render import render_probe
 
 
@@ -101,16 +101,32 @@ class PduSource:
                                     Quality.OK, now))
         return PollResult(readings, errors)
 
-    def _outlet_oids(self, outlet: str | int) -> tuple[Any, str, str]:
+    async def _outlet_oids(self, outlet: str | int) -> tuple[Any, str, str]:
         oc = self.profile.outlet_control
         if oc is None:
             raise SourceError("config", f"profile {self.profile.profile!r} has no outlet_control (not switched)")
-        suffix = oc.index.format(**{**oc.defaults, "outlet": outlet})
-        return oc, suffix, f"{self.profile.tables[oc.table].columns[oc.state_column].oid}.{suffix}"
+        table = self.profile.tables[oc.table]
+        if oc.match is None:
+            suffix = oc.index.format(**{**oc.defaults, "outlet": outlet})
+        else:
+            suffix = oc.index.format(**await self._outlet_row(oc.match, table.index, table.columns, str(outlet)))
+        return oc, suffix, f"{table.columns[oc.state_column].oid}.{suffix}"
+
+    async def _outlet_row(self, match: str, index: list[str], table_columns: dict[str, Any],
+                          outlet: str) -> dict[str, int]:
+        """Index parts of the row whose id columns spell `outlet` (row-index tables: APC module.number)."""
+        names = sorted(template_fields(match))
+        oids = [table_columns[n].oid for n in names]
+        walked = await self.client.walk_columns(oids, self.max_repetitions)
+        rows = set.intersection(*(set(walked.get(o, {})) for o in oids))
+        for row in sorted(rows):
+            if match.format(**{n: walked[o][row] for n, o in zip(names, oids)}) == outlet:
+                return dict(zip(index, row))
+        raise SourceError("config", f"{self.client.where}: no outlet {outlet!r} on this PDU (ids are {match})")
 
     async def outlet_on(self, outlet: str | int) -> bool:
         """Whether the outlet is on now (read-back and what remediation records before switching)."""
-        oc, _, state_oid = self._outlet_oids(outlet)
+        oc, _, state_oid = await self._outlet_oids(outlet)
         state = (await self.client.get([state_oid])).get(state_oid)
         if state not in (oc.power_on.state, oc.power_off.state):
             raise SourceError("decode", f"outlet {outlet}: state {state!r} is neither on nor off")
@@ -123,7 +139,7 @@ class PduSource:
         `settle` seconds (PDUs may apply a command with a delay). Raises
         SourceError("config") for a PDU whose profile cannot switch.
         """
-        oc, suffix, state_oid = self._outlet_oids(outlet)
+        oc, suffix, state_oid = await self._outlet_oids(outlet)
         want = oc.power_on if on else oc.power_off
         await self.client.set_int(f"{oc.command_oid}.{suffix}", want.command)
         deadline = time.monotonic() + settle

@@ -110,6 +110,10 @@ class SnmpClient:
             self._backend = EngineBackend(host, port, credentials, timeout, retries)
         self.max_rows, self.max_requests = max_rows, max_requests
         self._rows: dict[str, list[Oid]] = {}  # column -> row OIDs of its last walk (segment boundaries)
+        # Varbinds in the largest GETBULK answer the agent cut short (fewer than asked, none at the end of its MIB):
+        # an agent that caps answers (snmpsim near 60) reads no more rows per request with more cursors, so more
+        # segments than that cap allows only cost requests. 0 = never seen a cut answer.
+        self._answer_cap = 0
         self.requests = 0
 
     async def get(self, oids: list[str]) -> dict[str, int | str | None]:
@@ -136,9 +140,10 @@ class SnmpClient:
         # a segment reads up to max_repetitions rows; the last one also needs the varbind past the column end
         want = {o: -(-(len(self._rows.get(o, ())) + 1) // max_repetitions) for o in oids}
         total = sum(want.values())
+        budget = min(MAX_CURSORS, max(1, self._answer_cap // max_repetitions)) if self._answer_cap else MAX_CURSORS
         out: list[_Cursor] = []
         for o in oids:
-            n = want[o] if total <= MAX_CURSORS else max(1, want[o] * MAX_CURSORS // total)
+            n = want[o] if total <= budget else max(1, want[o] * budget // total)
             rows = self._rows.get(o, [])
             bounds = [rows[k * (len(rows) + 1) // n - 1] for k in range(1, n)]
             out += [_Cursor(o, start, bound) for start, bound in zip([prefixes[o]] + bounds, bounds + [None])]
@@ -178,6 +183,8 @@ class SnmpClient:
                 raise SourceError("protocol", f"{self.where}: GETBULK error {error_name(status)} at {index}")
             if not vbs:
                 raise SourceError("protocol", f"{self.where}: empty GETBULK response")
+            if len(vbs) < len(batch) * reps and all(v is not END for _, v in vbs):
+                self._answer_cap = max(self._answer_cap, len(vbs))
             done: set[int] = set()
             for i, (oid, value) in enumerate(vbs):
                 k = i % len(batch)

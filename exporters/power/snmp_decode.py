@@ -81,6 +81,21 @@ def row_factor(m: MetricMap, table_cols: dict[str, str], columns: Columns, index
     return 10.0 ** (3 * (s - 9)) * 10.0 ** -max(p, 0)
 
 
+def _label_parts(m: MetricMap, index_names: list[str], table_cols: dict[str, str], columns: Columns,
+                 index: tuple[int, ...], parts: dict[str, int]) -> dict[str, Any] | None:
+    """Index parts plus the id columns a label names (APC row tables: module and number are columns, not the index).
+
+    None when a named id column has no plain integer for this row: a label must never be guessed.
+    """
+    out: dict[str, Any] = dict(parts)
+    for name in m.label_columns(index_names):
+        v = columns.get(table_cols[name], {}).get(index)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < RAW_LIMIT:
+            return None
+        out[name] = v
+    return out
+
+
 def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracker,
            errors: dict[str, int] | None = None, now: float | None = None) -> list[Reading]:
     """All metric readings a profile defines, from walked columns. Rows the profile cannot decode count in `errors`."""
@@ -100,7 +115,11 @@ def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracke
                 continue
             if any(columns.get(table_cols[c], {}).get(index) not in vals for c, vals in m.when.items()):
                 continue
-            labels = {"pdu": pdu, **{k: t.format(**parts) for k, t in m.labels.items()}}
+            label_parts = _label_parts(m, table.index, table_cols, columns, index, parts)
+            if label_parts is None:  # a row-index table whose id column (module, number) is missing or bad
+                errors[f"{m.table}.labels"] = errors.get(f"{m.table}.labels", 0) + 1
+                continue
+            labels = {"pdu": pdu, **{k: t.format(**label_parts) for k, t in m.labels.items()}}
             if not isinstance(raw, int) or not -RAW_LIMIT < raw < RAW_LIMIT:  # a string, snmp_v2c.BadValue, ...
                 errors[m.metric] = errors.get(m.metric, 0) + 1
                 out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT, now))

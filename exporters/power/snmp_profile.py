@@ -22,7 +22,8 @@ Format (see the shipped profiles for complete examples)::
         column: value
         where: {sensor: 5}           # keep rows whose index part equals this
         when: {type: [6]}            # keep rows whose column (same table) has one of these values
-        labels: {inlet: "{inlet}"}   # templates over the index parts
+        labels: {inlet: "{inlet}"}   # templates over the index parts and id columns of the table
+                                     # (APC rPDU2: {module}.{number}, columns of a row-index table)
         unit: W                      # the device's unit, for the reader
         scale: 1                     # value = raw * scale * row_scale + offset
         row_scale: {decimal_digits: digits}   # or {entity_scale: s, entity_precision: p}
@@ -72,7 +73,7 @@ def _check_oid(v: str) -> str:
     return v
 
 
-def _template_fields(template: str) -> set[str]:
+def template_fields(template: str) -> set[str]:
     return {f for _, f, _, _ in string.Formatter().parse(template) if f}
 
 
@@ -120,6 +121,13 @@ class MetricMap(_Strict):
     enum: dict[int, float] | None = None
     counter_bits: int | None = Field(default=None, ge=8, le=64)
 
+    def label_columns(self, index: list[str]) -> list[str]:
+        """Names in the label templates that are table columns, not index parts (ids read per row)."""
+        fields: set[str] = set()
+        for tmpl in self.labels.values():
+            fields |= template_fields(tmpl)
+        return sorted(fields - set(index))
+
     @field_validator("metric")
     @classmethod
     def _known(cls, v: str) -> str:
@@ -137,7 +145,11 @@ class OutletControl(_Strict):
     table: str
     state_column: str
     command_oid: str
-    index: str = Field(description="Template building the index suffix from the outlet id ({outlet}).")
+    index: str = Field(description="Template building the index suffix from the outlet id ({outlet}), or from the "
+                                   "index parts of the row that `match` finds.")
+    match: str | None = Field(default=None, description=(
+        "Row-index tables (APC rPDU2): template over columns of `table` whose value is the outlet id; the "
+        "outlet's row is looked up by it before a read or SET."))
     defaults: dict[str, int] = Field(default_factory=dict)
     power_on: Command
     power_off: Command
@@ -170,9 +182,6 @@ class Profile(_Strict):
             table = self.tables.get(m.table)
             if table is None:
                 raise ValueError(f"{where}.table: no table {m.table!r}")
-            for c in self._needed(m):
-                if c not in table.columns:
-                    raise ValueError(f"{where}: table {m.table!r} has no column {c!r}")
             for k in m.where:
                 if k not in table.index:
                     raise ValueError(f"{where}.where: {k!r} is not an index part of {m.table!r} {table.index}")
@@ -181,9 +190,12 @@ class Profile(_Strict):
             if set(m.labels) != wanted:
                 raise ValueError(f"{where}.labels: need exactly {sorted(wanted)}, got {sorted(m.labels)}")
             for k, tmpl in m.labels.items():
-                unknown = _template_fields(tmpl) - set(table.index)
+                unknown = template_fields(tmpl) - set(table.index) - set(table.columns)
                 if unknown:
-                    raise ValueError(f"{where}.labels.{k}: {sorted(unknown)} not index parts of {m.table!r}")
+                    raise ValueError(f"{where}.labels.{k}: {sorted(unknown)} not index parts or columns of {m.table!r}")
+            for c in self._needed(m):
+                if c not in table.columns:
+                    raise ValueError(f"{where}: table {m.table!r} has no column {c!r}")
             if spec.kind is Kind.COUNTER and m.counter_bits is None:
                 raise ValueError(f"{where}.counter_bits: required for a counter (device counter width)")
             if spec.kind is not Kind.COUNTER and m.counter_bits is not None:
@@ -193,14 +205,19 @@ class Profile(_Strict):
             table = self.tables.get(oc.table)
             if table is None or oc.state_column not in table.columns:
                 raise ValueError(f"outlet_control: no column {oc.state_column!r} in table {oc.table!r}")
-            unknown = _template_fields(oc.index) - set(table.index)
-            if unknown or "outlet" not in _template_fields(oc.index):
+            fields = template_fields(oc.index)
+            if oc.match is not None:
+                if fields - set(table.index) or not fields:
+                    raise ValueError(f"outlet_control.index: with match, use only index parts of {oc.table!r}")
+                if not template_fields(oc.match) or template_fields(oc.match) - set(table.columns):
+                    raise ValueError(f"outlet_control.match: use only columns of {oc.table!r}")
+            elif fields - set(table.index) or "outlet" not in fields:
                 raise ValueError(f"outlet_control.index: must use {{outlet}} and index parts of {oc.table!r}")
         return self
 
-    @staticmethod
-    def _needed(m: MetricMap) -> list[str]:
-        return [m.column, *(m.row_scale.columns() if m.row_scale else []), *m.when]
+    def _needed(self, m: MetricMap) -> list[str]:
+        return [m.column, *(m.row_scale.columns() if m.row_scale else []), *m.when,
+                *m.label_columns(self.tables[m.table].index)]
 
     def walked_columns(self, slow: bool | None = None) -> list[tuple[str, str, str]]:
         """(table, column, oid) of every column a metric needs; `slow` filters on the column's refresh class."""
