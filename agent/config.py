@@ -139,7 +139,8 @@ class LeakZone(Strict):
 
 class Pdu(Strict):
     name: str = Field(min_length=1)
-    profile: BareName = Field(description="Profile name under exporters/profiles/snmp/.")
+    profile: BareName = Field(description="Profile name under exporters/profiles/snmp/, or `auto`: chosen from the "
+                                          "PDU's sysObjectID/sysDescr (exporters/profiles/snmp-auto.yaml).")
     host: str = "127.0.0.1"
     port: int = Field(default=161, ge=1, le=65535)
 
@@ -350,7 +351,15 @@ def _check_profiles(config: Config) -> None:
 
     devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
                for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)]
-    devices += [(f"inventory.pdus.{p.name}.profile", p.profile, snmp_profile) for p in config.inventory.pdus]
+    devices += [(f"inventory.pdus.{p.name}.profile", p.profile, snmp_profile) for p in config.inventory.pdus
+                if p.profile != "auto"]  # auto is resolved against the device; its rules load here
+    if any(p.profile == "auto" for p in config.inventory.pdus):
+        from exporters.power.snmp_autodetect import load_rules
+        try:
+            load_rules()
+        except Exception as exc:
+            raise ConfigError(cut(f"inventory.pdus: profile 'auto': the detection rules do not load: {exc}", 1000)) \
+                from None
     for where, name, module in devices:
         if not (module.PROFILE_DIR / f"{name}.yaml").is_file():
             known = ", ".join(sorted(f.stem for f in module.PROFILE_DIR.glob("*.yaml")))

@@ -113,7 +113,8 @@ def _probe_modbus(args: argparse.Namespace) -> str:
 
 
 def _snmp_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/snmp/NAME.yaml)")
+    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/snmp/NAME.yaml), or auto: "
+                                                    "chosen from sysObjectID/sysDescr, printed with the reason")
     p.add_argument("--target", required=True, help="HOST:PORT of the PDU's SNMP agent")
     p.add_argument("--community", default=None, help="v2c community (prefer --community-file)")
     p.add_argument("--community-file", default=None, help="file holding the v2c community")

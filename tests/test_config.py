@@ -146,3 +146,10 @@ def test_a_partial_source_section_keeps_that_sources_own_defaults(tmp_path):
     assert (s.leak.interval, s.leak.timeout, s.leak.max_backoff) == (0.5, 0.3, 2.0)
     assert (s.dom.interval, s.dom.timeout) == (30.0, 10.0)
     assert (s.pdu.interval, s.pdu.timeout) == (10, 3.0)
+
+
+def test_pdu_profile_auto_is_accepted_and_a_typo_still_is_not(tmp_path):
+    loaded = parse_config(minimal(tmp_path, inventory={"pdus": [{"name": "p1", "profile": "auto"}]}))
+    assert loaded.config.inventory.pdus[0].profile == "auto"
+    assert "no profile 'autp'" in error_of(minimal(tmp_path, inventory={"pdus": [{"name": "p1", "profile": "autp"}]}),
+                                           tmp_path)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
 from exporters.model import SourceError
 from exporters.power.pdu import PduSource, probe_snmp
 from exporters.power.snmp_client import SnmpCredentials
+from helpers import REPO
 from snmpsim_peer import V3_AUTH, V3_PRIV, V3_USER, recordings, run_snmpsim
 
 
@@ -181,3 +184,71 @@ def test_apc_outlet_control_finds_the_row_by_module_and_number(snmpsim):
     on, err = asyncio.run(run())
     assert on in (True, False)
     assert err.kind == "config" and "'2.1'" in str(err)
+
+
+def test_sentry4_linked_units_cords_and_outlet_table(snmpsim):
+    # crafted/servertech-sentry4.snmprec: units 1 and 2 (linked), one cord each; Sentry4-MIB UNITS clauses
+    result, _ = poll(snmpsim, "servertech-sentry4", SnmpCredentials(community="servertech-sentry4"))
+    v = values(result)
+    assert v[("supernode_pdu_inlet_power_watts", (("inlet", "1.1"),))] == pytest.approx(2300.0)
+    assert v[("supernode_pdu_inlet_power_watts", (("inlet", "2.1"),))] == pytest.approx(1150.0)
+    assert v[("supernode_pdu_inlet_energy_joules_total", (("inlet", "2.1"),))] == pytest.approx(2147483000 * 360000.0)
+    ph = (("inlet", "1.1"), ("phase", "1"))
+    assert v[("supernode_pdu_phase_voltage_volts", ph)] == pytest.approx(230.1)
+    assert v[("supernode_pdu_phase_current_amperes", ph)] == pytest.approx(10.5)
+    outlets = {dict(lab)["outlet"] for (n, lab) in v if n == "supernode_pdu_outlet_power_watts"}
+    assert outlets == {"1.1.1", "1.1.2", "2.1.1", "2.1.2"}                     # linked units never collide
+    assert v[("supernode_pdu_outlet_current_amperes", (("outlet", "1.1.1"),))] == pytest.approx(5.2)
+    assert v[("supernode_pdu_outlet_power_watts", (("outlet", "2.1.2"),))] == pytest.approx(460.0)
+    assert v[("supernode_pdu_outlet_energy_joules_total", (("outlet", "1.1.2"),))] == pytest.approx(2147483000 * 3600.0)
+
+
+def test_raritan_px4_single_phase_inlet_and_onoff_read_by_state(snmpsim):
+    # crafted/raritan-px4.snmprec: DEVICES.md PX3 worked example values on a single-phase inlet (no pole rows);
+    # onOff sensors report value 0 whatever the state (PX4): only the state (7 on, 8 off) says on or off
+    result, _ = poll(snmpsim, "raritan-pdu2", SnmpCredentials(community="raritan-px4"))
+    v = values(result)
+    i1 = (("inlet", "1"),)
+    assert v[("supernode_pdu_inlet_current_amperes", i1)] == pytest.approx(7.467)
+    assert v[("supernode_pdu_inlet_voltage_volts", i1)] == pytest.approx(229.0)
+    assert v[("supernode_pdu_inlet_power_factor_ratio", i1)] == pytest.approx(0.98)
+    assert v[("supernode_pdu_inlet_current_limit_amperes", i1 + (("threshold", "upper_critical"),))] == 16.0
+    assert not any(n.startswith("supernode_pdu_phase_") for (n, _) in v)
+    assert v[("supernode_pdu_outlet_on", (("outlet", "1"),))] == 1.0
+    assert v[("supernode_pdu_outlet_on", (("outlet", "2"),))] == 0.0
+
+
+@pytest.mark.parametrize("community,profile,why,series", [
+    ("apc-8641", "apc-rpdu2", "sysObjectID 1.3.6.1.4.1.318.1.3.4.6 is under 1.3.6.1.4.1.318.1.3.4",
+     'supernode_pdu_inlet_power_watts{inlet="1",pdu="probe"} 1210.0'),
+    ("apc-7902b", "apc-rpdu2", "APC/Schneider rack PDU",
+     'supernode_pdu_phase_current_amperes{inlet="1",pdu="probe",phase="1"} 1.6'),
+    ("raritan-px4", "raritan-pdu2", "Raritan PX2/PX3/PX4", 'supernode_pdu_inlet_power_watts{inlet="1",pdu="probe"} 1665.0'),
+    ("servertech-pro4x", "raritan-pdu2", "ServerTech PRO3X/PRO4X (PDU2-MIB, shared with Raritan): sysObjectID "
+     "1.3.6.1.4.1.13742.6 is under 1.3.6.1.4.1.13742.6 and sysDescr matches", 'inlet="1",pdu="probe"} 229.0'),
+    ("servertech-sentry4", "servertech-sentry4", "Sentry4-MIB",
+     'supernode_pdu_inlet_power_watts{inlet="2.1",pdu="probe"} 1150.0'),
+    ("vertiv-geist-v5", "vertiv-geist-v5", "VERTIV-V5-MIB", 'phase="1"} 206.8'),
+])
+def test_probe_profile_auto_says_which_profile_and_why(snmpsim, community, profile, why, series):
+    text = asyncio.run(probe_snmp("auto", "127.0.0.1", snmpsim, community=community))
+    first = text.splitlines()[0]
+    assert first.startswith(f"# profile auto chose {profile}: ") and why in first
+    assert series in text and f'profile="{profile}"' in text
+
+
+def test_profile_auto_refuses_a_device_no_rule_knows(snmpsim):
+    with pytest.raises(SourceError) as err:     # net-snmp's generic Linux sysObjectID: no PDU family
+        asyncio.run(probe_snmp("auto", "127.0.0.1", snmpsim, community="entity-sensor"))
+    assert err.value.kind == "decode" and "1.3.6.1.4.1.8072.3.2.10" in str(err.value) and "no rule" in str(err.value)
+    with pytest.raises(SourceError) as err:     # the Raritan walk has no system group at all
+        asyncio.run(probe_snmp("auto", "127.0.0.1", snmpsim, community="raritan-pdu2"))
+    assert err.value.kind == "decode" and "sysObjectID" in str(err.value)
+
+
+def test_cli_probe_snmp_profile_auto(snmpsim):
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "probe", "snmp", "--profile", "auto", "--target",
+                          f"127.0.0.1:{snmpsim}", "--community", "apc-8641"], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("# profile auto chose apc-rpdu2: APC/Schneider rack PDU (PowerNet-MIB rPDU2)")

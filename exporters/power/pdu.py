@@ -20,6 +20,9 @@ from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, Snmp
 from exporters.power.snmp_decode import Columns, CounterTracker, decode
 from exporters.power.snmp_profile import Profile, load_profile, template_fields
 from exporters.render import render_probe
+from exporters.power.snmp_autodetect import AUTO, Detection, detect
+
+_PENDING = None  # PduSource.profile before `auto` has asked the device
 
 
 def parse_target(target: str | tuple[str, int], default_port: int = 161) -> tuple[str, int]:
@@ -43,7 +46,11 @@ class PduSource:
                  max_rows: int = MAX_ROWS, max_requests: int = MAX_REQUESTS):
         self.name = name
         self.device = device
-        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        # `auto`: chosen from sysObjectID/sysDescr on the first poll (the device may be down at start)
+        self.auto = profile == AUTO
+        self.detection: Detection | None = None
+        self.profile: Profile = _PENDING if self.auto else (
+            load_profile(profile) if isinstance(profile, str) else profile)  # type: ignore[assignment]
         self.host, self.port = parse_target(target)
         self.max_repetitions = max_repetitions
         self.outlet_feeds = dict(outlet_feeds or {})
@@ -54,8 +61,22 @@ class PduSource:
         self._slow: Columns = {}
         self._slow_at = -1e18
         self._info: dict[str, str] = {}
-        self._fast_oids = [o for _, _, o in self.profile.walked_columns(slow=False)]
-        self._slow_oids = [o for _, _, o in self.profile.walked_columns(slow=True)]
+        self._fast_oids: list[str] = []
+        self._slow_oids: list[str] = []
+        if not self.auto:
+            self._use(self.profile)
+
+    def _use(self, profile: Profile) -> None:
+        self.profile = profile
+        self._fast_oids = [o for _, _, o in profile.walked_columns(slow=False)]
+        self._slow_oids = [o for _, _, o in profile.walked_columns(slow=True)]
+
+    async def _resolve(self) -> None:
+        """`profile: auto`: ask the device what it is, once (a failed attempt is retried on the next call)."""
+        if self.auto and self.detection is None:
+            detection = await detect(self.client)
+            self._use(load_profile(detection.profile))
+            self.detection = detection
 
     @property
     def requests(self) -> int:
@@ -75,6 +96,7 @@ class PduSource:
                       if isinstance(got.get(o), (str, int)) and got[o] != ""}
 
     async def poll(self) -> PollResult:
+        await self._resolve()
         now_m = time.monotonic()
         refresh = now_m - self._slow_at >= self.scale_refresh
         oids = self._fast_oids + (self._slow_oids if refresh else [])
@@ -102,6 +124,7 @@ class PduSource:
         return PollResult(readings, errors)
 
     async def _outlet_oids(self, outlet: str | int) -> tuple[Any, str, str]:
+        await self._resolve()
         oc = self.profile.outlet_control
         if oc is None:
             raise SourceError("config", f"profile {self.profile.profile!r} has no outlet_control (not switched)")
@@ -193,4 +216,7 @@ async def probe_snmp(profile_name: str, host: str, port: int, community: str | N
     finally:
         await source.close()
     readings = result.readings + rack_power_readings(result.readings, None)
-    return render_probe("pdu", pdu_name, readings)
+    text = render_probe("pdu", pdu_name, readings)
+    if source.detection is not None:
+        text = f"# profile auto chose {source.detection.profile}: {source.detection.reason}\n{text}"
+    return text

@@ -66,7 +66,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _check_oid(v: str) -> str:
+def check_oid(v: str) -> str:
     v = str(v).strip().lstrip(".")
     if not _OID.match(v):
         raise ValueError(f"expected a numeric OID like 1.3.6.1..., got {v!r}")
@@ -81,7 +81,7 @@ class Column(_Strict):
     oid: str = Field(description="Numeric OID of the column (no index).")
     slow: bool = Field(default=False, description="Rarely changing (scale digits): re-read every scale_refresh seconds.")
 
-    _oid = field_validator("oid")(classmethod(lambda cls, v: _check_oid(v)))
+    _oid = field_validator("oid")(classmethod(lambda cls, v: check_oid(v)))
 
 
 class Table(_Strict):
@@ -154,7 +154,7 @@ class OutletControl(_Strict):
     power_on: Command
     power_off: Command
 
-    _oid = field_validator("command_oid")(classmethod(lambda cls, v: _check_oid(v)))
+    _oid = field_validator("command_oid")(classmethod(lambda cls, v: check_oid(v)))
 
 
 class Profile(_Strict):
@@ -173,7 +173,7 @@ class Profile(_Strict):
         bad = set(v) - {"model", "firmware", "serial"}
         if bad:
             raise ValueError(f"unknown info keys {sorted(bad)} (model, firmware, serial)")
-        return {k: _check_oid(o) for k, o in v.items()}
+        return {k: check_oid(o) for k, o in v.items()}
 
     @model_validator(mode="after")
     def _references(self) -> "Profile":
