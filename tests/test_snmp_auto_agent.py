@@ -1,0 +1,37 @@
+"""`profile: auto` in the real daemon: each PDU's profile is chosen from what it answers (snmpsim recordings)."""
+
+from __future__ import annotations
+
+from helpers import wait_for
+from snmpsim_peer import recordings, run_snmpsim
+from tests.agentproc import base_config, running_agent
+
+
+def test_agent_picks_each_pdu_profile_from_sysobjectid(tmp_path):
+    secrets = {}
+    for community in ("apc-8641", "vertiv-geist-v5", "entity-sensor"):
+        (tmp_path / community).write_text(community + "\n")
+        secrets[community] = {"file": str(tmp_path / community)}
+    for port in run_snmpsim(tmp_path, recordings(), "apc-8641"):
+        cfg = base_config(tmp_path)
+        cfg["secrets"].update(secrets)
+        cfg["inventory"] = {"pdus": [
+            {"name": n, "profile": "auto", "host": "127.0.0.1", "port": port, "community_secret": n}
+            for n in secrets]}
+        cfg["sources"]["pdu"] = {"interval": 0.5, "timeout": 1.0}
+        with running_agent(cfg, tmp_path) as agent:
+            def decoded() -> str | None:
+                t = agent.metrics()
+                done = ('pdu="vertiv-geist-v5"' in t and 'pdu="apc-8641"' in t
+                        and 'kind="decode",source="pdu"' in t)
+                return t if done else None
+            text = wait_for(decoded, timeout=60, what="two PDUs decoded and the unknown one refused")
+            assert 'profile="apc-rpdu2"' in text and 'profile="vertiv-geist-v5"' in text
+            assert 'supernode_pdu_inlet_power_watts{inlet="1",pdu="apc-8641"} 1210.0' in text
+            assert 'supernode_pdu_phase_voltage_volts{inlet="1",pdu="vertiv-geist-v5",phase="1"} 206.8' in text
+            # a device no rule knows is that PDU's error, not a guess, and not the others' problem
+            assert 'supernode_source_up{device="entity-sensor",source="pdu"} 0.0' in text
+            assert 'supernode_source_errors_total{device="entity-sensor",kind="decode",source="pdu"}' in text
+            assert not [line for line in text.splitlines()
+                        if line.startswith("supernode_pdu_info{") and 'pdu="entity-sensor"' in line]
+            assert agent.stop() in (0, None)
