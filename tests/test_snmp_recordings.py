@@ -252,3 +252,14 @@ def test_cli_probe_snmp_profile_auto(snmpsim):
                          cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("# profile auto chose apc-rpdu2: APC/Schneider rack PDU (PowerNet-MIB rPDU2)")
+
+
+def test_apc_bank_breakers_current_and_limits(snmpsim):
+    # the real AP7902B: two banks, rPDU2BankStatusCurrent 0 and 11 (tenths of A), thresholds 16 A near / 20 A overload
+    result, _ = poll(snmpsim, "apc-rpdu2", SnmpCredentials(community="apc-7902b"))
+    v = values(result)
+    cur, lim = "supernode_pdu_breaker_current_amperes", "supernode_pdu_breaker_current_limit_amperes"
+    assert {k: x for k, x in v.items() if k[0] == cur} == {(cur, (("breaker", "1.1"),)): 0.0,
+                                                           (cur, (("breaker", "1.2"),)): pytest.approx(1.1)}
+    assert v[(lim, (("breaker", "1.2"), ("threshold", "upper_critical")))] == 20.0
+    assert v[(lim, (("breaker", "1.2"), ("threshold", "upper_warning")))] == 16.0

@@ -37,6 +37,13 @@ PHASE_POWER = gauge("supernode_pdu_phase_power_watts", "Active power of one inle
 PHASE_CURRENT_LIMIT = gauge("supernode_pdu_phase_current_limit_amperes",
                             "Current threshold of one inlet phase (breaker rating or upper critical), in amperes.",
                             ("pdu", "inlet", "phase"), "amperes")
+BREAKER_CURRENT = gauge("supernode_pdu_breaker_current_amperes",
+                        "RMS current through one overcurrent protector (APC bank breaker), in amperes: the one that "
+                        "trips first is what a power playbook watches.", ("pdu", "breaker"), "amperes")
+BREAKER_LIMIT = gauge("supernode_pdu_breaker_current_limit_amperes",
+                      "Current threshold of one overcurrent protector set on the device (threshold: upper_critical "
+                      "= overload, upper_warning = near overload), in amperes.", ("pdu", "breaker", "threshold"),
+                      "amperes")
 OUTLET_POWER = gauge("supernode_pdu_outlet_power_watts", "Active power of one outlet, in watts (polled).",
                      ("pdu", "outlet"), "watts")
 OUTLET_CURRENT = gauge("supernode_pdu_outlet_current_amperes", "RMS current of one outlet, in amperes (polled).",
@@ -54,6 +61,6 @@ RACK_BUDGET = gauge("supernode_rack_power_budget_watts", "Rack power budget from
 # Families a profile may map columns onto (the rest are computed by the collector).
 PROFILE_METRICS: dict[str, MetricSpec] = {s.name: s for s in (
     INLET_POWER, INLET_APPARENT, INLET_ENERGY, INLET_CURRENT, INLET_VOLTAGE, INLET_POWER_FACTOR, INLET_CURRENT_LIMIT,
-    PHASE_CURRENT, PHASE_VOLTAGE, PHASE_POWER, PHASE_CURRENT_LIMIT,
+    PHASE_CURRENT, PHASE_VOLTAGE, PHASE_POWER, PHASE_CURRENT_LIMIT, BREAKER_CURRENT, BREAKER_LIMIT,
     OUTLET_POWER, OUTLET_CURRENT, OUTLET_ENERGY, OUTLET_ON)}
 ALL_METRICS: tuple[MetricSpec, ...] = (PDU_INFO, *PROFILE_METRICS.values(), OUTLET_INFO, RACK_POWER, RACK_BUDGET)
