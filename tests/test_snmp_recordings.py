@@ -62,9 +62,12 @@ def test_apc_ap7902b_not_supported_values_are_never_exported(snmpsim):
     result, _ = poll(snmpsim, "apc-rpdu2", SnmpCredentials(community="apc-7902b"))
     v = values(result)
     assert v[("supernode_pdu_phase_current_amperes", (("inlet", "1"), ("phase", "1")))] == pytest.approx(1.6)
-    assert ("supernode_pdu_inlet_power_watts", (("inlet", "1"),)) not in v       # -1 = not supported
+    # rPDU2DeviceStatusPower is -1 (not supported, never a value): the legacy rPDUIdentDevicePowerWatts says 192 W
+    assert v[("supernode_pdu_inlet_power_watts", (("inlet", "1"),))] == 192.0
+    assert sum(1 for r in result.readings if r.name == "supernode_pdu_inlet_power_watts") == 1   # one series
     unsupported = {r.name for r in result.readings if r.quality.value == "unsupported"}
-    assert {"supernode_pdu_inlet_power_watts", "supernode_pdu_phase_voltage_volts"} <= unsupported
+    assert "supernode_pdu_phase_voltage_volts" in unsupported and "supernode_pdu_inlet_power_watts" not in unsupported
+    assert -1.0 not in v.values()
     assert sum(1 for (n, _) in v if n == "supernode_pdu_outlet_on") == 16
 
 
@@ -263,3 +266,12 @@ def test_apc_bank_breakers_current_and_limits(snmpsim):
                                                            (cur, (("breaker", "1.2"),)): pytest.approx(1.1)}
     assert v[(lim, (("breaker", "1.2"), ("threshold", "upper_critical")))] == 20.0
     assert v[(lim, (("breaker", "1.2"), ("threshold", "upper_warning")))] == 16.0
+
+
+def test_apc_unit_with_only_the_legacy_rpdu_group(snmpsim):
+    # crafted/apc-7900b.snmprec: rPDUIdentDevicePowerWatts 460 W, rPDULoadStatusLoad phase 1 = 38 tenths of A
+    text = asyncio.run(probe_snmp("auto", "127.0.0.1", snmpsim, community="apc-7900b"))
+    assert text.startswith("# profile auto chose apc-rpdu2: ")
+    assert 'supernode_pdu_inlet_power_watts{inlet="1",pdu="probe"} 460.0' in text
+    assert 'supernode_pdu_phase_current_amperes{inlet="1",pdu="probe",phase="1"} 3.8' in text
+    assert "NaN" not in text and " -1.0" not in text

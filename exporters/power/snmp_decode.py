@@ -102,52 +102,77 @@ def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracke
     now = time.time() if now is None else now
     errors = {} if errors is None else errors
     out: list[Reading] = []
+    fallback: set[int] = set()  # positions in `out` of readings from fallback maps
     for m in profile.metrics:
-        spec = PROFILE_METRICS[m.metric]
-        table = profile.tables[m.table]
-        table_cols = {name: c.oid for name, c in table.columns.items()}
-        for index, raw in columns.get(table_cols[m.column], {}).items():
-            if len(index) != len(table.index):
-                errors[f"{m.table}.{m.column}"] = errors.get(f"{m.table}.{m.column}", 0) + 1
-                continue
-            parts = dict(zip(table.index, index))
-            if any(parts[k] != v for k, v in m.where.items()):
-                continue
-            if any(columns.get(table_cols[c], {}).get(index) not in vals for c, vals in m.when.items()):
-                continue
-            label_parts = _label_parts(m, table.index, table_cols, columns, index, parts)
-            if label_parts is None:  # a row-index table whose id column (module, number) is missing or bad
-                errors[f"{m.table}.labels"] = errors.get(f"{m.table}.labels", 0) + 1
-                continue
-            labels = {"pdu": pdu, **{k: t.format(**label_parts) for k, t in m.labels.items()}}
-            if not isinstance(raw, int) or not -RAW_LIMIT < raw < RAW_LIMIT:  # a string, snmp_v2c.BadValue, ...
-                errors[m.metric] = errors.get(m.metric, 0) + 1
-                out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT, now))
-                continue
-            if raw in m.unsupported:
-                out.append(Reading(spec, float(raw), labels, Quality.UNSUPPORTED, now))
-                continue
-            if m.enum is not None:
-                if raw not in m.enum:
-                    out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
-                else:
-                    out.append(Reading(spec, float(m.enum[raw]), labels, Quality.OK, now))
-                continue
-            factor = row_factor(m, table_cols, columns, index)
-            if factor is None:
+        start = len(out)
+        _decode_map(m, profile, columns, pdu, counters, errors, now, out)
+        if m.fallback:
+            fallback.update(range(start, len(out)))
+    return _prefer_primary(out, fallback)
+
+
+def _prefer_primary(out: list[Reading], fallback: set[int]) -> list[Reading]:
+    """One reading per series: a fallback map's reading only where the primary maps gave no ok one."""
+    if not fallback:
+        return out
+
+    def key(r: Reading) -> tuple:
+        return r.name, tuple(sorted(r.labels.items()))
+    primary_ok = {key(r) for i, r in enumerate(out) if i not in fallback and r.ok}
+    primary_any = {key(r) for i, r in enumerate(out) if i not in fallback}
+    fallback_ok = {key(r) for i, r in enumerate(out) if i in fallback and r.ok}
+    return [r for i, r in enumerate(out)
+            if (i in fallback and key(r) not in primary_ok and (r.ok or key(r) not in primary_any))
+            or (i not in fallback and (r.ok or key(r) not in fallback_ok))]
+
+
+def _decode_map(m: MetricMap, profile: Profile, columns: Columns, pdu: str, counters: CounterTracker,
+                errors: dict[str, int], now: float, out: list[Reading]) -> None:
+    """Append the readings of one metric map to `out`."""
+    spec = PROFILE_METRICS[m.metric]
+    table = profile.tables[m.table]
+    table_cols = {name: c.oid for name, c in table.columns.items()}
+    for index, raw in columns.get(table_cols[m.column], {}).items():
+        if len(index) != len(table.index):
+            errors[f"{m.table}.{m.column}"] = errors.get(f"{m.table}.{m.column}", 0) + 1
+            continue
+        parts = dict(zip(table.index, index))
+        if any(parts[k] != v for k, v in m.where.items()):
+            continue
+        if any(columns.get(table_cols[c], {}).get(index) not in vals for c, vals in m.when.items()):
+            continue
+        label_parts = _label_parts(m, table.index, table_cols, columns, index, parts)
+        if label_parts is None:  # a row-index table whose id column (module, number) is missing or bad
+            errors[f"{m.table}.labels"] = errors.get(f"{m.table}.labels", 0) + 1
+            continue
+        labels = {"pdu": pdu, **{k: t.format(**label_parts) for k, t in m.labels.items()}}
+        if not isinstance(raw, int) or not -RAW_LIMIT < raw < RAW_LIMIT:  # a string, snmp_v2c.BadValue, ...
+            errors[m.metric] = errors.get(m.metric, 0) + 1
+            out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT, now))
+            continue
+        if raw in m.unsupported:
+            out.append(Reading(spec, float(raw), labels, Quality.UNSUPPORTED, now))
+            continue
+        if m.enum is not None:
+            if raw not in m.enum:
                 out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
-                continue
-            factor *= m.scale
-            if m.counter_bits is not None and not 0 <= raw < (1 << m.counter_bits):
-                out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))  # not a counter that wide
-                continue
-            if m.counter_bits is not None:
-                key = (m.metric, tuple(sorted(labels.items())))
-                value = counters.update(key, raw, m.counter_bits, factor) + m.offset
             else:
-                value = raw * factor + m.offset
-            if not math.isfinite(value):
-                out.append(Reading(spec, 0.0, labels, Quality.SENSOR_FAULT, now))
-                continue
-            out.append(Reading(spec, value, labels, Quality.OK, now))
-    return out
+                out.append(Reading(spec, float(m.enum[raw]), labels, Quality.OK, now))
+            continue
+        factor = row_factor(m, table_cols, columns, index)
+        if factor is None:
+            out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
+            continue
+        factor *= m.scale
+        if m.counter_bits is not None and not 0 <= raw < (1 << m.counter_bits):
+            out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))  # not a counter that wide
+            continue
+        if m.counter_bits is not None:
+            key = (m.metric, tuple(sorted(labels.items())))
+            value = counters.update(key, raw, m.counter_bits, factor) + m.offset
+        else:
+            value = raw * factor + m.offset
+        if not math.isfinite(value):
+            out.append(Reading(spec, 0.0, labels, Quality.SENSOR_FAULT, now))
+            continue
+        out.append(Reading(spec, value, labels, Quality.OK, now))

@@ -30,6 +30,7 @@ Format (see the shipped profiles for complete examples)::
         unsupported: [-1]            # raw values meaning "not supported"
         enum: {7: 1, 8: 0}           # raw -> value; other raw values are a sensor fault
         counter_bits: 32             # counters only: device counter width for wrap detection
+        fallback: false              # true: only where the other maps of this metric give no ok reading
     outlet_control:                  # optional, switched PDUs
       table: outlet_switch           # column read back after a SET
       state_column: state
@@ -120,6 +121,9 @@ class MetricMap(_Strict):
     unsupported: list[int] = Field(default_factory=list)
     enum: dict[int, float] | None = None
     counter_bits: int | None = Field(default=None, ge=8, le=64)
+    fallback: bool = Field(default=False, description=(
+        "Used only where no other map of this metric gives an ok reading with the same labels (legacy APC rPDU "
+        "scalars for units that answer -1 = not supported in rPDU2)."))
 
     def label_columns(self, index: list[str]) -> list[str]:
         """Names in the label templates that are table columns, not index parts (ids read per row)."""
