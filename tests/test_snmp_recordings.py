@@ -81,6 +81,7 @@ def test_raritan_pdu2_walk_decodes_with_decimal_digits(snmpsim):
     o1 = (("outlet", "1"),)
     assert v[("supernode_pdu_outlet_current_amperes", o1)] == pytest.approx(0.074)   # 74 with 3 digits
     assert v[("supernode_pdu_outlet_power_watts", o1)] == pytest.approx(7.0)
+    assert v[("supernode_pdu_outlet_voltage_volts", o1)] == pytest.approx(233.0)     # outlet sensor 4 rmsVoltage
     assert v[("supernode_pdu_outlet_energy_joules_total", o1)] == pytest.approx(107881 * 3600.0)
     assert v[("supernode_pdu_outlet_on", o1)] == 1.0                                 # onOff state 7 = on
     assert {lab[0][1] for (n, lab) in v if n == "supernode_pdu_outlet_power_watts"} == {str(i) for i in range(1, 13)}

@@ -48,6 +48,8 @@ OUTLET_POWER = gauge("supernode_pdu_outlet_power_watts", "Active power of one ou
                      ("pdu", "outlet"), "watts")
 OUTLET_CURRENT = gauge("supernode_pdu_outlet_current_amperes", "RMS current of one outlet, in amperes (polled).",
                        ("pdu", "outlet"), "amperes")
+OUTLET_VOLTAGE = gauge("supernode_pdu_outlet_voltage_volts", "RMS voltage at one outlet, in volts (where the MIB has it).",
+                       ("pdu", "outlet"), "volts")
 OUTLET_ENERGY = counter("supernode_pdu_outlet_energy_joules_total",
                         "Active energy through one outlet, in joules; wraps and resets absorbed.",
                         ("pdu", "outlet"), "joules")
@@ -62,5 +64,5 @@ RACK_BUDGET = gauge("supernode_rack_power_budget_watts", "Rack power budget from
 PROFILE_METRICS: dict[str, MetricSpec] = {s.name: s for s in (
     INLET_POWER, INLET_APPARENT, INLET_ENERGY, INLET_CURRENT, INLET_VOLTAGE, INLET_POWER_FACTOR, INLET_CURRENT_LIMIT,
     PHASE_CURRENT, PHASE_VOLTAGE, PHASE_POWER, PHASE_CURRENT_LIMIT, BREAKER_CURRENT, BREAKER_LIMIT,
-    OUTLET_POWER, OUTLET_CURRENT, OUTLET_ENERGY, OUTLET_ON)}
+    OUTLET_POWER, OUTLET_CURRENT, OUTLET_VOLTAGE, OUTLET_ENERGY, OUTLET_ON)}
 ALL_METRICS: tuple[MetricSpec, ...] = (PDU_INFO, *PROFILE_METRICS.values(), OUTLET_INFO, RACK_POWER, RACK_BUDGET)
