@@ -14,6 +14,9 @@ import random
 import threading
 from dataclasses import dataclass, field
 
+from agent.sim.nvml_personality import DEFAULT as DEFAULT_PERSONALITY
+from agent.sim.nvml_personality import apply as apply_personality
+
 PG25_DENSITY = 1020.0  # kg/m^3 at ~30 C
 PG25_HEAT_CAPACITY = 3900.0  # J/(kg K)
 
@@ -137,7 +140,7 @@ class RackModel:
     """
 
     def __init__(self, rack: str = "r01", nodes: int = 2, gpus_per_node: int = 4, nvlinks: int = 18,
-                 seed: int = 1, leak_zones: dict[str, list[str]] | None = None):
+                 seed: int = 1, leak_zones: dict[str, list[str]] | None = None, personality: str = DEFAULT_PERSONALITY):
         self.lock = threading.RLock()
         self.rack = rack
         self.rng = random.Random(seed)
@@ -149,8 +152,10 @@ class RackModel:
             node = NodeState(name)
             for i in range(gpus_per_node):
                 uid = f"GPU-{seed:02x}{n:02x}{i:02x}00-5eed-4c0d-9a1e-{n:06x}{i:06x}"
-                node.gpus.append(GpuState(node=name, index=i, uuid=uid, serial=f"165{seed:03d}{n:03d}{i:04d}",
-                                          pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", nvlink_count=nvlinks))
+                gpu = GpuState(node=name, index=i, uuid=uid, serial=f"165{seed:03d}{n:03d}{i:04d}",
+                               pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", nvlink_count=nvlinks)
+                apply_personality(gpu, personality)
+                node.gpus.append(gpu)
             self.nodes[name] = node
         zones = leak_zones if leak_zones is not None else {"zone-a": list(self.nodes)}
         self.zone_nodes = zones

@@ -36,7 +36,7 @@ from exporters.gpu import nvml_metrics as M
 from exporters.base import BlockingCaller, EventStream, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.gpu.nvml_lanes import GpuLanes
-from exporters.gpu.nvml_profile import LinkField, NvmlProfile, load_profile
+from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_profile
 
 log = logging.getLogger("exporters.gpu.nvml")
 
@@ -436,9 +436,10 @@ class NvmlSource:
                     continue
                 spec = M.NVLINK_BY_METRIC[f.metric]
                 extra = ("kind" if f.metric == "bit_error_rate" else "type", f.label) if f.label else ()
+                scale = None if f.encoding == "ber_packed" else f.scale  # None: decode_ber
                 for link in range(self._nvlinks):
                     ids.append((f.id, link))
-                    fills.append((spec, c.with_("link", self._links[link], *extra), f.scale))
+                    fills.append((spec, c.with_("link", self._links[link], *extra), scale))
             plan = c.plan.fields = (ids, fills)
         return plan
 
@@ -469,7 +470,7 @@ class NvmlSource:
                 continue
             if fill is not None:
                 spec, labels, scale = fill
-                out.append(new(spec, v * scale, labels, _OK, ts))
+                out.append(new(spec, decode_ber(v) if scale is None else v * scale, labels, _OK, ts))
             else:  # the recovery action, as a state set
                 for a in self._p.recovery_actions:
                     c.add(M.RECOVERY, 1.0 if int(v) == a.id else 0.0, c.with_("action", a.label))

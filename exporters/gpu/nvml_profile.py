@@ -15,6 +15,7 @@ import yaml
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "nvml.yaml"
 NVLINK_METRICS = ("errors", "transmit_bytes", "receive_bytes", "bit_error_rate")
+ENCODINGS = ("plain", "ber_packed")
 
 
 class ProfileError(ValueError):
@@ -39,6 +40,17 @@ class LinkField:
     metric: str
     label: str = ""
     scale: float = 1.0
+    encoding: str = "plain"  # ber_packed: NVML_NVLINK_ERROR_COUNTER_BER_GET layout, decoded by decode_ber
+
+
+def decode_ber(raw: float) -> float:
+    """A packed NVLink5 BER field (220, 222) as a ratio: mantissa x 10^-exponent.
+
+    nvml.h packs it (NVML_NVLINK_ERROR_COUNTER_BER_GET): bits 0-7 the exponent,
+    bits 8-11 the mantissa; the raw integer is not a rate of anything.
+    """
+    n = int(raw)
+    return ((n >> 8) & 0xF) * 10.0 ** -(n & 0xFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +118,10 @@ def _link_fields(raw: Any) -> tuple[LinkField, ...]:
         scale = entry.get("scale", 1)
         if not isinstance(scale, (int, float)) or scale <= 0:
             raise ProfileError(f"{path}.scale: expected a positive number, got {scale!r}")
-        out.append(LinkField(name, ident, metric, str(label), float(scale)))
+        encoding = entry.get("encoding", "plain")
+        if encoding not in ENCODINGS:
+            raise ProfileError(f"{path}.encoding: expected one of {', '.join(ENCODINGS)}, got {encoding!r}")
+        out.append(LinkField(name, ident, metric, str(label), float(scale), encoding))
     return tuple(out)
 
 
