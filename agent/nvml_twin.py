@@ -348,6 +348,14 @@ class NvmlTwin:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return g["temp_c"]
 
+    def nvmlDeviceGetTemperatureV(self, h: TwinDevice, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:
+        g = self._dev(h, "nvmlDeviceGetTemperatureV")
+        if version != pynvml.nvmlTemperature_v1:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return g["temp_c"]
+
     def nvmlDeviceGetTemperatureThreshold(self, h: TwinDevice, threshold: int) -> int:
         g = self._dev(h, "nvmlDeviceGetTemperatureThreshold")
         if not 0 <= threshold < len(g["thresholds_c"]):

@@ -135,3 +135,34 @@ def test_demo_defaults_to_the_gb200_class():
     assert inspect.signature(run_demo).parameters["personality"].default == "gb200"
     assert build_parser().parse_args(["sim", "run"]).personality == "h100"
     assert set(GPU_PERSONALITIES) == set(PERSONALITIES)
+
+
+def _temperature_poll(model: RackModel, missing_v: bool):
+    from agent import nvml_twin
+
+    for sim in serve(model):
+        twin = NvmlTwin(sim.url, NODE)
+        if missing_v:  # a driver older than nvmlDeviceGetTemperatureV: pynvml raises FunctionNotFound
+            twin.nvmlDeviceGetTemperatureV = nvml_twin._not_found("nvmlDeviceGetTemperatureV")
+        src = NvmlSource(twin, GPUS, LINKS, call_timeout=5.0, xid_events=False, gpu_timeout=4.0)
+        return run(lambda: poll_close(src, n=2))
+
+
+def test_temperature_prefers_nvmlDeviceGetTemperatureV():
+    """The deprecated call answers NotSupported here: the temperature still comes, from the V call."""
+    m = RackModel(nodes=1, gpus_per_node=GPUS, nvlinks=LINKS, seed=5, personality="gb200")
+    with m.lock:
+        for g in m.nodes[NODE].gpus:
+            g.unsupported.add("nvmlDeviceGetTemperature")
+    first, second = _temperature_poll(m, missing_v=False)
+    for res in (first, second):
+        assert one(res, M.TEMPERATURE, gpu="1", sensor="gpu") == round(m.gpu(NODE, 1).temp_c)
+        assert not [r for r in res.readings if r.quality is Quality.UNSUPPORTED and r.spec is M.TEMPERATURE]
+
+
+def test_temperature_falls_back_where_the_driver_lacks_the_v_call():
+    m = RackModel(nodes=1, gpus_per_node=GPUS, nvlinks=LINKS, seed=5, personality="h100")
+    first, second = _temperature_poll(m, missing_v=True)
+    for res in (first, second):
+        assert not res.partial_errors
+        assert one(res, M.TEMPERATURE, gpu="0", sensor="gpu") == round(m.gpu(NODE, 0).temp_c)

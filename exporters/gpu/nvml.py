@@ -187,6 +187,7 @@ class NvmlSource:
         self._lost = (lib.NVMLError_GpuIsLost, lib.NVMLError_GpuNotFound)
         self._timeout_error = lib.NVMLError_Timeout
         self._initialized = False
+        self._temp_v = True  # cleared once the driver turns out to lack nvmlDeviceGetTemperatureV
         self._system: tuple[str, str] = ("", "")
         self._static: dict[str, dict[str, Any]] = {}  # uuid -> facts read once
         self._plans: dict[tuple[int, str], _GpuPlan] = {}  # (index, uuid) -> what each cycle reuses
@@ -284,7 +285,7 @@ class NvmlSource:
     def _probe_gpu(self, i: int) -> None:
         """The cheap call that says a hung GPU answers again (run on a thread of its own)."""
         lib = self._lib
-        lib.nvmlDeviceGetTemperature(lib.nvmlDeviceGetHandleByIndex(i), lib.NVML_TEMPERATURE_GPU)
+        self._temperature_fn()[1](lib.nvmlDeviceGetHandleByIndex(i), lib.NVML_TEMPERATURE_GPU)
 
     def _safe_text(self, fn: Any) -> str:
         try:
@@ -329,7 +330,7 @@ class NvmlSource:
         c.add(M.GPU_HUNG, 0.0)
         for label, value in st["thresholds"]:
             c.add(M.THRESHOLD, value, c.with_("threshold", label))
-        v = c.ask("nvmlDeviceGetTemperature", M.TEMPERATURE, lib.nvmlDeviceGetTemperature, h, lib.NVML_TEMPERATURE_GPU)
+        v = self._read_temperature(c, h)
         if v is not None:
             c.add(M.TEMPERATURE, v, c.with_("sensor", "gpu"))
         v = c.ask("nvmlDeviceGetPowerUsage", M.POWER, lib.nvmlDeviceGetPowerUsage, h)
@@ -376,6 +377,28 @@ class NvmlSource:
         stream = self.event_stream
         if stream is None or not stream.attached:
             self._read_xids(c)
+
+    def _temperature_fn(self) -> tuple[str, Any]:
+        """nvmlDeviceGetTemperatureV where the library and driver have it (nvmlDeviceGetTemperature is
+        deprecated in CUDA 13 and goes in 14), else the legacy call; the choice is made once per source."""
+        lib = self._lib
+        if self._temp_v:
+            fn = getattr(lib, "nvmlDeviceGetTemperatureV", None)
+            if fn is not None:
+                return "nvmlDeviceGetTemperatureV", fn
+            self._temp_v = False
+        return "nvmlDeviceGetTemperature", lib.nvmlDeviceGetTemperature
+
+    def _read_temperature(self, c: _GpuCycle, h: Any) -> Any:
+        name, fn = self._temperature_fn()
+        if name == "nvmlDeviceGetTemperatureV":
+            try:
+                return c.ask(name, M.TEMPERATURE, _no_function_is_absent(fn, self._lib), h, self._lib.NVML_TEMPERATURE_GPU)
+            except _FunctionAbsent:
+                log.info("nvmlDeviceGetTemperatureV not in this driver: using nvmlDeviceGetTemperature")
+                self._temp_v = False
+                name, fn = self._temperature_fn()
+        return c.ask(name, M.TEMPERATURE, fn, h, self._lib.NVML_TEMPERATURE_GPU)
 
     def _read_static(self, c: _GpuCycle, h: Any) -> dict[str, Any]:
         """Facts that do not change while the driver is loaded: read once per GPU."""
@@ -631,6 +654,19 @@ class NvmlSource:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(msg, *args)
+
+
+class _FunctionAbsent(Exception):
+    """The driver lacks the function (NVML_ERROR_FUNCTION_NOT_FOUND): not an NVML error of this GPU."""
+
+
+def _no_function_is_absent(fn: Any, lib: Any) -> Any:
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except lib.NVMLError_FunctionNotFound:
+            raise _FunctionAbsent() from None
+    return call
 
 
 def _handle_key(h: Any) -> Any:
