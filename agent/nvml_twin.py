@@ -416,6 +416,8 @@ class NvmlTwin:
         g = self._dev(h, "nvmlDeviceGetTotalEccErrors")
         if error_type not in (0, 1) or counter_type not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if counter_type == pynvml.NVML_AGGREGATE_ECC and "ecc_aggregate" in g:
+            return g["ecc_aggregate"][error_type]
         return g["ecc"][error_type]
 
     def nvmlDeviceGetRemappedRows(self, h: TwinDevice) -> tuple[int, int, int, int]:

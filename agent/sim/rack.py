@@ -68,6 +68,8 @@ class GpuState:
     nvlink_tx_kib: list[float] = field(default_factory=list)
     nvlink_rx_kib: list[float] = field(default_factory=list)
     xids: list[tuple[int, int]] = field(default_factory=list)  # (sequence, xid)
+    # NVML answers pinned over the physics (a GPU built from a real capture: agent/sim/nvml_capture.py)
+    nvml_pinned: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.nvlink_up:
@@ -125,6 +127,7 @@ class NodeState:
     gpus: list[GpuState] = field(default_factory=list)
     powered: bool = True  # False when every PDU outlet feeding the node is off (simulated PDU)
     nvml_hang_seconds: float = 0.0  # every NVML call on the node blocks up to this long (a wedged driver)
+    nvml_pinned: dict = field(default_factory=dict)  # driver / cuda of a captured node
 
     @property
     def power_w(self) -> float:
