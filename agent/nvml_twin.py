@@ -535,7 +535,10 @@ def _answer(g: dict[str, Any], fid: int) -> tuple[int, int, Any, bool]:
         return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
     getter = _DEVICE_FIELDS.get(fid)
     if getter is not None:
-        return pynvml.NVML_SUCCESS, *getter(g), False
+        vtype, value = getter(g)
+        if value is None:  # the GPU has no such thing (a C2C counter without a C2C link)
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
+        return pynvml.NVML_SUCCESS, vtype, value, False
     column = _LINK_FIELDS.get(fid)
     if column is None or (fid in _NVLINK5_FIELDS and g["nvlink_version"] < _NVLINK5):
         return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
@@ -576,6 +579,9 @@ _DEVICE_FIELDS: dict[int, Callable[[dict], tuple[int, Any]]] = {
     pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: lambda g: (_UI, g["recovery_action"]),
     pynvml.NVML_FI_DEV_POWER_INSTANT: lambda g: (_UI, g["power_mw"]),
     pynvml.NVML_FI_DEV_ENERGY: lambda g: (_ULL, g["energy_mj"]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_INTR: lambda g: (_ULL, g["c2c_errors"] and g["c2c_errors"][0]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY: lambda g: (_ULL, g["c2c_errors"] and g["c2c_errors"][1]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY_B2B: lambda g: (_ULL, g["c2c_errors"] and g["c2c_errors"][2]),
 }
 # Per-link fields as (valueType, value of every link). Simulated NVLink5 counters are derived from the
 # model's flit-CRC counts: ~4 symbol errors per flit error.

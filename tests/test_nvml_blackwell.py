@@ -119,7 +119,8 @@ def test_h100_keeps_the_legacy_counters_and_drops_nvlink5_once(gb200):
     assert not values(first, M.NVLINK_BER)
     nvlink5 = [f for f in load_profile().nvlink_fields if f.name.startswith("NVML_FI_DEV_NVLINK_COUNT_")]
     unsup = [r for r in first.readings if r.quality is Quality.UNSUPPORTED]
-    assert len(unsup) == len(nvlink5) * GPUS
+    assert len(unsup) == (len(nvlink5) + 3) * GPUS  # and the three C2C counters: an H100 SXM has no C2C link
+    assert sum(r.spec is M.C2C_ERRORS for r in unsup) == 3 * GPUS
     assert not [r for r in second.readings if r.quality is Quality.UNSUPPORTED]
     assert not math.isnan(one(second, M.NVLINK_ERRORS, gpu="1", link="4", type="replay"))
 
@@ -166,3 +167,14 @@ def test_temperature_falls_back_where_the_driver_lacks_the_v_call():
     for res in (first, second):
         assert not res.partial_errors
         assert one(res, M.TEMPERATURE, gpu="0", sensor="gpu") == round(m.gpu(NODE, 0).temp_c)
+
+
+def test_grace_blackwell_c2c_link_errors_are_exported(gb200):
+    with gb200.lock:
+        gb200.gpu(NODE, 1).c2c_errors = [7, 3, 1]
+    for sim in serve(gb200):
+        (res,) = run(lambda: poll_close(_source(sim)))
+    assert one(res, M.C2C_ERRORS, gpu="1", type="crc") == 7
+    assert one(res, M.C2C_ERRORS, gpu="1", type="replay") == 3
+    assert one(res, M.C2C_ERRORS, gpu="1", type="replay_back_to_back") == 1
+    assert one(res, M.C2C_ERRORS, gpu="0", type="crc") == 0

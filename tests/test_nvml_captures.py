@@ -99,6 +99,8 @@ def test_capture_round_trips_through_the_exporter(name):
             assert one(res, M.REMAP_PENDING, gpu=gpu) == {"No": 0.0, "Yes": 1.0}[rows["Pending"]]
             assert one(res, M.REMAP_FAILURE, gpu=gpu) == {"No": 0.0, "Yes": 1.0}[rows["Remapping Failure Occurred"]]
             assert one(res, M.PCIE_REPLAYS, gpu=gpu) == int(_value(raw, "PCI/Replays Since Reset"))
+            c2c = [r for r in res.readings if r.spec is M.C2C_ERRORS and r.labels["gpu"] == gpu and r.ok]
+            assert len(c2c) == (3 if raw.get("GPU C2C Mode") == "Enabled" else 0), (name, gpu)
     assert not [r for r in second.readings if r.quality is Quality.UNSUPPORTED]
 
 

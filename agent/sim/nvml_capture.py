@@ -158,4 +158,5 @@ def model_from_capture(text: str, node: str = "node01", nvlinks: int = 18) -> Ra
             pinned = nvml_answers(raw)
             g.uuid, g.name, g.serial, g.pci_bus_id = pinned["uuid"], pinned["name"], pinned["serial"], pinned["pci_bus_id"]
             g.nvml_pinned = pinned
+            g.c2c_errors = [0, 0, 0] if raw.get("GPU C2C Mode") == "Enabled" else None  # Grace-Hopper/Blackwell
     return model

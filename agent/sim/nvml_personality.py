@@ -22,13 +22,13 @@ PERSONALITIES: dict[str, dict[str, Any]] = {
     "h100": {"name": "NVIDIA H100 80GB HBM3", "nvlink_version": 6,
              "power_limit_mw": 700_000, "default_limit_mw": 700_000, "min_limit_mw": 200_000,
              "max_limit_mw": 700_000, "memory_total": 80 * 1024**3, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
-             "unsupported": frozenset()},
+             "unsupported": frozenset(), "c2c_errors": None},
     # GB200 (Blackwell, NVL72 tray): NVLink5, 18 links, legacy NVLink error API NotSupported.
     "gb200": {"name": "NVIDIA GB200", "nvlink_version": 7,
               "power_limit_mw": 1_200_000, "default_limit_mw": 1_200_000, "min_limit_mw": 200_000,
               "max_limit_mw": 1_200_000, "memory_total": 189_471 * 1024**2, "sm_clock_mhz": 1965,
               "mem_clock_mhz": 3996, "slowdown_c": 88, "shutdown_c": 93, "gpu_max_c": 87,
-              "unsupported": _LEGACY_NVLINK},
+              "unsupported": _LEGACY_NVLINK, "c2c_errors": [0, 0, 0]},
 }
 DEFAULT = "h100"
 
@@ -40,5 +40,5 @@ def apply(gpu: Any, personality: str) -> None:
     except KeyError:
         raise ValueError(f"gpu personality: expected one of {', '.join(PERSONALITIES)}, got {personality!r}") from None
     for key, value in p.items():
-        setattr(gpu, key, set(value) if key == "unsupported" else value)
+        setattr(gpu, key, set(value) if key == "unsupported" else list(value) if isinstance(value, list) else value)
     gpu.power_w = min(gpu.power_w, gpu.power_limit_mw / 1000)

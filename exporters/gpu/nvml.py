@@ -195,6 +195,7 @@ class NvmlSource:
         self._unsupported: set[tuple[str, str]] = set()  # (uuid, call or "field:<id>")
         self._field_meaning: dict[int, Any] = {f.id: key for key, f in self._p.gpu_fields.items()}
         self._field_meaning.update({f.id: f for f in self._p.nvlink_fields})
+        self._field_meaning.update({f.id: ("c2c", f.label) for f in self._p.c2c_fields})
         self._logged: set[tuple] = set()
         self._links = [str(link) for link in range(nvlinks)]
         self._xid_lock = threading.Lock()
@@ -454,6 +455,10 @@ class NvmlSource:
                 if (c.uuid, f"field:{f.id}") not in unsup:
                     ids.append(f.id)
                     fills.append((M.TEMPERATURE, c.with_("sensor", "memory"), 1.0) if key == "memory_temp" else None)
+            for f in self._p.c2c_fields:
+                if (c.uuid, f"field:{f.id}") not in unsup:
+                    ids.append(f.id)
+                    fills.append((M.C2C_ERRORS, c.with_("type", f.label), 1.0))
             for f in self._p.nvlink_fields:
                 if (c.uuid, f"field:{f.id}") in unsup:
                     continue
@@ -508,6 +513,8 @@ class NvmlSource:
             return M.NVLINK_BY_METRIC[what.metric], c.with_(*extra)
         if what == "recovery_action":
             return M.RECOVERY, c.base
+        if isinstance(what, tuple):  # ("c2c", type)
+            return M.C2C_ERRORS, c.with_("type", what[1])
         return M.TEMPERATURE, c.with_("sensor", "memory")
 
     def _link_calls(self, c: _GpuCycle) -> list[tuple]:

@@ -60,6 +60,7 @@ class NvmlProfile:
     recovery_actions: tuple[Named, ...]
     gpu_fields: dict[str, Named]
     nvlink_fields: tuple[LinkField, ...]
+    c2c_fields: tuple[Named, ...]
     nvlink_error_counters: tuple[Named, ...]
     xid_event_types: tuple[Named, ...]
 
@@ -73,7 +74,7 @@ class NvmlProfile:
     def all_named(self) -> list[tuple[str, str, int]]:
         """(path, pynvml name, id) for every entry: what the profile test checks against pynvml."""
         out: list[tuple[str, str, int]] = []
-        for section in ("temperature_thresholds", "clock_event_reasons", "recovery_actions",
+        for section in ("temperature_thresholds", "clock_event_reasons", "recovery_actions", "c2c_fields",
                         "nvlink_error_counters", "xid_event_types"):
             out += [(f"{section}.{n.label}", n.name, n.id) for n in getattr(self, section)]
         out += [(f"gpu_fields.{k}", n.name, n.id) for k, n in self.gpu_fields.items()]
@@ -142,6 +143,7 @@ def load_profile(path: Path = DEFAULT_PROFILE) -> NvmlProfile:
         recovery_actions=_named("recovery_actions", raw.get("recovery_actions")),
         gpu_fields=gpu_fields,
         nvlink_fields=_link_fields(raw.get("nvlink_fields", [])),
+        c2c_fields=_named("c2c_fields", raw.get("c2c_fields")),
         nvlink_error_counters=_named("nvlink_error_counters", raw.get("nvlink_error_counters")),
         xid_event_types=_named("xid_event_types", raw.get("xid_event_types")),
     )
