@@ -543,8 +543,8 @@ class NvmlSource:
             for link, lab in enumerate(labels):
                 try:
                     v = fn(h, link, *extra)
-                except self._not_supported:
-                    c.unsupported(key, spec)
+                except self._not_supported:  # said once per GPU and counter (its `type`), not per link
+                    c.unsupported(key, spec, {k: v for k, v in lab.items() if k != "link"})
                     break
                 except self._lost:
                     raise
