@@ -423,6 +423,10 @@ class NvmlTwin:
     def nvmlDeviceGetRemappedRows(self, h: TwinDevice) -> tuple[int, int, int, int]:
         return tuple(self._dev(h, "nvmlDeviceGetRemappedRows")["remap"])  # type: ignore[return-value]
 
+    def nvmlDeviceGetPersistenceMode(self, h: TwinDevice) -> int:
+        g = self._dev(h, "nvmlDeviceGetPersistenceMode")
+        return pynvml.NVML_FEATURE_ENABLED if g["persistence"] else pynvml.NVML_FEATURE_DISABLED
+
     def nvmlDeviceGetPcieReplayCounter(self, h: TwinDevice) -> int:
         return self._dev(h, "nvmlDeviceGetPcieReplayCounter")["pcie_replays"]
 

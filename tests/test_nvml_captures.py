@@ -99,6 +99,7 @@ def test_capture_round_trips_through_the_exporter(name):
             assert one(res, M.REMAP_PENDING, gpu=gpu) == {"No": 0.0, "Yes": 1.0}[rows["Pending"]]
             assert one(res, M.REMAP_FAILURE, gpu=gpu) == {"No": 0.0, "Yes": 1.0}[rows["Remapping Failure Occurred"]]
             assert one(res, M.PCIE_REPLAYS, gpu=gpu) == int(_value(raw, "PCI/Replays Since Reset"))
+            assert one(res, M.PERSISTENCE, gpu=gpu) == {"Enabled": 1.0, "Disabled": 0.0}[_value(raw, "Persistence Mode")]
             c2c = [r for r in res.readings if r.spec is M.C2C_ERRORS and r.labels["gpu"] == gpu and r.ok]
             assert len(c2c) == (3 if raw.get("GPU C2C Mode") == "Enabled" else 0), (name, gpu)
     assert not [r for r in second.readings if r.quality is Quality.UNSUPPORTED]
@@ -119,3 +120,12 @@ def test_a_capture_without_a_value_names_it():
     broken = "\n".join(line for line in text.splitlines() if "Memory Current Temp" not in line)
     with pytest.raises(CaptureError, match=r"00000000:03:00\.0.*Temperature/Memory Current Temp"):
         model_from_capture(broken)
+
+
+def test_persistence_mode_follows_the_capture():
+    """Every real capture has persistence on (as the twin's default): one turned off must read 0."""
+    text = (CAPTURES / "h200-550.90.12.nvidia-smi-q.txt").read_text()
+    off = text.replace("Persistence Mode                      : Enabled", "Persistence Mode                      : Disabled")
+    assert off != text
+    first, _ = _poll(off)
+    assert one(first, M.PERSISTENCE, gpu="0") == 0.0

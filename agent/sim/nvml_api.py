@@ -64,7 +64,7 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
         "reasons": _reasons(g, demand_w),
         "ecc": [g.ecc_corrected, g.ecc_uncorrected],
         "remap": [g.remapped_correctable, g.remapped_uncorrectable, int(g.remap_pending), int(g.remap_failure)],
-        "pcie_replays": g.pcie_replays, "recovery_action": g.recovery_action,
+        "pcie_replays": g.pcie_replays, "recovery_action": g.recovery_action, "persistence": g.persistence,
         "c2c_errors": list(g.c2c_errors) if g.c2c_errors is not None else None,
         "nvlink_version": g.nvlink_version, "nvlink_up": list(g.nvlink_up),
         "nvlink_errors": [list(e) for e in g.nvlink_errors],

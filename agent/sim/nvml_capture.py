@@ -141,6 +141,7 @@ def nvml_answers(gpu: dict[str, Any]) -> dict[str, Any]:
                   int(get(gpu, "Remapped Rows/Pending") == "Yes"),
                   int(get(gpu, "Remapped Rows/Remapping Failure Occurred") == "Yes")],
         "pcie_replays": int(get(gpu, "PCI/Replays Since Reset")),
+        "persistence": get(gpu, "Persistence Mode") == "Enabled",
     }
 
 

@@ -68,6 +68,7 @@ class GpuState:
     nvlink_tx_kib: list[float] = field(default_factory=list)
     nvlink_rx_kib: list[float] = field(default_factory=list)
     xids: list[tuple[int, int]] = field(default_factory=list)  # (sequence, xid)
+    persistence: bool = True  # persistence mode, as production nodes run
     c2c_errors: list[int] | None = None  # C2C link errors (crc, replay, replay_b2b); None: no C2C link
     # NVML answers pinned over the physics (a GPU built from a real capture: agent/sim/nvml_capture.py)
     nvml_pinned: dict = field(default_factory=dict)

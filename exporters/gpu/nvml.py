@@ -370,6 +370,9 @@ class NvmlSource:
             c.add(M.REMAPPED, unc, c.with_("kind", "uncorrectable"))
             c.add(M.REMAP_PENDING, 1.0 if pending else 0.0)
             c.add(M.REMAP_FAILURE, 1.0 if failure else 0.0)
+        v = c.ask("nvmlDeviceGetPersistenceMode", M.PERSISTENCE, lib.nvmlDeviceGetPersistenceMode, h)
+        if v is not None:
+            c.add(M.PERSISTENCE, 1.0 if v == lib.NVML_FEATURE_ENABLED else 0.0)
         v = c.ask("nvmlDeviceGetPcieReplayCounter", M.PCIE_REPLAYS, lib.nvmlDeviceGetPcieReplayCounter, h)
         if v is not None:
             c.add(M.PCIE_REPLAYS, v)
