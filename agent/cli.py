@@ -13,6 +13,9 @@ from agent.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from agent.httpclient import request_json
 from exporters.validation import terminal_safe
 
+# agent/sim/nvml_personality.py PERSONALITIES (named here so the CLI does not load agent.sim)
+GPU_PERSONALITIES = ("h100", "gb200")
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from agent.daemon import run
@@ -111,7 +114,7 @@ def _sim_run(args: argparse.Namespace) -> int:
     setup_logging("info")
 
     async def main() -> None:
-        sim = Simulator(nodes=args.nodes, gpus=args.gpus, port=args.port)
+        sim = Simulator(nodes=args.nodes, gpus=args.gpus, port=args.port, personality=args.personality)
         url = await sim.start()
         print(f"sim: {url}", flush=True)
         stop = asyncio.Event()
@@ -133,7 +136,8 @@ def _sim_run(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agent.demo import run_demo
 
-    return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port)
+    return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port,
+                    personality=args.personality)
 
 
 # -- probes --------------------------------------------------------------------------
@@ -180,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--nodes", type=int, default=2)
     sr.add_argument("--gpus", type=int, default=4)
     sr.add_argument("--port", type=int, default=0)
+    sr.add_argument("--personality", choices=GPU_PERSONALITIES, default="h100", help="GPU model of every node")
     si = ss.add_parser("inject", help="inject a fault: KIND [--node N] [--gpu I] [--param value ...]; see `sim faults`")
     si.add_argument("kind")
     ss.add_parser("clear", help="clear every injected fault")
@@ -191,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--gpus", type=int, default=4)
     demo.add_argument("--duration", type=float, default=None, help="exit by itself after this many seconds")
     demo.add_argument("--port", type=int, default=0, help="first agent port (default: free ports)")
+    demo.add_argument("--personality", choices=GPU_PERSONALITIES, default="gb200",
+                      help="GPU model of every node (default %(default)s: the GB200 NVL72 class this agent is for)")
 
     pr = sub.add_parser("probe", help="poll one source once and print what the agent would export")
     from agent.probe import add_probe_parsers

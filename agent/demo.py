@@ -75,10 +75,10 @@ def _wait_ready(url: str, deadline: float) -> bool:
     return False
 
 
-async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int) -> int:
+async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, personality: str) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="supernode-demo-"))
     _write_tokens(workdir)
-    sim = Simulator(nodes=nodes, gpus=gpus, workdir=workdir / "sim")
+    sim = Simulator(nodes=nodes, gpus=gpus, workdir=workdir / "sim", personality=personality)
     url = await sim.start()
     slurm = None
     from agent.sim.slurm_cluster import SlurmCluster, slurm_available
@@ -172,9 +172,11 @@ try this (another shell, `. .venv/bin/activate` first):
 Ctrl-C stops the simulator, Slurm and every agent."""
 
 
-def run_demo(nodes: int = 2, gpus: int = 4, duration: float | None = None, base_port: int = 0) -> int:
+def run_demo(nodes: int = 2, gpus: int = 4, duration: float | None = None, base_port: int = 0,
+             personality: str = "gb200") -> int:
+    """The demo rack; GB200 by default, so NVLink5 series (BER) have data on the dashboards."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     from agent.logs import setup_logging
 
     setup_logging("warning")
-    return asyncio.run(_demo(nodes, gpus, duration, base_port))
+    return asyncio.run(_demo(nodes, gpus, duration, base_port, personality))

@@ -33,6 +33,7 @@ import ctypes
 import http.client
 import inspect
 import json
+import math
 import struct
 import threading
 import time
@@ -347,6 +348,14 @@ class NvmlTwin:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return g["temp_c"]
 
+    def nvmlDeviceGetTemperatureV(self, h: TwinDevice, sensor: int, version: int = pynvml.nvmlTemperature_v1) -> int:
+        g = self._dev(h, "nvmlDeviceGetTemperatureV")
+        if version != pynvml.nvmlTemperature_v1:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return g["temp_c"]
+
     def nvmlDeviceGetTemperatureThreshold(self, h: TwinDevice, threshold: int) -> int:
         g = self._dev(h, "nvmlDeviceGetTemperatureThreshold")
         if not 0 <= threshold < len(g["thresholds_c"]):
@@ -407,10 +416,16 @@ class NvmlTwin:
         g = self._dev(h, "nvmlDeviceGetTotalEccErrors")
         if error_type not in (0, 1) or counter_type not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if counter_type == pynvml.NVML_AGGREGATE_ECC and "ecc_aggregate" in g:
+            return g["ecc_aggregate"][error_type]
         return g["ecc"][error_type]
 
     def nvmlDeviceGetRemappedRows(self, h: TwinDevice) -> tuple[int, int, int, int]:
         return tuple(self._dev(h, "nvmlDeviceGetRemappedRows")["remap"])  # type: ignore[return-value]
+
+    def nvmlDeviceGetPersistenceMode(self, h: TwinDevice) -> int:
+        g = self._dev(h, "nvmlDeviceGetPersistenceMode")
+        return pynvml.NVML_FEATURE_ENABLED if g["persistence"] else pynvml.NVML_FEATURE_DISABLED
 
     def nvmlDeviceGetPcieReplayCounter(self, h: TwinDevice) -> int:
         return self._dev(h, "nvmlDeviceGetPcieReplayCounter")["pcie_replays"]
@@ -524,17 +539,43 @@ def _answer(g: dict[str, Any], fid: int) -> tuple[int, int, Any, bool]:
         return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
     getter = _DEVICE_FIELDS.get(fid)
     if getter is not None:
-        return pynvml.NVML_SUCCESS, *getter(g), False
+        vtype, value = getter(g)
+        if value is None:  # the GPU has no such thing (a C2C counter without a C2C link)
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
+        return pynvml.NVML_SUCCESS, vtype, value, False
     column = _LINK_FIELDS.get(fid)
     if column is None or (fid in _NVLINK5_FIELDS and g["nvlink_version"] < _NVLINK5):
         return pynvml.NVML_ERROR_NOT_SUPPORTED, 0, 0, False
     return pynvml.NVML_SUCCESS, *column(g), True
 
 
-def _ber(g: dict[str, Any], errors_per_flit_error: int) -> list[float]:
+def _pack_ber(ratio: float) -> int:
+    """A ratio packed as the driver packs fields 220/222 (NVML_NVLINK_ERROR_COUNTER_BER_GET in nvml.h).
+
+    Bits 0-7 hold the exponent, bits 8-11 the mantissa: ratio ~= mantissa x 10^-exponent,
+    one significant digit. Written from nvml.h on its own, not from the exporter's decoder,
+    so a test of one against the other checks both.
+    """
+    if ratio <= 0:
+        return 0
+    exponent = math.ceil(-math.log10(ratio))  # ratio x 10^exponent lies in [1, 10)
+    if ratio * 10 ** exponent < 1.5:  # 10..15 keeps a second digit where the 4 bits allow it
+        exponent += 1
+    exponent = max(exponent, 0)  # above 15 errors per bit cannot happen: saturate
+    mantissa = min(round(ratio * 10 ** exponent), 15)
+    if exponent > 0xFF:
+        return 0
+    return mantissa << 8 | exponent
+
+
+def _ber(g: dict[str, Any], errors_per_flit_error: int) -> list[int]:
     rate = g["nvlink_error_rate"]
-    return [errors_per_flit_error * float(rate.get(str(link), 0.0)) / _LINK_BITS_PER_S
+    return [_pack_ber(errors_per_flit_error * float(rate.get(str(link), 0.0)) / _LINK_BITS_PER_S)
             for link in range(len(g["nvlink_up"]))]
+
+
+def _per_link(g: dict[str, Any], value: int = 0) -> tuple[int, list[int]]:
+    return _ULL, [value] * len(g["nvlink_up"])
 
 
 _DEVICE_FIELDS: dict[int, Callable[[dict], tuple[int, Any]]] = {
@@ -542,6 +583,9 @@ _DEVICE_FIELDS: dict[int, Callable[[dict], tuple[int, Any]]] = {
     pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: lambda g: (_UI, g["recovery_action"]),
     pynvml.NVML_FI_DEV_POWER_INSTANT: lambda g: (_UI, g["power_mw"]),
     pynvml.NVML_FI_DEV_ENERGY: lambda g: (_ULL, g["energy_mj"]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_INTR: lambda g: (_ULL, g["c2c_errors"] and g["c2c_errors"][0]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY: lambda g: (_ULL, g["c2c_errors"] and g["c2c_errors"][1]),
+    pynvml.NVML_FI_DEV_C2C_LINK_ERROR_REPLAY_B2B: lambda g: (_ULL, g["c2c_errors"] and g["c2c_errors"][2]),
 }
 # Per-link fields as (valueType, value of every link). Simulated NVLink5 counters are derived from the
 # model's flit-CRC counts: ~4 symbol errors per flit error.
@@ -556,11 +600,17 @@ _LINK_FIELDS: dict[int, Callable[[dict], tuple[int, list]]] = {
     pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: lambda g: (_ULL, [e[2] for e in g["nvlink_errors"]]),
     pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS:
         lambda g: (_ULL, [0 if up else 1 for up in g["nvlink_up"]]),
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: lambda g: (_D, _ber(g, 4)),
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: lambda g: (_D, _ber(g, 1)),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_SUCCESSFUL_EVENTS: lambda g: (_ULL, [e[1] for e in g["nvlink_errors"]]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_EVENTS:
+        lambda g: (_ULL, [e[1] + (0 if up else 1) for e, up in zip(g["nvlink_errors"], g["nvlink_up"])]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS: lambda g: (_ULL, [e[3] for e in g["nvlink_errors"]]),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_MALFORMED_PACKET_ERRORS: _per_link,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_BUFFER_OVERRUN_ERRORS: _per_link,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_LOCAL_LINK_INTEGRITY_ERRORS: _per_link,
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_XMIT_DISCARDS: _per_link,
+    # The driver answers the BER fields as an unsigned long long holding the packed mantissa and exponent.
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER: lambda g: (_ULL, _ber(g, 4)),
+    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER: lambda g: (_ULL, _ber(g, 1)),
 }
-_NVLINK5_FIELDS = frozenset({
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS, pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS,
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS, pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_BER,
-    pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_BER,
-})
+_NVLINK5_FIELDS = frozenset(fid for fid, names in _FIELD_NAMES.items()
+                            if fid in _LINK_FIELDS and any(n.startswith("NVML_FI_DEV_NVLINK_COUNT_") for n in names))

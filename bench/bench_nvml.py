@@ -8,7 +8,7 @@ exporter's work removed (only the one state fetch), so the ratio says what
 share of a cycle is the exporter itself. Rendering /metrics is benchmarked
 by the agent's own bench.
 
-    python bench/bench_nvml.py [--runs 50]
+    python bench/bench_nvml.py [--runs 50] [--personality h100|gb200]
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from timing import median_wall_cpu  # noqa: E402
 GPUS, LINKS = 8, 18
 
 
-def _serve(port_q: "multiprocessing.Queue[int]") -> None:
+def _serve(port_q: "multiprocessing.Queue[int]", personality: str) -> None:
     from aiohttp import web
 
     from agent.sim.nvml_api import add_nvml_routes
     from agent.sim.rack import RackModel
 
-    model = RackModel(nodes=1, gpus_per_node=GPUS, nvlinks=LINKS)
+    model = RackModel(nodes=1, gpus_per_node=GPUS, nvlinks=LINKS, personality=personality)
     model.step(5.0)
 
     async def main() -> None:
@@ -55,9 +55,10 @@ def _serve(port_q: "multiprocessing.Queue[int]") -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--personality", default="h100", help="h100 (legacy NVLink counters) or gb200 (NVLink5 fields)")
     args = ap.parse_args()
     q: multiprocessing.Queue[int] = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=_serve, args=(q,), daemon=True)
+    proc = multiprocessing.Process(target=_serve, args=(q, args.personality), daemon=True)
     proc.start()
     try:
         url = f"http://127.0.0.1:{q.get(timeout=30)}"
@@ -75,7 +76,7 @@ def main() -> None:
         peer_wall, peer_cpu = median_wall_cpu(lambda: twin.nvmlDeviceGetCount(), args.runs)
         readings = result[0].readings
         ok = sum(1 for r in readings if r.quality is Quality.OK)
-        print(f"nvml cycle, {GPUS} GPUs x {LINKS} NVLinks on the twin, median of {args.runs} runs")
+        print(f"nvml cycle, {GPUS} {args.personality} GPUs x {LINKS} NVLinks on the twin, median of {args.runs} runs")
         print(f"  cpu   {cpu * 1e3:7.2f} ms   (aim < 5 ms)")
         print(f"  wall  {wall * 1e3:7.2f} ms")
         print(f"  http requests per cycle  {per_cycle:.1f}")

@@ -136,8 +136,8 @@ def test_not_supported_is_reported_once_and_not_asked_again(sim, model):
     unsup = [r for r in first.readings if r.quality is Quality.UNSUPPORTED and r.labels["gpu"] == "1"]
     assert {(r.spec.name, r.labels.get("sensor")) for r in unsup} == {
         (M.ENERGY.name, None), (M.TEMPERATURE.name, "memory"),
-        # NVLink5 fields on an NVLink4 GPU, also answered once
-        (M.NVLINK_ERRORS.name, None), (M.NVLINK_BER.name, None)}
+        # NVLink5 fields on an NVLink4 GPU, and C2C counters on a GPU without C2C, also answered once
+        (M.NVLINK_ERRORS.name, None), (M.NVLINK_BER.name, None), (M.C2C_ERRORS.name, None)}
     assert all(math.isnan(r.value) for r in unsup)
     for later in (second, third):
         assert not [r for r in later.readings if r.quality is Quality.UNSUPPORTED]

@@ -50,7 +50,7 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
     thresholds[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN] = g.slowdown_c
     thresholds[pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX] = g.mem_max_c
     thresholds[pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX] = g.gpu_max_c
-    return {
+    state = {
         "index": g.index, "uuid": g.uuid, "name": g.name, "serial": g.serial, "pci_bus_id": g.pci_bus_id,
         "vbios": VBIOS, "lost": g.lost, "missing": g.missing, "hang_s": g.hang_seconds,
         "unsupported": sorted(g.unsupported),
@@ -64,19 +64,23 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
         "reasons": _reasons(g, demand_w),
         "ecc": [g.ecc_corrected, g.ecc_uncorrected],
         "remap": [g.remapped_correctable, g.remapped_uncorrectable, int(g.remap_pending), int(g.remap_failure)],
-        "pcie_replays": g.pcie_replays, "recovery_action": g.recovery_action,
+        "pcie_replays": g.pcie_replays, "recovery_action": g.recovery_action, "persistence": g.persistence,
+        "c2c_errors": list(g.c2c_errors) if g.c2c_errors is not None else None,
         "nvlink_version": g.nvlink_version, "nvlink_up": list(g.nvlink_up),
         "nvlink_errors": [list(e) for e in g.nvlink_errors],
         "nvlink_error_rate": {str(k): v for k, v in g.nvlink_error_rate.items()},
         "tx_kib": [int(v) for v in g.nvlink_tx_kib], "rx_kib": [int(v) for v in g.nvlink_rx_kib],
     }
+    state.update(g.nvml_pinned)
+    return state
 
 
 def node_state(model: RackModel, node: str) -> dict[str, Any]:
     with model.lock:
         n = model.nodes[node]
         return {"node": node, "driver": DRIVER_VERSION, "cuda": CUDA_VERSION, "xid_seq": model.xid_seq,
-                "driver_hang_s": n.nvml_hang_seconds, "gpus": [gpu_state(g) for g in model.nodes[node].gpus]}
+                "driver_hang_s": n.nvml_hang_seconds, "gpus": [gpu_state(g) for g in model.nodes[node].gpus],
+                **n.nvml_pinned}
 
 
 def set_limit(model: RackModel, node: str, index: int, limit_mw: int) -> int:

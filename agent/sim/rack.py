@@ -14,6 +14,9 @@ import random
 import threading
 from dataclasses import dataclass, field
 
+from agent.sim.nvml_personality import DEFAULT as DEFAULT_PERSONALITY
+from agent.sim.nvml_personality import apply as apply_personality
+
 PG25_DENSITY = 1020.0  # kg/m^3 at ~30 C
 PG25_HEAT_CAPACITY = 3900.0  # J/(kg K)
 
@@ -65,6 +68,10 @@ class GpuState:
     nvlink_tx_kib: list[float] = field(default_factory=list)
     nvlink_rx_kib: list[float] = field(default_factory=list)
     xids: list[tuple[int, int]] = field(default_factory=list)  # (sequence, xid)
+    persistence: bool = True  # persistence mode, as production nodes run
+    c2c_errors: list[int] | None = None  # C2C link errors (crc, replay, replay_b2b); None: no C2C link
+    # NVML answers pinned over the physics (a GPU built from a real capture: agent/sim/nvml_capture.py)
+    nvml_pinned: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.nvlink_up:
@@ -122,6 +129,7 @@ class NodeState:
     gpus: list[GpuState] = field(default_factory=list)
     powered: bool = True  # False when every PDU outlet feeding the node is off (simulated PDU)
     nvml_hang_seconds: float = 0.0  # every NVML call on the node blocks up to this long (a wedged driver)
+    nvml_pinned: dict = field(default_factory=dict)  # driver / cuda of a captured node
 
     @property
     def power_w(self) -> float:
@@ -137,7 +145,7 @@ class RackModel:
     """
 
     def __init__(self, rack: str = "r01", nodes: int = 2, gpus_per_node: int = 4, nvlinks: int = 18,
-                 seed: int = 1, leak_zones: dict[str, list[str]] | None = None):
+                 seed: int = 1, leak_zones: dict[str, list[str]] | None = None, personality: str = DEFAULT_PERSONALITY):
         self.lock = threading.RLock()
         self.rack = rack
         self.rng = random.Random(seed)
@@ -149,8 +157,10 @@ class RackModel:
             node = NodeState(name)
             for i in range(gpus_per_node):
                 uid = f"GPU-{seed:02x}{n:02x}{i:02x}00-5eed-4c0d-9a1e-{n:06x}{i:06x}"
-                node.gpus.append(GpuState(node=name, index=i, uuid=uid, serial=f"165{seed:03d}{n:03d}{i:04d}",
-                                          pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", nvlink_count=nvlinks))
+                gpu = GpuState(node=name, index=i, uuid=uid, serial=f"165{seed:03d}{n:03d}{i:04d}",
+                               pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", nvlink_count=nvlinks)
+                apply_personality(gpu, personality)
+                node.gpus.append(gpu)
             self.nodes[name] = node
         zones = leak_zones if leak_zones is not None else {"zone-a": list(self.nodes)}
         self.zone_nodes = zones

@@ -35,11 +35,12 @@ def discovery_file() -> Path:
 class Simulator:
     def __init__(self, nodes: int = 2, gpus: int = 4, nvlinks: int = 18, tick: float = 0.1, port: int = 0,
                  rack: str = "r01", leak_zones: dict[str, list[str]] | None = None, devices: bool = True,
-                 workdir: Path | None = None, advertise: bool = True):
+                 workdir: Path | None = None, advertise: bool = True, personality: str = "h100"):
         if leak_zones is None:
             # One leak zone per node (a tray's cold-plate manifold): a leak endangers that node only.
             leak_zones = {f"zone-{chr(ord('a') + i)}": [f"node{i + 1:02d}"] for i in range(nodes)}
-        self.model = RackModel(rack=rack, nodes=nodes, gpus_per_node=gpus, nvlinks=nvlinks, leak_zones=leak_zones)
+        self.model = RackModel(rack=rack, nodes=nodes, gpus_per_node=gpus, nvlinks=nvlinks, leak_zones=leak_zones,
+                               personality=personality)
         self.tick = tick
         self.port = port
         self.with_devices = devices

@@ -36,7 +36,7 @@ from exporters.gpu import nvml_metrics as M
 from exporters.base import BlockingCaller, EventStream, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.gpu.nvml_lanes import GpuLanes
-from exporters.gpu.nvml_profile import LinkField, NvmlProfile, load_profile
+from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_profile
 
 log = logging.getLogger("exporters.gpu.nvml")
 
@@ -187,6 +187,7 @@ class NvmlSource:
         self._lost = (lib.NVMLError_GpuIsLost, lib.NVMLError_GpuNotFound)
         self._timeout_error = lib.NVMLError_Timeout
         self._initialized = False
+        self._temp_v = True  # cleared once the driver turns out to lack nvmlDeviceGetTemperatureV
         self._system: tuple[str, str] = ("", "")
         self._static: dict[str, dict[str, Any]] = {}  # uuid -> facts read once
         self._plans: dict[tuple[int, str], _GpuPlan] = {}  # (index, uuid) -> what each cycle reuses
@@ -194,6 +195,7 @@ class NvmlSource:
         self._unsupported: set[tuple[str, str]] = set()  # (uuid, call or "field:<id>")
         self._field_meaning: dict[int, Any] = {f.id: key for key, f in self._p.gpu_fields.items()}
         self._field_meaning.update({f.id: f for f in self._p.nvlink_fields})
+        self._field_meaning.update({f.id: ("c2c", f.label) for f in self._p.c2c_fields})
         self._logged: set[tuple] = set()
         self._links = [str(link) for link in range(nvlinks)]
         self._xid_lock = threading.Lock()
@@ -284,7 +286,7 @@ class NvmlSource:
     def _probe_gpu(self, i: int) -> None:
         """The cheap call that says a hung GPU answers again (run on a thread of its own)."""
         lib = self._lib
-        lib.nvmlDeviceGetTemperature(lib.nvmlDeviceGetHandleByIndex(i), lib.NVML_TEMPERATURE_GPU)
+        self._temperature_fn()[1](lib.nvmlDeviceGetHandleByIndex(i), lib.NVML_TEMPERATURE_GPU)
 
     def _safe_text(self, fn: Any) -> str:
         try:
@@ -329,7 +331,7 @@ class NvmlSource:
         c.add(M.GPU_HUNG, 0.0)
         for label, value in st["thresholds"]:
             c.add(M.THRESHOLD, value, c.with_("threshold", label))
-        v = c.ask("nvmlDeviceGetTemperature", M.TEMPERATURE, lib.nvmlDeviceGetTemperature, h, lib.NVML_TEMPERATURE_GPU)
+        v = self._read_temperature(c, h)
         if v is not None:
             c.add(M.TEMPERATURE, v, c.with_("sensor", "gpu"))
         v = c.ask("nvmlDeviceGetPowerUsage", M.POWER, lib.nvmlDeviceGetPowerUsage, h)
@@ -368,6 +370,9 @@ class NvmlSource:
             c.add(M.REMAPPED, unc, c.with_("kind", "uncorrectable"))
             c.add(M.REMAP_PENDING, 1.0 if pending else 0.0)
             c.add(M.REMAP_FAILURE, 1.0 if failure else 0.0)
+        v = c.ask("nvmlDeviceGetPersistenceMode", M.PERSISTENCE, lib.nvmlDeviceGetPersistenceMode, h)
+        if v is not None:
+            c.add(M.PERSISTENCE, 1.0 if v == lib.NVML_FEATURE_ENABLED else 0.0)
         v = c.ask("nvmlDeviceGetPcieReplayCounter", M.PCIE_REPLAYS, lib.nvmlDeviceGetPcieReplayCounter, h)
         if v is not None:
             c.add(M.PCIE_REPLAYS, v)
@@ -376,6 +381,28 @@ class NvmlSource:
         stream = self.event_stream
         if stream is None or not stream.attached:
             self._read_xids(c)
+
+    def _temperature_fn(self) -> tuple[str, Any]:
+        """nvmlDeviceGetTemperatureV where the library and driver have it (nvmlDeviceGetTemperature is
+        deprecated in CUDA 13 and goes in 14), else the legacy call; the choice is made once per source."""
+        lib = self._lib
+        if self._temp_v:
+            fn = getattr(lib, "nvmlDeviceGetTemperatureV", None)
+            if fn is not None:
+                return "nvmlDeviceGetTemperatureV", fn
+            self._temp_v = False
+        return "nvmlDeviceGetTemperature", lib.nvmlDeviceGetTemperature
+
+    def _read_temperature(self, c: _GpuCycle, h: Any) -> Any:
+        name, fn = self._temperature_fn()
+        if name == "nvmlDeviceGetTemperatureV":
+            try:
+                return c.ask(name, M.TEMPERATURE, _no_function_is_absent(fn, self._lib), h, self._lib.NVML_TEMPERATURE_GPU)
+            except _FunctionAbsent:
+                log.info("nvmlDeviceGetTemperatureV not in this driver: using nvmlDeviceGetTemperature")
+                self._temp_v = False
+                name, fn = self._temperature_fn()
+        return c.ask(name, M.TEMPERATURE, fn, h, self._lib.NVML_TEMPERATURE_GPU)
 
     def _read_static(self, c: _GpuCycle, h: Any) -> dict[str, Any]:
         """Facts that do not change while the driver is loaded: read once per GPU."""
@@ -431,14 +458,19 @@ class NvmlSource:
                 if (c.uuid, f"field:{f.id}") not in unsup:
                     ids.append(f.id)
                     fills.append((M.TEMPERATURE, c.with_("sensor", "memory"), 1.0) if key == "memory_temp" else None)
+            for f in self._p.c2c_fields:
+                if (c.uuid, f"field:{f.id}") not in unsup:
+                    ids.append(f.id)
+                    fills.append((M.C2C_ERRORS, c.with_("type", f.label), 1.0))
             for f in self._p.nvlink_fields:
                 if (c.uuid, f"field:{f.id}") in unsup:
                     continue
                 spec = M.NVLINK_BY_METRIC[f.metric]
                 extra = ("kind" if f.metric == "bit_error_rate" else "type", f.label) if f.label else ()
+                scale = None if f.encoding == "ber_packed" else f.scale  # None: decode_ber
                 for link in range(self._nvlinks):
                     ids.append((f.id, link))
-                    fills.append((spec, c.with_("link", self._links[link], *extra), f.scale))
+                    fills.append((spec, c.with_("link", self._links[link], *extra), scale))
             plan = c.plan.fields = (ids, fills)
         return plan
 
@@ -469,7 +501,7 @@ class NvmlSource:
                 continue
             if fill is not None:
                 spec, labels, scale = fill
-                out.append(new(spec, v * scale, labels, _OK, ts))
+                out.append(new(spec, decode_ber(v) if scale is None else v * scale, labels, _OK, ts))
             else:  # the recovery action, as a state set
                 for a in self._p.recovery_actions:
                     c.add(M.RECOVERY, 1.0 if int(v) == a.id else 0.0, c.with_("action", a.label))
@@ -484,6 +516,8 @@ class NvmlSource:
             return M.NVLINK_BY_METRIC[what.metric], c.with_(*extra)
         if what == "recovery_action":
             return M.RECOVERY, c.base
+        if isinstance(what, tuple):  # ("c2c", type)
+            return M.C2C_ERRORS, c.with_("type", what[1])
         return M.TEMPERATURE, c.with_("sensor", "memory")
 
     def _link_calls(self, c: _GpuCycle) -> list[tuple]:
@@ -512,8 +546,8 @@ class NvmlSource:
             for link, lab in enumerate(labels):
                 try:
                     v = fn(h, link, *extra)
-                except self._not_supported:
-                    c.unsupported(key, spec)
+                except self._not_supported:  # said once per GPU and counter (its `type`), not per link
+                    c.unsupported(key, spec, {k: v for k, v in lab.items() if k != "link"})
                     break
                 except self._lost:
                     raise
@@ -630,6 +664,19 @@ class NvmlSource:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(msg, *args)
+
+
+class _FunctionAbsent(Exception):
+    """The driver lacks the function (NVML_ERROR_FUNCTION_NOT_FOUND): not an NVML error of this GPU."""
+
+
+def _no_function_is_absent(fn: Any, lib: Any) -> Any:
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except lib.NVMLError_FunctionNotFound:
+            raise _FunctionAbsent() from None
+    return call
 
 
 def _handle_key(h: Any) -> Any:

@@ -33,12 +33,16 @@ ECC = counter("supernode_gpu_ecc_errors_total", "ECC memory errors (volatile: si
 REMAPPED = gauge("supernode_gpu_remapped_rows", "HBM rows remapped, by kind.", G + ("kind",))
 REMAP_PENDING = gauge("supernode_gpu_remapped_rows_pending", "1 if a row remap waits for the next GPU reset.", G)
 REMAP_FAILURE = gauge("supernode_gpu_remapped_rows_failure", "1 if a row remap failed (GPU needs service).", G)
+PERSISTENCE = gauge("supernode_gpu_persistence_mode",
+                    "1 if the driver keeps the GPU initialised with no client (persistence mode enabled).", G)
 PCIE_REPLAYS = counter("supernode_gpu_pcie_replays_total", "PCIe replay events of the GPU.", G)
 XID = counter("supernode_gpu_xid_errors_total", "XID errors seen on the NVML event stream since the agent started, per XID.",
               G + ("xid",))
 LAST_XID = gauge("supernode_gpu_last_xid", "Last XID seen on the NVML event stream (0: none since the agent started).", G)
 RECOVERY = gauge("supernode_gpu_recovery_action", "1 for the driver's current recovery hint (NVML field 230).",
                  G + ("action",))
+C2C_ERRORS = counter("supernode_gpu_c2c_errors_total",
+                     "Chip-to-chip (Grace-GPU C2C) link errors of the GPU, by type (NVML fields 231-233).", G + ("type",))
 
 NVLINK_UP = gauge("supernode_nvlink_up", "1 if the NVLink is active.", L)
 NVLINK_ERRORS = counter("supernode_nvlink_errors_total", "NVLink errors per link, by type.", L + ("type",))
@@ -50,5 +54,5 @@ NVLINK_BY_METRIC = {"errors": NVLINK_ERRORS, "bit_error_rate": NVLINK_BER,
                     "transmit_bytes": NVLINK_TX, "receive_bytes": NVLINK_RX}
 
 ALL = (GPU_INFO, GPU_UP, GPU_HUNG, TEMPERATURE, THRESHOLD, POWER, ENERGY, POWER_LIMIT, UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
-       CLOCK, CLOCK_EVENT, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILURE, PCIE_REPLAYS, XID, LAST_XID, RECOVERY,
-       NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX)
+       CLOCK, CLOCK_EVENT, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILURE, PERSISTENCE, PCIE_REPLAYS, XID, LAST_XID, RECOVERY,
+       C2C_ERRORS, NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX)

@@ -15,6 +15,7 @@ import yaml
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "nvml.yaml"
 NVLINK_METRICS = ("errors", "transmit_bytes", "receive_bytes", "bit_error_rate")
+ENCODINGS = ("plain", "ber_packed")
 
 
 class ProfileError(ValueError):
@@ -39,6 +40,17 @@ class LinkField:
     metric: str
     label: str = ""
     scale: float = 1.0
+    encoding: str = "plain"  # ber_packed: NVML_NVLINK_ERROR_COUNTER_BER_GET layout, decoded by decode_ber
+
+
+def decode_ber(raw: float) -> float:
+    """A packed NVLink5 BER field (220, 222) as a ratio: mantissa x 10^-exponent.
+
+    nvml.h packs it (NVML_NVLINK_ERROR_COUNTER_BER_GET): bits 0-7 the exponent,
+    bits 8-11 the mantissa; the raw integer is not a rate of anything.
+    """
+    n = int(raw)
+    return ((n >> 8) & 0xF) * 10.0 ** -(n & 0xFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +60,7 @@ class NvmlProfile:
     recovery_actions: tuple[Named, ...]
     gpu_fields: dict[str, Named]
     nvlink_fields: tuple[LinkField, ...]
+    c2c_fields: tuple[Named, ...]
     nvlink_error_counters: tuple[Named, ...]
     xid_event_types: tuple[Named, ...]
 
@@ -61,7 +74,7 @@ class NvmlProfile:
     def all_named(self) -> list[tuple[str, str, int]]:
         """(path, pynvml name, id) for every entry: what the profile test checks against pynvml."""
         out: list[tuple[str, str, int]] = []
-        for section in ("temperature_thresholds", "clock_event_reasons", "recovery_actions",
+        for section in ("temperature_thresholds", "clock_event_reasons", "recovery_actions", "c2c_fields",
                         "nvlink_error_counters", "xid_event_types"):
             out += [(f"{section}.{n.label}", n.name, n.id) for n in getattr(self, section)]
         out += [(f"gpu_fields.{k}", n.name, n.id) for k, n in self.gpu_fields.items()]
@@ -106,7 +119,10 @@ def _link_fields(raw: Any) -> tuple[LinkField, ...]:
         scale = entry.get("scale", 1)
         if not isinstance(scale, (int, float)) or scale <= 0:
             raise ProfileError(f"{path}.scale: expected a positive number, got {scale!r}")
-        out.append(LinkField(name, ident, metric, str(label), float(scale)))
+        encoding = entry.get("encoding", "plain")
+        if encoding not in ENCODINGS:
+            raise ProfileError(f"{path}.encoding: expected one of {', '.join(ENCODINGS)}, got {encoding!r}")
+        out.append(LinkField(name, ident, metric, str(label), float(scale), encoding))
     return tuple(out)
 
 
@@ -127,6 +143,7 @@ def load_profile(path: Path = DEFAULT_PROFILE) -> NvmlProfile:
         recovery_actions=_named("recovery_actions", raw.get("recovery_actions")),
         gpu_fields=gpu_fields,
         nvlink_fields=_link_fields(raw.get("nvlink_fields", [])),
+        c2c_fields=_named("c2c_fields", raw.get("c2c_fields")),
         nvlink_error_counters=_named("nvlink_error_counters", raw.get("nvlink_error_counters")),
         xid_event_types=_named("xid_event_types", raw.get("xid_event_types")),
     )
