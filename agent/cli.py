@@ -41,6 +41,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(terminal_safe(exc, keep="\n"), file=sys.stderr)
         return 1
+    for warning in loaded.warnings:
+        print("warning: " + terminal_safe(warning), file=sys.stderr)
     if args.dump:
         dump = loaded.config.dump()
         dump["secrets"] = {k: {"file": v["file"], "value": "<redacted>"} for k, v in dump["secrets"].items()}

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from agent.config_refs import reference_errors, secret_warnings
 from agent.remediation.settings import RemediationSettings
 from exporters.safe_yaml import InputError, parse_yaml, read_text_file
 from exporters.validation import cut, error_lines, short_repr, terminal_safe
@@ -306,6 +307,10 @@ class LoadedConfig:
         self.secrets = secrets
         self.path = path
         self.admin_tokens = admin_tokens if admin_tokens is not None else _admin_tokens(config, secrets, {})
+        files = {f"secrets.{name}.file": ref.file for name, ref in config.secrets.items()}
+        files.update({f"auth.admin_tokens.{name}.file": ref.file for name, ref in config.auth.admin_tokens.items()})
+        self.warnings: list[str] = secret_warnings(files)
+        """Not errors, but an operator should see them (check-config prints them, start logs them)."""
 
     def secret(self, name: str) -> SecretStr:
         try:
@@ -379,6 +384,9 @@ def parse_config(data: Any, source: str = "<config>", path: Path | None = None) 
         raise ConfigError(error_lines(err, f"{source}: invalid config", show_input=True)) from None
     _check_playbooks(config)
     _check_profiles(config)
+    dangling = reference_errors(config)
+    if dangling:
+        raise ConfigError(f"{source}: invalid config\n" + "\n".join(f"  {line}" for line in dangling))
     secrets = _read_secrets(config)
     named = {name: _read_secret(ref, f"auth.admin_tokens.{name}.file")
              for name, ref in config.auth.admin_tokens.items()}

@@ -210,6 +210,8 @@ class RemediationHealth:
 
 def run(config_path: Path) -> int:
     loaded = load_config(config_path)
+    for warning in loaded.warnings:
+        log.warning("config warning", extra={"warning": warning})
     try:
         agent = Agent(loaded)
     except OSError as exc:  # the journal's state_dir, a device file: say which, not a traceback

@@ -56,7 +56,11 @@ def test_minimal_config_loads_with_observe_default(tmp_path):
                                              "retries": 2}]}), "inventory.pdus.p1", "exceeds sources.pdu.timeout"),
 ])
 def test_bad_field_is_named(tmp_path, mutate, path, expect):
-    cfg = minimal(tmp_path)
+    assert_named(minimal(tmp_path), mutate, path, expect, tmp_path)
+
+
+def assert_named(cfg: dict, mutate, path: str, expect: str, tmp_path: Path) -> None:
+    """The config, once mutated, is refused with a message naming `path` and saying `expect`."""
     mutate(cfg)
     msg = error_of(cfg, tmp_path)
     assert path in msg, msg

@@ -18,9 +18,6 @@ from .settings import Guardrails as GuardrailSettings
 # step (NTP, a person setting the date) must neither release nor extend them.
 MONOTONIC = time.monotonic
 
-# Actions whose apply is counted against rate, cooldown and the breaker.
-DESTRUCTIVE_APPROVALS = ("pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "resume_after_check")
-
 
 class Guardrails:
     def __init__(self, settings: GuardrailSettings, clock: Callable[[], float] = MONOTONIC):

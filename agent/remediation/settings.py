@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_write", "pdu_outlet", "notify", "exec"]
 
+# Approval keys a playbook step may carry (approval:, undo_approval:, and resume_after_check for a resume whose
+# health check did not pass) that `guardrails.automatic` may waive; "always" can never be waived.
+AutomaticKey = Literal["pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "resume_after_check"]
+
 CRITICAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140, 144, 145, 146, 147, 148, 149, 150, 154]
 
 
@@ -97,7 +101,7 @@ class Guardrails(_Strict):
     attempts_per_incident: int = Field(default=3, ge=1, description="Tries of one step before escalation.")
     retry_backoff_seconds: float = Field(default=0.5, ge=0, description="First retry delay; doubles each try.")
     approval_expiry_seconds: float = Field(default=3600.0, gt=0, description="A pending approval lapses after this.")
-    automatic: list[str] = Field(default_factory=list, description=(
+    automatic: list[AutomaticKey] = Field(default_factory=list, description=(
         "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, resume_after_leak, "
         "resume_after_check."))
     scheduler_retry_max_seconds: float = Field(default=60.0, gt=0, description=(

@@ -1,0 +1,89 @@
+"""Cross-references of a config: every name one section uses must exist in the section that defines it.
+
+Why a pass of its own: each section validates alone (pydantic), but a node name in
+`agent.node`, a valve `cdu:point`, a leak channel's zone or an outlet's node that
+matches nothing passes that validation and then silently does nothing (an agent
+that never drains itself, a valve never closed on a leak). So start, reload and
+check-config all refuse such a config, naming the field. Secret-file permissions
+are a warning only: an operator may have reasons (a group-readable token shared
+with a sidecar), but should be told.
+"""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.config import Config
+
+
+def reference_errors(config: "Config") -> list[str]:
+    """Every dangling reference, one message each naming the field and what it may be."""
+    inv = config.inventory
+    errors: list[str] = []
+    nodes = set(inv.nodes)
+    if nodes and config.agent.node not in nodes:
+        errors.append(f"agent.node: {config.agent.node!r} not in inventory.nodes ({_known(nodes)}); "
+                      "the agent would never act on its own node")
+    leader = config.remediation.rack_leader
+    if leader is not None and nodes and leader not in nodes:
+        errors.append(f"remediation.rack_leader: {leader!r} not in inventory.nodes ({_known(nodes)})")
+    zones = {z.name for z in inv.leak_zones}
+    for kind in ("cdus", "leak_controllers"):
+        for dev in getattr(inv, kind):
+            for channel, zone in dev.channels.items():
+                if zone not in zones:
+                    errors.append(f"inventory.{kind}.{dev.name}.channels.{channel}: zone {zone!r} not in "
+                                  f"inventory.leak_zones ({_known(zones)})")
+    for zone in inv.leak_zones:
+        if zone.valve is not None:
+            problem = _valve_problem(config, zone.valve)
+            if problem:
+                errors.append(f"inventory.leak_zones.{zone.name}.valve: {problem}")
+    for pdu in inv.pdus:
+        for outlet, node in pdu.outlets.items():
+            if nodes and node not in nodes:
+                errors.append(f"inventory.pdus.{pdu.name}.outlets.{outlet}: node {node!r} not in "
+                              f"inventory.nodes ({_known(nodes)})")
+    return errors
+
+
+def _valve_problem(config: "Config", ref: str) -> str | None:
+    """Why `cdu:point` names no writable point of a configured CDU, or None when it does."""
+    from exporters.cooling import modbus_profile
+
+    cdu_name, sep, point_name = ref.partition(":")
+    if not sep or not cdu_name or not point_name:
+        return f"expected cdu:point, got {ref!r}"
+    cdus = {c.name: c for c in config.inventory.cdus}
+    if cdu_name not in cdus:
+        return f"CDU {cdu_name!r} not in inventory.cdus ({_known(set(cdus))})"
+    profile = modbus_profile.load_profile(cdus[cdu_name].profile)  # loadable: checked before this pass
+    points = {p.name: p for p in profile.expanded()}
+    if point_name not in points:
+        return f"profile {profile.name!r} of CDU {cdu_name!r} has no point {point_name!r}"
+    if points[point_name].control is None:
+        controls = {n for n, p in points.items() if p.control is not None}
+        return (f"point {point_name!r} of profile {profile.name!r} is not a control point "
+                f"(control points: {_known(controls)})")
+    return None
+
+
+def secret_warnings(files: dict[str, Path]) -> list[str]:
+    """Secret files readable by group or others: field -> path given, one warning each."""
+    warnings = []
+    for where, path in files.items():
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue  # reading it already failed or will fail with its own error
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            warnings.append(f"{where}: {str(path)!r} is accessible by group or others (mode {stat.filemode(mode)}); "
+                            f"chmod 600 it")
+    return warnings
+
+
+def _known(names: set[str]) -> str:
+    return ", ".join(sorted(names)) if names else "none defined"
