@@ -37,7 +37,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
     try:
-        loaded = load_config(args.file)
+        loaded = load_config(args.file, args.node)
     except ConfigError as exc:
         print(terminal_safe(exc, keep="\n"), file=sys.stderr)
         return 1
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     cc = sub.add_parser("check-config", help="validate a config file; non-zero exit names the bad field")
     cc.add_argument("file")
     cc.add_argument("--dump", action="store_true", help="print the parsed config (secrets redacted)")
+    cc.add_argument("--node", help="check as node NODE would load it (default: agent.node, else this host's name)")
 
     sim = sub.add_parser("sim", help="the simulated rack: run it, inject faults, clear them")
     sim.add_argument("--sim", help="simulator URL (default: found through its discovery file)")

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from agent.config_refs import reference_errors, secret_warnings
+from agent.rack_file import RackFileError, with_rack_file
 from agent.remediation.settings import RemediationSettings
 from exporters.safe_yaml import InputError, parse_yaml, read_text_file
 from exporters.validation import cut, error_lines, short_repr, terminal_safe
@@ -38,9 +40,15 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def short_hostname() -> str:
+    """The host name up to its first dot: what Slurm and the rack file call a node by default."""
+    return socket.gethostname().split(".", 1)[0]
+
+
 class Identity(Strict):
     rack: str = Field(min_length=1, description="Rack name, as in the scrape config's target labels.")
-    node: str = Field(min_length=1, description="This node's name, as the scheduler knows it.")
+    node: str = Field(default_factory=lambda: short_hostname(), min_length=1, description=(
+        "This node's name, as the scheduler knows it; default: the host name, short form."))
     role: str = Field(default="compute", description="compute, switch, management...")
     mode: Mode = Field(default="observe", description="Remediation mode; a fresh install observes.")
     state_dir: Path = Field(default=Path("/var/lib/supernode-agent"), description="Journal and runtime state.")
@@ -273,6 +281,9 @@ class Logging(Strict):
 
 class Config(Strict):
     agent: Identity
+    inventory_file: Path | None = Field(default=None, description=(
+        "Rack file (rack: and inventory:) shared by every node, instead of an inventory section; "
+        "relative to this config's directory; re-read at every reload."))
     logging: Logging = Logging()
     listen: Listen = Listen()
     inventory: Inventory = Inventory()
@@ -375,13 +386,23 @@ def _check_profiles(config: Config) -> None:
             raise ConfigError(cut(f"{where}: profile {name!r} does not load: {exc}", 1000)) from None
 
 
-def parse_config(data: Any, source: str = "<config>", path: Path | None = None) -> LoadedConfig:
+def parse_config(data: Any, source: str = "<config>", path: Path | None = None, node: str | None = None) -> LoadedConfig:
+    """Validate config data; `node` stands in for agent.node (check-config --node: one node's view of a shared file)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    if node is not None and isinstance(data.get("agent", {}), dict):
+        data = dict(data, agent=dict(data.get("agent") or {}, node=node))
+    try:
+        data, rack_path = with_rack_file(data, path, MAX_CONFIG_BYTES)
+    except RackFileError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     try:
         config = Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(error_lines(err, f"{source}: invalid config", show_input=True)) from None
+        msg = error_lines(err, f"{source}: invalid config", show_input=True)
+        if rack_path is not None:
+            msg += f"\n  (inventory.* is read from the rack file {str(rack_path)!r})"
+        raise ConfigError(msg) from None
     _check_playbooks(config)
     _check_profiles(config)
     dangling = reference_errors(config)
@@ -406,7 +427,7 @@ def _check_playbooks(config: Config) -> None:
                           f"{getattr(exc, 'strerror', None) or exc}") from None
 
 
-def load_config(path: Path | str) -> LoadedConfig:
+def load_config(path: Path | str, node: str | None = None) -> LoadedConfig:
     """Read, parse and validate a config file in bounded time and memory; ConfigError for anything wrong."""
     path = Path(path)
     try:
@@ -414,4 +435,4 @@ def load_config(path: Path | str) -> LoadedConfig:
     except InputError as exc:
         msg = str(exc)
         raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
-    return parse_config(data, str(path), path)
+    return parse_config(data, str(path), path, node)

@@ -28,7 +28,7 @@ def test_health_ready_and_metrics(tmp_path):
 def test_reload_keeps_running_config_on_bad_file_and_applies_good_one(tmp_path):
     cfg = base_config(tmp_path)
     with running_agent(cfg, tmp_path) as agent:
-        agent.write_config("agent: {rack: r01}\n")  # node missing
+        agent.write_config("agent: {rack: r01, node: \"\"}\n")  # node empty
         agent.signal(signal.SIGHUP)
         wait_for(lambda: "reload refused" in agent.log(), 10, what="refused reload logged")
         assert "agent.node" in agent.log()
