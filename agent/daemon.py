@@ -17,6 +17,7 @@ from typing import Any, Callable
 from agent import __version__
 from agent.config import ConfigError, LoadedConfig, load_config
 from agent.exposition import build_registry, inventory_readings, render_metrics
+from agent.self_metrics import ReloadStats, self_collectors
 from agent.http import RouteMount, build_app, start_server
 from agent.runtime import ScheduledSource, SourceScheduler
 from agent.sdnotify import Notifier
@@ -51,8 +52,10 @@ class Agent:
         # wrong inside remediation after that only degrades remediation.
         loaded.config.agent.state_dir.mkdir(parents=True, exist_ok=True)
         self._setup_remediation()
+        self.reloads = ReloadStats()
         self.registry = build_registry(self.store, self.identity,
-                                       [*self.extra_collectors, RemediationHealth(self.remediation_degraded)])
+                                       [*self.extra_collectors, RemediationHealth(self.remediation_degraded),
+                                        *self_collectors(self.reloads)])
 
     # -- identity and state ------------------------------------------------------
 
@@ -137,30 +140,36 @@ class Agent:
             await asyncio.sleep(every)
 
     async def reload(self) -> tuple[bool, str]:
+        """Load the file again and swap everything, or nothing; counted in supernode_config_reload_total."""
         async with self._reload_lock:
-            path = self.loaded.path
-            if path is None:
-                return False, "config was not loaded from a file"
-            try:
-                # Parsed on a worker thread: whatever the file holds, /metrics and the watchdog keep answering.
-                new = await asyncio.to_thread(load_config, path)
-                sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
-                # Remediation is built too before anything running changes: a playbook that does not
-                # load refuses the whole reload.
-                # (on a thread: building it calls nvmlInit, which a wedged driver can hold for long)
-                prepared = await asyncio.to_thread(self.remediation.prepare, new) if self.remediation else None
-            except ConfigError as exc:
-                log.error("reload refused, keeping running config", extra={"error": str(exc)})
-                return False, str(exc)
-            except Exception as exc:
-                log.error("reload refused, keeping running config", extra={"error": repr(exc)})
-                return False, f"{type(exc).__name__}: {exc}"
-            self.loaded = new
-            await self.scheduler.replace(sources, new.config.sources.stale_after_intervals)
-            if self.remediation is not None:
-                await self.remediation.swap(prepared)
-            log.info("config reloaded", extra={"path": str(path), "sources": len(sources)})
-            return True, "reloaded"
+            ok, why = await self._reload()
+            self.reloads.record(ok)
+            return ok, why
+
+    async def _reload(self) -> tuple[bool, str]:
+        path = self.loaded.path
+        if path is None:
+            return False, "config was not loaded from a file"
+        try:
+            # Parsed on a worker thread: whatever the file holds, /metrics and the watchdog keep answering.
+            new = await asyncio.to_thread(load_config, path)
+            sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
+            # Remediation is built too before anything running changes: a playbook that does not
+            # load refuses the whole reload.
+            # (on a thread: building it calls nvmlInit, which a wedged driver can hold for long)
+            prepared = await asyncio.to_thread(self.remediation.prepare, new) if self.remediation else None
+        except ConfigError as exc:
+            log.error("reload refused, keeping running config", extra={"error": str(exc)})
+            return False, str(exc)
+        except Exception as exc:
+            log.error("reload refused, keeping running config", extra={"error": repr(exc)})
+            return False, f"{type(exc).__name__}: {exc}"
+        self.loaded = new
+        await self.scheduler.replace(sources, new.config.sources.stale_after_intervals)
+        if self.remediation is not None:
+            await self.remediation.swap(prepared)
+        log.info("config reloaded", extra={"path": str(path), "sources": len(sources)})
+        return True, "reloaded"
 
     def request_stop(self) -> None:
         self._stop.set()
