@@ -24,7 +24,7 @@ from .actions import ActionError, ActionResult, parse_target, target_str
 from .calls import NVML
 from .blast import SCHEDULER_UNREACHABLE, check_drain
 from .decisions import LoggedJournal
-from .journal import Journal
+from .journal import Journal, Retention
 from .detectors import Context, Detectors
 from .guardrails import MONOTONIC, Guardrails
 from .incidents import Incident, IncidentBook
@@ -96,7 +96,9 @@ class RemediationEngine:
         self.identity = identity
         self.inventory = inventory
         self.clock = clock
-        self.journal = LoggedJournal(journal_path)
+        days = settings.journal_retention
+        self.journal = LoggedJournal(journal_path, retention=Retention(
+            *(None if d is None else d * 86400.0 for d in (days.resolved_incident_days, days.webhook_dedup_days))))
         self.incidents = IncidentBook(self.journal, clock)
         self.guard = Guardrails(settings.guardrails, monotonic)
         self.maintenance = Maintenance(self.journal, clock)

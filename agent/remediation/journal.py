@@ -5,7 +5,23 @@ and the result after, so a crash between the two leaves a visible "intent
 without result" that `engine.start()` reconciles against real state before
 anything else runs. Incidents, blocked decisions and webhook deliveries go
 in the same file, so "what did the agent do and why" has one answer.
-Rows are never updated or deleted (triggers refuse it).
+Rows are never updated, and never deleted but by retention (triggers refuse anything else).
+
+Why a schema version: the file outlives the code that wrote it. `PRAGMA user_version`
+says which migrations a file has had; `open()` applies the missing ones in order,
+each in one transaction with its version bump (a crash leaves the old version, whole).
+A journal written before versions existed (user_version 0 with the tables present)
+is version 1. A file from a newer agent is refused, never moved aside or rewritten.
+
+Why retention is the one sanctioned delete path: an append-only journal and webhook
+table grow forever and are replayed at every start. Retention removes (1) every row
+of an incident that resolved, has no row newer than `resolved_incident_seconds` and
+no intent left without its result, and (2) the webhook dedup rows of an alert whose
+resolved delivery is older than `webhook_dedup_seconds` (Alertmanager stops resending
+it long before; a firing alert without a resolved row is kept: it may still fire).
+The delete trigger lets a delete through only while the same transaction holds a
+row in `journal_retention_run`, which only `_apply_retention` writes; what it
+removed is itself journaled (kind `retention`).
 
 Why a writer thread: a full or slow state disk must never stop a safety
 step nor the event loop. `append` only queues the row (with its sequence
@@ -36,7 +52,9 @@ from typing import Any
 log = logging.getLogger("supernode.journal")
 COLUMNS = "seq, ts, kind, action_id, incident_id, playbook, action, target, result, detail"
 
-SCHEMA = """
+# Migration N takes a file from version N-1 to N; 1 is the format written before versions existed.
+# A released migration never changes (files on disk were made by it): a change is a new migration.
+SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS journal (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   ts REAL NOT NULL,
@@ -63,6 +81,25 @@ CREATE TRIGGER IF NOT EXISTS journal_no_update BEFORE UPDATE ON journal
 CREATE TRIGGER IF NOT EXISTS journal_no_delete BEFORE DELETE ON journal
   BEGIN SELECT RAISE(ABORT, 'journal is append-only'); END;
 """
+SCHEMA_V2 = """
+CREATE TABLE journal_retention_run (started REAL NOT NULL);
+DROP TRIGGER journal_no_delete;
+CREATE TRIGGER journal_no_delete BEFORE DELETE ON journal
+  WHEN NOT EXISTS (SELECT 1 FROM journal_retention_run)
+  BEGIN SELECT RAISE(ABORT, 'journal is append-only (only retention deletes)'); END;
+CREATE INDEX journal_ts ON journal(ts);
+CREATE INDEX webhook_alerts_ts ON webhook_alerts(ts);
+"""
+MIGRATIONS = {1: SCHEMA_V1, 2: SCHEMA_V2}
+SCHEMA_VERSION = max(MIGRATIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long rows are kept; None keeps them forever."""
+
+    resolved_incident_seconds: float | None = None
+    webhook_dedup_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +127,85 @@ class JournalError(Exception):
 def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=5.0)
     try:
+        _refuse_newer(db, path)  # before anything writes to the file, even the WAL switch
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.executescript(SCHEMA)
         check = db.execute("PRAGMA quick_check").fetchone()
         if not check or check[0] != "ok":
             raise sqlite3.DatabaseError(f"quick_check: {check[0] if check else 'no answer'}")
+        migrate(db, path)
     except BaseException:
         db.close()
         raise
     return db
+
+
+def schema_version(db: sqlite3.Connection) -> int:
+    """The file's version: user_version, or 1 for a journal written before versions existed."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version == 0 and db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='journal'").fetchone():
+        return 1
+    return int(version)
+
+
+def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
+    version = schema_version(db)
+    if version > SCHEMA_VERSION:
+        raise JournalError(f"{path}: journal schema version {version} is newer than this agent's ({SCHEMA_VERSION}); "
+                           "left untouched")
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> int:
+    """Apply the missing migrations in order, each with its version bump in one transaction."""
+    _refuse_newer(db, path)
+    version = schema_version(db)
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        try:
+            db.executescript(f"BEGIN IMMEDIATE;\n{MIGRATIONS[target]}\nPRAGMA user_version = {target};\nCOMMIT;")
+        except sqlite3.Error:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        if version:
+            log.warning("journal migrated", extra={"path": str(path), "from_version": target - 1, "to_version": target})
+    return SCHEMA_VERSION
+
+
+# Incidents retention may remove: resolved, quiet since the cutoff, no intent left without a later result.
+_PRUNABLE_INCIDENTS = """
+SELECT j.incident_id FROM journal j WHERE j.incident_id IS NOT NULL GROUP BY j.incident_id
+HAVING MAX(j.ts) < :cutoff AND SUM(j.kind = 'incident' AND j.result = 'resolved') > 0
+AND NOT EXISTS (SELECT 1 FROM journal i WHERE i.incident_id = j.incident_id AND i.kind = 'intent'
+                AND NOT EXISTS (SELECT 1 FROM journal r WHERE r.action_id = i.action_id AND r.kind = 'result'
+                                AND r.seq > i.seq))
+"""
+_PRUNABLE_ALERTS = """
+SELECT fingerprint, starts_at FROM webhook_alerts WHERE status = 'resolved' AND ts < :cutoff
+"""
+
+
+def apply_retention(db: sqlite3.Connection, retention: Retention, now: float) -> dict[str, int]:
+    """The one sanctioned delete: old resolved incidents' rows and spent webhook dedup rows (one transaction)."""
+    counts = {"journal_rows": 0, "incidents": 0, "webhook_rows": 0}
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("INSERT INTO journal_retention_run VALUES (?)", (now,))
+        if retention.resolved_incident_seconds is not None:
+            ids = [r[0] for r in db.execute(_PRUNABLE_INCIDENTS, {"cutoff": now - retention.resolved_incident_seconds})]
+            for iid in ids:
+                counts["journal_rows"] += db.execute("DELETE FROM journal WHERE incident_id = ?", (iid,)).rowcount
+            counts["incidents"] = len(ids)
+        if retention.webhook_dedup_seconds is not None:
+            spent = db.execute(_PRUNABLE_ALERTS, {"cutoff": now - retention.webhook_dedup_seconds}).fetchall()
+            for fingerprint, starts_at in spent:
+                counts["webhook_rows"] += db.execute("DELETE FROM webhook_alerts WHERE fingerprint = ? AND starts_at = ?",
+                                                     (fingerprint, starts_at)).rowcount
+        db.execute("DELETE FROM journal_retention_run")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return counts
 
 
 def _corrupt(exc: sqlite3.Error) -> bool:
@@ -137,9 +243,11 @@ class Journal:
     one aside and loads the in-memory indexes. Reads never wait for a write.
     """
 
-    def __init__(self, path: Path | str, readonly: bool = False, max_backoff: float = 2.0):
+    def __init__(self, path: Path | str, readonly: bool = False, max_backoff: float = 2.0,
+                 retention: Retention | None = None):
         self.path = Path(path)
         self.readonly = readonly
+        self.retention = retention
         self.max_backoff = max_backoff
         self.moved_aside: Path | None = None
         self.writable = True
@@ -171,6 +279,7 @@ class Journal:
             if self.moved_aside is not None and self._reader is not None:
                 self._reader.close()  # it read the file now moved aside
                 self._reader = None
+            pruned = self._retain()
             for e in self._read_db(0):
                 self._index(e)
                 self._next_seq = max(self._next_seq, e.seq + 1)
@@ -181,6 +290,18 @@ class Journal:
             self._thread.start()
         if self.moved_aside is not None:
             self.append("journal", result="moved_aside", detail={"moved_to": str(self.moved_aside)})
+        if pruned and any(pruned.values()):
+            self.append("retention", result="pruned", detail=pruned)
+
+    def _retain(self) -> dict[str, int] | None:
+        """Retention at open, before the replay: what start reads stays bounded. A failure keeps every row."""
+        if self.retention is None or self._db is None:
+            return None
+        try:
+            return apply_retention(self._db, self.retention, time.time())
+        except sqlite3.Error as exc:
+            log.error("journal retention failed: every row kept", extra={"error": str(exc)})
+            return None
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued row is committed; False if the disk still refuses after `timeout`."""

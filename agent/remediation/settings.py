@@ -139,9 +139,21 @@ class LinkControlSettings(_Strict):
         "How long the read-back waits for the port's state to follow the command (IB and some NICs lag)."))
 
 
+class JournalRetentionSettings(_Strict):
+    """How long the journal keeps rows it no longer needs (applied at every start, before the replay)."""
+
+    resolved_incident_days: float | None = Field(default=90.0, gt=0, description=(
+        "Rows of an incident resolved and quiet for this long (none of its actions unfinished) are removed; "
+        "null keeps them forever."))
+    webhook_dedup_days: float | None = Field(default=7.0, gt=0, description=(
+        "Webhook dedup rows of an alert resolved this long ago are removed (Alertmanager keeps and resends "
+        "alerts for 5 days by default); a firing alert's rows are kept. null keeps them forever."))
+
+
 class RemediationSettings(_Strict):
     detectors: DetectorSettings = DetectorSettings()
     guardrails: Guardrails = Guardrails()
+    journal_retention: JournalRetentionSettings = JournalRetentionSettings()
     playbook_dir: Path | None = Field(default=None, description="Replaces the shipped playbooks when set.")
     slurm: SlurmSettings = SlurmSettings()
     notify_url: str | None = Field(default=None, description="notify steps POST their JSON event here.")
