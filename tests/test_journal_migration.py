@@ -149,3 +149,27 @@ def test_retention_is_configured_from_the_remediation_settings(tmp_path):
     default = RemediationEngine(RemediationSettings(), "observe", identity("observe"), inventory(),
                                 tmp_path / "j2.db")
     assert default.journal.retention == Retention(90 * DAY, 7 * DAY)
+
+
+def test_a_running_journal_prunes_again_and_forgets_what_it_removed(tmp_path):
+    """A long-running agent: retention runs on the writer thread every `retention_every` seconds."""
+    from tests.helpers import wait_for
+
+    j = Journal(tmp_path / "journal.db", retention=Retention(90 * DAY, 7 * DAY), retention_every=0.2)
+    j.open()
+    try:
+        old = time.time() - 100 * DAY
+        j.append("incident", incident_id="inc-old", result="open", ts=old)
+        j.append("intent", action_id="x1", incident_id="inc-old", action="drain", ts=old)
+        j.append("result", action_id="x1", incident_id="inc-old", action="drain", result="done", ts=old)
+        j.append("incident", incident_id="inc-old", result="resolved", ts=old)
+        j.append("incident", incident_id="inc-new", result="resolved")
+        wait_for(lambda: any(e.kind == "retention" for e in j.entries()), 30, what="a retention pass while running")
+        assert j.last_result("x1") is None and j.intent("x1") is None
+        assert {e.incident_id for e in j.entries() if e.incident_id} == {"inc-new"}
+        retention = [e.detail for e in j.entries() if e.kind == "retention"]
+        assert retention[0] == {"incidents": 1, "journal_rows": 4, "webhook_rows": 0}
+        j.append("breaker", result="open")  # the writer still commits after its passes
+        assert j.flush()
+    finally:
+        j.close()

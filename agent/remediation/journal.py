@@ -20,8 +20,10 @@ no intent left without its result, and (2) the webhook dedup rows of an alert wh
 resolved delivery is older than `webhook_dedup_seconds` (Alertmanager stops resending
 it long before; a firing alert without a resolved row is kept: it may still fire).
 The delete trigger lets a delete through only while the same transaction holds a
-row in `journal_retention_run`, which only `_apply_retention` writes; what it
-removed is itself journaled (kind `retention`).
+row in `journal_retention_run`, which only `apply_retention` writes; what it
+removed is itself journaled (kind `retention`). It runs at open, before the replay,
+and then every `retention_every` seconds (a day) on the writer thread, the
+connection's only user, which also drops the removed keys from the in-memory indexes.
 
 Why a writer thread: a full or slow state disk must never stop a safety
 step nor the event loop. `append` only queues the row (with its sequence
@@ -184,9 +186,20 @@ SELECT fingerprint, starts_at FROM webhook_alerts WHERE status = 'resolved' AND 
 """
 
 
-def apply_retention(db: sqlite3.Connection, retention: Retention, now: float) -> dict[str, int]:
+@dataclass
+class Pruned:
+    """What one retention pass removed: counts (journaled) and the keys, to drop from the in-memory indexes."""
+
+    counts: dict[str, int]
+    incidents: set[str]
+    alerts: set[tuple[str, str]]
+
+
+def apply_retention(db: sqlite3.Connection, retention: Retention, now: float) -> Pruned:
     """The one sanctioned delete: old resolved incidents' rows and spent webhook dedup rows (one transaction)."""
     counts = {"journal_rows": 0, "incidents": 0, "webhook_rows": 0}
+    ids: list[str] = []
+    spent: list[tuple[str, str]] = []
     db.execute("BEGIN IMMEDIATE")
     try:
         db.execute("INSERT INTO journal_retention_run VALUES (?)", (now,))
@@ -205,7 +218,7 @@ def apply_retention(db: sqlite3.Connection, retention: Retention, now: float) ->
     except BaseException:
         db.execute("ROLLBACK")
         raise
-    return counts
+    return Pruned(counts, set(ids), {(fp, starts) for fp, starts in spent})
 
 
 def _corrupt(exc: sqlite3.Error) -> bool:
@@ -244,10 +257,12 @@ class Journal:
     """
 
     def __init__(self, path: Path | str, readonly: bool = False, max_backoff: float = 2.0,
-                 retention: Retention | None = None):
+                 retention: Retention | None = None, retention_every: float = 86400.0):
         self.path = Path(path)
         self.readonly = readonly
         self.retention = retention
+        self.retention_every = retention_every  # a long-running agent prunes again this often (writer thread)
+        self._next_retention = time.monotonic() + retention_every
         self.max_backoff = max_backoff
         self.moved_aside: Path | None = None
         self.writable = True
@@ -290,11 +305,31 @@ class Journal:
             self._thread.start()
         if self.moved_aside is not None:
             self.append("journal", result="moved_aside", detail={"moved_to": str(self.moved_aside)})
-        if pruned and any(pruned.values()):
-            self.append("retention", result="pruned", detail=pruned)
+        if pruned and any(pruned.counts.values()):
+            self.append("retention", result="pruned", detail=pruned.counts)
 
-    def _retain(self) -> dict[str, int] | None:
-        """Retention at open, before the replay: what start reads stays bounded. A failure keeps every row."""
+    def _retain_while_running(self) -> None:
+        """Retention on the writer thread (the connection's only user once open): rows, then the indexes."""
+        self._next_retention = time.monotonic() + self.retention_every
+        pruned = self._retain()
+        if not pruned or not any(pruned.counts.values()):
+            return
+        with self._cond:
+            for index in (self._last_result, self._first_intent):
+                for aid in [aid for aid, e in index.items() if e.incident_id in pruned.incidents]:
+                    del index[aid]
+            self._alerts = {k for k in self._alerts if (k[0], k[1]) not in pruned.alerts}
+        self.append("retention", result="pruned", detail=pruned.counts)
+
+    def _retention_wait(self) -> float | None:
+        """Seconds until the next retention pass is due (0: due now), or None when there is no retention."""
+        if self.retention is None:
+            return None
+        return max(0.0, self._next_retention - time.monotonic())
+
+    def _retain(self) -> Pruned | None:
+        """Retention at open (before the replay: what start reads stays bounded) and then every
+        `retention_every` seconds. A failure keeps every row."""
         if self.retention is None or self._db is None:
             return None
         try:
@@ -362,11 +397,14 @@ class Journal:
         delay = 0.05
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
-                if not self._pending:
+                while not self._pending and not self._closing and self._retention_wait() != 0.0:
+                    self._cond.wait(self._retention_wait())
+                if not self._pending and self._closing:
                     return
                 batch = list(self._pending)[:256]
+            if not batch:  # idle and retention is due
+                self._retain_while_running()
+                continue
             try:
                 self._commit(batch)
             except sqlite3.Error as exc:

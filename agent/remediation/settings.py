@@ -140,7 +140,7 @@ class LinkControlSettings(_Strict):
 
 
 class JournalRetentionSettings(_Strict):
-    """How long the journal keeps rows it no longer needs (applied at every start, before the replay)."""
+    """How long the journal keeps rows it no longer needs (applied at every start, before the replay, then daily)."""
 
     resolved_incident_days: float | None = Field(default=90.0, gt=0, description=(
         "Rows of an incident resolved and quiet for this long (none of its actions unfinished) are removed; "
