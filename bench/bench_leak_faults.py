@@ -62,7 +62,9 @@ def run_case(case: str, work: Path, cluster: SlurmCluster) -> tuple[list[float],
         cfg["sources"]["leak"] = {"interval": POLL, "timeout": 0.4}
         cfg["remediation"].update({
             "device_timeout_seconds": 1.0,
-            "detectors": {"leak": {"clear_seconds": 0.2}},
+            # A GPU that stays hung is also a gpu_lost incident that drains the node; off here, so every
+            # injection measures the leak's own drain (the hung GPU's effect on the leak path is the question).
+            "detectors": {"leak": {"clear_seconds": 0.2}, "gpu_lost": {"enabled": False}},
             "guardrails": {"automatic": ["resume_after_leak", "resume_after_check", "cdu_write_valve"], "cooldown_seconds": 0,
                            "max_drained_fraction": 1.0, "max_drained_nodes": 2, "breaker_max_actions": 100000,
                            "rate_per_hour": {"default": 100000}}})
@@ -102,7 +104,12 @@ def run_case(case: str, work: Path, cluster: SlurmCluster) -> tuple[list[float],
                         inc = json.loads(body)
                         return (not inc["open"] and not inc["pending_approvals"]
                                 and cluster.states().get("node01") == "idle")
-                    until(settled, 60, "leak resolved, node01 resumed")
+                    try:
+                        until(settled, 60, "leak resolved, node01 resumed")
+                    except TimeoutError:
+                        status, body = agent.get("/api/v1/incidents", token=TOKEN)
+                        raise TimeoutError(f"{case}: leak not resolved or node01 not resumed: "
+                                           f"{cluster.states()} {body[:3000]!r}") from None
                 if case == "state disk full":
                     text = agent.metrics()
                     assert "supernode_journal_writable 0.0" in text, "the disk was not full after all"
