@@ -74,7 +74,8 @@ class DetectorSettings(_Strict):
     nvlink_error_rate_per_second: float = Field(
         default=10.0, gt=0, description="Errors/s per link, summed over nvlink_error_types.")
     nvlink_error_types: list[str] = Field(
-        default_factory=lambda: ["crc_flit", "crc_data", "replay", "recovery", "recovery_failed"],
+        # `effective`: NVLink5 (GB200) errors left after FEC, where the legacy types answer NotSupported.
+        default_factory=lambda: ["crc_flit", "crc_data", "replay", "recovery", "recovery_failed", "effective"],
         description="supernode_nvlink_errors_total types that count towards the rate.")
     nvlink_effective_ber: float = Field(default=1e-12, gt=0, description="NVLink5 effective BER above this fires.")
     nvlink_errors: Hold = Hold(fire_seconds=5.0, clear_seconds=60.0)
