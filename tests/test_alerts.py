@@ -3,7 +3,7 @@
 Runs the real `promtool` and `amtool`; checks the conventions the issue asks
 for (CamelCase names, severity, summary/description/runbook_url with a
 shipped runbook, a firing and a quiet case per alert, remediation routing)
-and that every metric name is one of ../shared/METRICS.md.
+and that every metric name is in the catalogue the code declares (docs/metrics.md).
 """
 
 from __future__ import annotations
