@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -229,7 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_demo(args)
     if cmd == "probe":
         return _cmd_probe(args)
-    return _cmd_remediation(args)
+    try:
+        return _cmd_remediation(args)
+    except BrokenPipeError:  # `supernode-agent journal | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        return 0
 
 
 if __name__ == "__main__":

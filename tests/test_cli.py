@@ -103,3 +103,19 @@ def test_sim_inject_finds_the_simulator_and_names_bad_parameters(rack):
     assert {g.workload for g in rack.sim.model.nodes["node02"].gpus} == {0.85}
     out = cli("sim", "state", env={"SUPERNODE_SIM_FILE": str(rack.discovery.with_name("missing.json"))})
     assert out.returncode == 2 and "no running simulator" in out.stderr
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(tmp_path):
+    """`supernode-agent incidents | head -1`: a closed pipe ends the listing quietly, no traceback."""
+    import os
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before anything is written
+    # The listing itself stands in for an agent's long answer: it writes more than a pipe buffer holds.
+    code = ("import sys; import agent.remediation_cli as rc; from agent.cli import main; "
+            "rc.dispatch = lambda args: [print('x' * 100000, flush=True) for _ in range(3)] and 0; "
+            "sys.exit(main(['incidents']))")
+    proc = subprocess.run([sys.executable, "-c", code], stdout=w, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                          timeout=60)
+    os.close(w)
+    assert "Traceback" not in proc.stderr and proc.returncode == 0, proc.stderr

@@ -228,8 +228,9 @@ class RackModel:
         g.power_w += (target_power - g.power_w) * alpha
         g.power_w = max(g.power_w, 0.0)
         g.energy_mj += g.power_w * dt * 1000.0
-        # Cold plate: thermal resistance grows as flow falls.
-        r_th = 0.06 / max(flow_ratio, 0.15) ** 0.8
+        # Cold plate: thermal resistance grows as flow falls. A bigger GPU sits on a bigger cold plate: the
+        # resistance scales with the board power (0.06 K/W at H100's 700 W), so full load stays below slowdown.
+        r_th = 0.06 * 700.0 / max(g.default_limit_mw / 1000, 1.0) / max(flow_ratio, 0.15) ** 0.8
         target_temp = supply_c + g.power_w * r_th + g.thermal_extra_c
         g.temp_c += (target_temp - g.temp_c) * (1.0 if dt <= 0 else min(1.0, dt / 3.0))
         g.mem_temp_c = g.temp_c + 4.0
