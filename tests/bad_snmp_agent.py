@@ -29,29 +29,14 @@ from pysnmp.proto import api
 
 from agent.sim.snmp_agent import Oid, OidTable, SnmpAgent, gauge
 from agent.sim.snmp_pdu import OUTLET_DIGITS, OUTLET_VALUE, POWER
+# The agent's own BER primitives, without encode_oid's bounds: this peer must be able to break them.
+from exporters.power.snmp_v2c import _subid, _tlv
 
 P = api.PROTOCOL_MODULES[api.SNMP_VERSION_2C]
 MODES = ("huge_subid", "endless_column", "not_increasing", "oversize_integers", "bad_digits", "spoofed",
          "garbage_varbinds", "garbage", "slow")
 HUGE_SUBID = b"\x81" * 2040 + b"\x01"  # base-128: about 14,280 bits, a 4,300-digit number
 _N = len(OUTLET_VALUE)
-
-
-def _tlv(tag: int, body: bytes) -> bytes:
-    n = len(body)
-    if n < 0x80:
-        return bytes((tag, n)) + body
-    size = n.to_bytes((n.bit_length() + 7) // 8, "big")
-    return bytes((tag, 0x80 | len(size))) + size + body
-
-
-def _subid(v: int) -> bytes:
-    out = [v & 0x7F]
-    v >>= 7
-    while v:
-        out.append(0x80 | (v & 0x7F))
-        v >>= 7
-    return bytes(reversed(out))
 
 
 def oid_tlv(oid: Oid, tail: bytes = b"") -> bytes:
