@@ -17,6 +17,14 @@ from typing import Callable, Iterable, Iterator
 from exporters.model import Quality, Reading
 
 
+def by_family(readings: Iterable[Reading]) -> dict[str, list[Reading]]:
+    """Readings grouped by metric family name, in their order."""
+    index: dict[str, list[Reading]] = {}
+    for r in readings:
+        index.setdefault(r.spec.name, []).append(r)
+    return index
+
+
 @dataclass(slots=True)
 class SourceState:
     """Bookkeeping for one (source, device): feeds the per-source `up`, duration and error metrics."""
@@ -81,10 +89,7 @@ class Snapshot:
         if self.monotonic is None:
             object.__setattr__(self, "monotonic", self.taken_at)
         if not self.by_name and self.readings:
-            index: dict[str, list[Reading]] = {}
-            for r in self.readings:
-                index.setdefault(r.spec.name, []).append(r)
-            object.__setattr__(self, "by_name", index)
+            object.__setattr__(self, "by_name", by_family(self.readings))
 
     def select(self, metric: str, **labels: str) -> Iterator[Reading]:
         family = self.by_name.get(metric, ())
@@ -164,10 +169,7 @@ class SnapshotStore:
                 else:
                     kept.append(r)
             state.readings = kept
-            index: dict[str, list[Reading]] = {}
-            for r in kept:
-                index.setdefault(r.spec.name, []).append(r)
-            state.index = index
+            state.index = by_family(kept)
             state.up = True
             state.last_success = now
             state.last_attempt = now
