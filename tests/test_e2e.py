@@ -140,14 +140,8 @@ def test_a_quiet_rack_shows_zero_not_no_data_on_the_remediation_dashboard(stack)
     assert not [r for r in s.prom.query('supernode_incidents_total{rack="r01"}') if float(r["value"][1]) != 0]
     queries = [(d, t, e) for d, t, e in panel_queries() if d == "remediation"]
     assert len(queries) >= 8
-
-    def missing() -> list[str]:
-        return [f"{t}: {e}" for _, t, e in queries if not s.prom.query(concrete(e))]
-    try:
-        wait_for(lambda: not missing(), timeout=15, interval=0.5, what="every remediation panel answering")
-    except AssertionError:
-        pass  # the assertion below names the queries still empty
-    assert missing() == [], "remediation panels without data on a quiet rack:\n" + "\n".join(missing())
+    empty = panels_without_data(s.prom, queries, timeout=15)
+    assert empty == [], "remediation panels without data on a quiet rack:\n" + "\n".join(empty)
 
 
 def test_nvlink_storm_drains_through_alertmanager_webhook_and_resumes(stack):
@@ -226,6 +220,17 @@ def concrete(expr: str) -> str:
             .replace("$node", "node01|node02"))
 
 
+def panels_without_data(prom, queries: list[tuple[str, str, str]], timeout: float) -> list[str]:
+    """The panel queries still empty once every one answers or `timeout` passes (named, for the assertion)."""
+    def missing() -> list[str]:
+        return [f"{d}/{t}: {e}" for d, t, e in queries if not prom.query(concrete(e))]
+    try:
+        wait_for(lambda: not missing(), timeout=timeout, interval=0.5, what="every panel query answering")
+    except AssertionError:
+        pass  # the caller's assertion names the queries still empty
+    return missing()
+
+
 def panel_queries() -> list[tuple[str, str, str]]:
     out = []
     for name in build.DASHBOARDS:
@@ -251,13 +256,7 @@ def test_every_dashboard_query_has_data_from_the_simulated_rack(stack):
     queries = panel_queries()
     assert len(queries) >= 60
     # Rates over 5 s need two samples after the XID; recording rules one evaluation after the scrape.
-    def missing() -> list[str]:
-        return [f"{d}/{t}: {e}" for d, t, e in queries if not s.prom.query(concrete(e))]
-    try:
-        wait_for(lambda: not missing(), timeout=10, interval=0.5, what="every panel query answering")
-    except AssertionError:
-        pass  # the assertion below names the queries still empty
-    empty = missing()
+    empty = panels_without_data(s.prom, queries, timeout=10)
     assert empty == [], "dashboard queries without data on the simulated rack:\n" + "\n".join(empty)
     # The check bites: the same substitution on a metric nobody exports comes back empty.
     assert s.prom.query(concrete('supernode_no_such_metric{rack=~"$rack", node=~"$node"}')) == []
