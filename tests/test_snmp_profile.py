@@ -7,7 +7,8 @@ import copy
 import pytest
 import yaml
 
-from exporters.model import Quality
+from exporters.model import Quality, SourceError
+from exporters.power.snmp_autodetect import choose
 from exporters.power.snmp_decode import CounterTracker, decode
 from exporters.power.snmp_profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
 
@@ -144,3 +145,30 @@ def test_signed_integer_energy_rolls_over_at_2_31(profile, oid, index):
     beyond = next(r for r in decode(p, {oid: {index: 1 << 31}, **ids}, "x", CounterTracker())
                   if r.name.endswith("energy_joules_total"))
     assert beyond.quality is Quality.SENSOR_FAULT                        # not a value an INTEGER can hold
+
+
+@pytest.mark.parametrize("sys_object_id,sys_descr,profile,family", [
+    # real walks (facts of librenms tests/snmpsim/*.snmprec) and the MIBs' own OBJECT-IDENTITY values
+    ("1.3.6.1.4.1.21239.42.1.53", "", "vertiv-geist-v5", "IMD3"),          # VERTIV-V5-MIB i03, MN03EDR1 walk
+    ("1.3.6.1.4.1.21239.42.1.52", "A-U32.024_PDU-B", "vertiv-geist-v5", "GU1"),  # i02, MG02E4W1 walk
+    ("1.3.6.1.4.1.13742.6", "Raritan PDU, MD:PX3-5493U-K2 HW:0x10 FW:4.2.0.5-50274", "raritan-pdu2", "Raritan"),
+    ("1.3.6.1.4.1.13742.6", "Server Technology PDU", "raritan-pdu2", "ServerTech PRO3X/PRO4X"),
+    ("1.3.6.1.4.1.13742.6", "ServerTech PRO3X", "raritan-pdu2", "ServerTech PRO3X/PRO4X"),
+    ("1.3.6.1.4.1.1718.4", "Sentry Switched PDU", "servertech-sentry4", "Sentry4-MIB"),
+    (".1.3.6.1.4.1.318.1.3.4.8", "APC Web/SNMP Management Card", "apc-rpdu2", "APC"),
+])
+def test_auto_rules_pick_the_profile_of_each_verified_sysobjectid(sys_object_id, sys_descr, profile, family):
+    chosen = choose(sys_object_id, sys_descr)
+    assert chosen.profile == profile and family in chosen.reason
+
+
+@pytest.mark.parametrize("sys_object_id", [
+    "1.3.6.1.4.1.21239.5.2",        # the V5 pdu branch: where the tables live, not what a unit answers
+    "1.3.6.1.4.1.21239.42.1.31",    # Vertiv WD-15 Watchdog: an environmental monitor, not a PDU
+    "1.3.6.1.4.1.21239.42.1.530",   # a prefix matches whole arcs only
+])
+def test_auto_rules_refuse_what_is_not_a_known_pdu(sys_object_id):
+    with pytest.raises(SourceError) as err:
+        choose(sys_object_id, "")
+    assert err.value.kind == "decode" and sys_object_id in str(err.value)
+
