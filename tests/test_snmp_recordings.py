@@ -276,3 +276,29 @@ def test_apc_unit_with_only_the_legacy_rpdu_group(snmpsim):
     assert 'supernode_pdu_inlet_power_watts{inlet="1",pdu="probe"} 460.0' in text
     assert 'supernode_pdu_phase_current_amperes{inlet="1",pdu="probe",phase="1"} 3.8' in text
     assert "NaN" not in text and " -1.0" not in text
+
+
+def test_sentry4_lines_and_branches_are_breakers_and_outlets_have_voltage(snmpsim):
+    # crafted/servertech-sentry4.snmprec, Sentry4-MIB: st4LineCurrent / st4BranchCurrent hundredth Amps, their
+    # CurrentHighAlarm / HighWarning tenth Amps, CurrentCapacity Amps; st4OutletVoltage tenth Volts; -1 = no reading
+    result, _ = poll(snmpsim, "servertech-sentry4", SnmpCredentials(community="servertech-sentry4"))
+    v = values(result)
+    cur, lim = "supernode_pdu_breaker_current_amperes", "supernode_pdu_breaker_current_limit_amperes"
+    assert {dict(lab)["breaker"]: x for (n, lab), x in v.items() if n == cur} == {
+        "1.1.line1": pytest.approx(10.5), "1.1.line4": pytest.approx(10.48), "2.1.line1": pytest.approx(5.25),
+        "1.1.branch1": pytest.approx(5.2), "1.1.branch2": pytest.approx(4.8), "2.1.branch1": pytest.approx(5.25)}
+    # unit 2's neutral answers -1: no reading, flagged unsupported and never exported as a value
+    assert [r.quality.value for r in result.readings if r.name == cur and r.labels["breaker"] == "2.1.line4"] == \
+        ["unsupported"]
+    line = (("breaker", "1.1.line1"),)
+    assert v[(lim, line + (("threshold", "rated"),))] == 32.0
+    assert v[(lim, line + (("threshold", "upper_critical"),))] == pytest.approx(25.6)
+    assert v[(lim, line + (("threshold", "upper_warning"),))] == pytest.approx(20.8)
+    branch = (("breaker", "2.1.branch1"),)
+    assert v[(lim, branch + (("threshold", "rated"),))] == 10.0
+    assert v[(lim, branch + (("threshold", "upper_critical"),))] == pytest.approx(8.0)
+    assert v[(lim, branch + (("threshold", "upper_warning"),))] == pytest.approx(6.4)
+    volts = "supernode_pdu_outlet_voltage_volts"
+    assert {dict(lab)["outlet"]: x for (n, lab), x in v.items() if n == volts} == {
+        "1.1.1": pytest.approx(230.1), "1.1.2": pytest.approx(230.0), "2.1.1": pytest.approx(229.9)}
+    assert -1.0 not in v.values() and -0.01 not in v.values() and -0.1 not in v.values()

@@ -38,12 +38,13 @@ PHASE_CURRENT_LIMIT = gauge("supernode_pdu_phase_current_limit_amperes",
                             "Current threshold of one inlet phase (breaker rating or upper critical), in amperes.",
                             ("pdu", "inlet", "phase"), "amperes")
 BREAKER_CURRENT = gauge("supernode_pdu_breaker_current_amperes",
-                        "RMS current through one overcurrent protector (APC bank breaker), in amperes: the one that "
-                        "trips first is what a power playbook watches.", ("pdu", "breaker"), "amperes")
+                        "RMS current through one overcurrent-protected circuit (APC bank, Sentry4 cord line or "
+                        "branch, Vertiv/Geist breaker circuit, Raritan overcurrent protector), in amperes: the one "
+                        "that trips first is what a power playbook watches.", ("pdu", "breaker"), "amperes")
 BREAKER_LIMIT = gauge("supernode_pdu_breaker_current_limit_amperes",
-                      "Current threshold of one overcurrent protector set on the device (threshold: upper_critical "
-                      "= overload, upper_warning = near overload), in amperes.", ("pdu", "breaker", "threshold"),
-                      "amperes")
+                      "Current limit of one overcurrent-protected circuit read from the device (threshold: "
+                      "upper_critical = overload or high alarm, upper_warning = near overload or high warning, "
+                      "rated = its rated capacity), in amperes.", ("pdu", "breaker", "threshold"), "amperes")
 OUTLET_POWER = gauge("supernode_pdu_outlet_power_watts", "Active power of one outlet, in watts (polled).",
                      ("pdu", "outlet"), "watts")
 OUTLET_CURRENT = gauge("supernode_pdu_outlet_current_amperes", "RMS current of one outlet, in amperes (polled).",
