@@ -29,6 +29,8 @@ def test_agent_picks_each_pdu_profile_from_sysobjectid(tmp_path):
             assert 'profile="apc-rpdu2"' in text and 'profile="vertiv-geist-v5"' in text
             assert 'supernode_pdu_inlet_power_watts{inlet="1",pdu="apc-8641"} 1210.0' in text
             assert 'supernode_pdu_phase_voltage_volts{inlet="1",pdu="vertiv-geist-v5",phase="1"} 206.8' in text
+            # the breaker circuits of the chosen profile reach the daemon's exposition (VERTIV-V5-MIB centiamps)
+            assert 'supernode_pdu_breaker_current_amperes{breaker="4",pdu="vertiv-geist-v5"} 2.56' in text
             # a device no rule knows is that PDU's error, not a guess, and not the others' problem
             assert 'supernode_source_up{device="entity-sensor",source="pdu"} 0.0' in text
             assert 'supernode_source_errors_total{device="entity-sensor",kind="decode",source="pdu"}' in text

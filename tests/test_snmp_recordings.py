@@ -302,3 +302,23 @@ def test_sentry4_lines_and_branches_are_breakers_and_outlets_have_voltage(snmpsi
     assert {dict(lab)["outlet"]: x for (n, lab), x in v.items() if n == volts} == {
         "1.1.1": pytest.approx(230.1), "1.1.2": pytest.approx(230.0), "2.1.1": pytest.approx(229.9)}
     assert -1.0 not in v.values() and -0.01 not in v.values() and -0.1 not in v.values()
+
+
+def test_vertiv_geist_v5_breaker_circuits_and_metered_outlets(snmpsim):
+    # crafted/vertiv-geist-v5.snmprec, VERTIV-V5-MIB: pduBreakerCurrent (.3.1.4) centiamps, one index component,
+    # currents of the real MN03EDR1 walk; pduOutletMeterVoltage (.6.1.4) decivolts, Current (.6.1.8) centiamps,
+    # RealPower (.6.1.12) W. The MIB has no breaker rating or threshold: no limit series is made up.
+    result, _ = poll(snmpsim, "vertiv-geist-v5", SnmpCredentials(community="vertiv-geist-v5"))
+    v = values(result)
+    assert result.partial_errors == {}
+    cur = "supernode_pdu_breaker_current_amperes"
+    assert {dict(lab)["breaker"]: x for (n, lab), x in v.items() if n == cur} == {
+        "1": pytest.approx(4.55), "2": pytest.approx(4.58), "3": pytest.approx(4.54),
+        "4": pytest.approx(2.56), "5": pytest.approx(2.52), "6": pytest.approx(2.52)}
+    assert not any(n == "supernode_pdu_breaker_current_limit_amperes" for (n, _) in v)
+    o1, o2 = (("outlet", "1"),), (("outlet", "2"),)
+    assert v[("supernode_pdu_outlet_voltage_volts", o1)] == pytest.approx(206.8)
+    assert v[("supernode_pdu_outlet_voltage_volts", o2)] == pytest.approx(207.1)
+    assert v[("supernode_pdu_outlet_current_amperes", o1)] == pytest.approx(1.31)
+    assert v[("supernode_pdu_outlet_power_watts", o1)] == 262.0
+    assert v[("supernode_pdu_outlet_power_watts", o2)] == 0.0
