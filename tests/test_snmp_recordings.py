@@ -322,3 +322,21 @@ def test_vertiv_geist_v5_breaker_circuits_and_metered_outlets(snmpsim):
     assert v[("supernode_pdu_outlet_current_amperes", o1)] == pytest.approx(1.31)
     assert v[("supernode_pdu_outlet_power_watts", o1)] == 262.0
     assert v[("supernode_pdu_outlet_power_watts", o2)] == 0.0
+
+
+@pytest.mark.parametrize("community", ["raritan-px4", "servertech-pro4x"])
+def test_pdu2_overcurrent_protectors_are_breakers(snmpsim, community):
+    # crafted/raritan-px4.snmprec (and the PRO4X copy), PDU2-MIB: overCurrentProtectorSensorMeasurementsTable
+    # .6.5.3.3 value (col 4) and state (col 3), index pduId.ocp.sensorType, rmsCurrent(1) scaled by the sensor's own
+    # DecimalDigits (.6.3.4.4.1.7 = 3); thresholds .6.3.4.4.1.23 / .24 with the same digits
+    result, _ = poll(snmpsim, "raritan-pdu2", SnmpCredentials(community=community))
+    v = values(result)
+    cur, lim = "supernode_pdu_breaker_current_amperes", "supernode_pdu_breaker_current_limit_amperes"
+    # protector 3's sensor is unavailable(-1): its value 0 "does not apply", so no reading is exported for it,
+    # and the trip(15) sensor rows are not currents
+    assert {dict(lab)["breaker"]: x for (n, lab), x in v.items() if n == cur} == {
+        "1": pytest.approx(4.212), "2": pytest.approx(3.255)}
+    assert v[(lim, (("breaker", "1"), ("threshold", "upper_critical")))] == pytest.approx(13.0)
+    assert v[(lim, (("breaker", "2"), ("threshold", "upper_warning")))] == pytest.approx(10.4)
+    # the protectors share the inlet's load: 4.212 + 3.255 A = the inlet's 7.467 A
+    assert v[("supernode_pdu_inlet_current_amperes", (("inlet", "1"),))] == pytest.approx(4.212 + 3.255)
