@@ -9,7 +9,7 @@ from tests.agentproc import base_config, running_agent
 
 def test_agent_picks_each_pdu_profile_from_sysobjectid(tmp_path):
     secrets = {}
-    for community in ("apc-8641", "vertiv-geist-v5", "entity-sensor"):
+    for community in ("apc-8641", "vertiv-geist-v5", "servertech-sentry4", "entity-sensor"):
         (tmp_path / community).write_text(community + "\n")
         secrets[community] = {"file": str(tmp_path / community)}
     for port in run_snmpsim(tmp_path, recordings(), "apc-8641"):
@@ -22,15 +22,19 @@ def test_agent_picks_each_pdu_profile_from_sysobjectid(tmp_path):
         with running_agent(cfg, tmp_path) as agent:
             def decoded() -> str | None:
                 t = agent.metrics()
-                done = ('pdu="vertiv-geist-v5"' in t and 'pdu="apc-8641"' in t
+                done = ('pdu="vertiv-geist-v5"' in t and 'pdu="apc-8641"' in t and 'pdu="servertech-sentry4"' in t
                         and 'kind="decode",source="pdu"' in t)
                 return t if done else None
-            text = wait_for(decoded, timeout=60, what="two PDUs decoded and the unknown one refused")
+            text = wait_for(decoded, timeout=60, what="three PDUs decoded and the unknown one refused")
             assert 'profile="apc-rpdu2"' in text and 'profile="vertiv-geist-v5"' in text
             assert 'supernode_pdu_inlet_power_watts{inlet="1",pdu="apc-8641"} 1210.0' in text
             assert 'supernode_pdu_phase_voltage_volts{inlet="1",pdu="vertiv-geist-v5",phase="1"} 206.8' in text
             # the breaker circuits of the chosen profile reach the daemon's exposition (VERTIV-V5-MIB centiamps)
             assert 'supernode_pdu_breaker_current_amperes{breaker="4",pdu="vertiv-geist-v5"} 2.56' in text
+            assert 'profile="servertech-sentry4"' in text   # Sentry4-MIB lines: hundredth A, limits tenth A
+            assert 'supernode_pdu_breaker_current_amperes{breaker="1.1.line1",pdu="servertech-sentry4"} 10.5' in text
+            assert ('supernode_pdu_breaker_current_limit_amperes{breaker="1.1.line1",pdu="servertech-sentry4",'
+                    'threshold="upper_critical"} 25.6') in text
             # a device no rule knows is that PDU's error, not a guess, and not the others' problem
             assert 'supernode_source_up{device="entity-sensor",source="pdu"} 0.0' in text
             assert 'supernode_source_errors_total{device="entity-sensor",kind="decode",source="pdu"}' in text
