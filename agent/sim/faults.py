@@ -383,3 +383,79 @@ def _trip(sim: "Simulator", p: dict[str, Any]) -> str:
     dev = _pdu(sim, p)
     _port_call(lambda: dev.trip_outlet(p["outlet"]))
     return f"{p['pdu']} outlet {p['outlet']} tripped"
+
+
+# -- Redfish (tray BMCs and the Redfish CDU) -------------------------------------------
+
+BMC = Param("node", str, False, None, "node whose tray BMC (default: the first node), or a Redfish service name")
+DETECTOR = Param("detector", str, False, "0", "leak detector Id, or its position 0..3 (default 0)")
+
+
+def _bmc(sim: "Simulator", p: dict[str, Any]) -> Any:
+    from agent.sim.device_set import redfish_service
+
+    return redfish_service(sim, p.get("node"))
+
+
+def _tray_detector(sim: "Simulator", p: dict[str, Any]) -> tuple[Any, str]:
+    from agent.sim.redfish.tray import TrayBmc
+
+    dev = _bmc(sim, p)
+    if not isinstance(dev, TrayBmc):
+        raise FaultError(f"node: {dev.name!r} is not a tray BMC")
+    det = p["detector"]
+    if det.isdigit():
+        if not 0 <= int(det) < len(dev.detectors):
+            raise FaultError(f"detector: {det} out of range 0..{len(dev.detectors) - 1}")
+        det = dev.detectors[int(det)]
+    if det not in dev.detectors:
+        raise FaultError(f"detector: {det!r} is not a detector of {dev.name} ({', '.join(dev.detectors)})")
+    return dev, det
+
+
+@fault("tray-leak", "A moisture detector of a tray (its BMC's Chassis_0) sees water: Critical, an event at once.",
+       BMC, DETECTOR, Param("level", str, False, "critical", "critical or warning"))
+def _tray_leak(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["level"] not in ("critical", "warning"):
+        raise FaultError("level: expected critical or warning")
+    dev, det = _tray_detector(sim, p)
+    with sim.model.lock:
+        sim.model.nodes[dev.node].tray_leaks[det] = p["level"]
+    return f"{dev.node} {det} {p['level']}"
+
+
+@fault("tray-leak-sensor-fault", "A tray leak detector fails (DetectorState null, Health Warning): never a leak.",
+       BMC, DETECTOR)
+def _tray_sensor_fault(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev, det = _tray_detector(sim, p)
+    with sim.model.lock:
+        sim.model.nodes[dev.node].tray_leaks[det] = "sensor_fault"
+    return f"{dev.node} {det} sensor fault"
+
+
+@fault("bmc-offline", "The Redfish service stops answering: open connections close, new ones are refused.", BMC)
+def _bmc_offline(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_offline(True)
+    return f"{dev.name} offline"
+
+
+@fault("bmc-slow", "The Redfish service answers every request after a delay.", BMC,
+       Param("ms", float, True, None, "delay in ms"))
+def _bmc_slow(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_slow(p["ms"])
+    return f"{dev.name} +{p['ms']} ms"
+
+
+@fault("bmc-auth-fail", "The Redfish service refuses every credential with 401: session login, tokens and Basic.", BMC)
+def _bmc_auth(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_auth_fail(True)
+    return f"{dev.name} refuses credentials"
+
+
+@fault("bmc-sessions-expire", "The Redfish service drops every session now (their tokens answer 401; login works).", BMC)
+def _bmc_expire(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    return f"{dev.name} dropped {dev.expire_sessions()} session(s)"
