@@ -387,8 +387,8 @@ def _trip(sim: "Simulator", p: dict[str, Any]) -> str:
 
 # -- Redfish (tray BMCs and the Redfish CDU) -------------------------------------------
 
-BMC = Param("node", str, False, None, "node whose tray BMC (default: the first node), or a Redfish service name")
-DETECTOR = Param("detector", str, False, "0", "leak detector Id, or its position 0..3 (default 0)")
+BMC = Param("node", str, False, None, "node whose tray BMC (default: the first node), or a Redfish service (rfcdu1)")
+DETECTOR = Param("detector", str, False, "0", "leak detector Id, or its position (default 0: the first)")
 
 
 def _bmc(sim: "Simulator", p: dict[str, Any]) -> Any:
@@ -397,20 +397,16 @@ def _bmc(sim: "Simulator", p: dict[str, Any]) -> Any:
     return redfish_service(sim, p.get("node"))
 
 
-def _tray_detector(sim: "Simulator", p: dict[str, Any]) -> tuple[Any, str]:
-    from agent.sim.redfish.tray import TrayBmc
-
+def _detector(sim: "Simulator", p: dict[str, Any]) -> tuple[Any, str, dict[str, str]]:
+    """The service, the detector Id and the model's leak-state dict the detector reads."""
     dev = _bmc(sim, p)
-    if not isinstance(dev, TrayBmc):
-        raise FaultError(f"node: {dev.name!r} is not a tray BMC")
-    det = p["detector"]
-    if det.isdigit():
-        if not 0 <= int(det) < len(dev.detectors):
-            raise FaultError(f"detector: {det} out of range 0..{len(dev.detectors) - 1}")
-        det = dev.detectors[int(det)]
-    if det not in dev.detectors:
-        raise FaultError(f"detector: {det!r} is not a detector of {dev.name} ({', '.join(dev.detectors)})")
-    return dev, det
+    if dev.leaks is None:
+        raise FaultError(f"node: {dev.name!r} has no leak detectors")
+    try:
+        det = dev.leaks.resolve(p["detector"])
+    except ValueError as exc:
+        raise FaultError(f"{exc} ({dev.name})") from None
+    return dev, det, dev.leaks.states()
 
 
 @fault("tray-leak", "A moisture detector of a tray (its BMC's Chassis_0) sees water: Critical, an event at once.",
@@ -418,19 +414,19 @@ def _tray_detector(sim: "Simulator", p: dict[str, Any]) -> tuple[Any, str]:
 def _tray_leak(sim: "Simulator", p: dict[str, Any]) -> str:
     if p["level"] not in ("critical", "warning"):
         raise FaultError("level: expected critical or warning")
-    dev, det = _tray_detector(sim, p)
     with sim.model.lock:
-        sim.model.nodes[dev.node].tray_leaks[det] = p["level"]
-    return f"{dev.node} {det} {p['level']}"
+        dev, det, states = _detector(sim, p)
+        states[det] = p["level"]
+    return f"{dev.name} {det} {p['level']}"
 
 
-@fault("tray-leak-sensor-fault", "A tray leak detector fails (DetectorState null, Health Warning): never a leak.",
+@fault("tray-leak-sensor-fault", "A tray leak detector fails (no DetectorState, Health Warning, a Condition): never a leak.",
        BMC, DETECTOR)
 def _tray_sensor_fault(sim: "Simulator", p: dict[str, Any]) -> str:
-    dev, det = _tray_detector(sim, p)
     with sim.model.lock:
-        sim.model.nodes[dev.node].tray_leaks[det] = "sensor_fault"
-    return f"{dev.node} {det} sensor fault"
+        dev, det, states = _detector(sim, p)
+        states[det] = "sensor_fault"
+    return f"{dev.name} {det} sensor fault"
 
 
 @fault("bmc-offline", "The Redfish service stops answering: open connections close, new ones are refused.", BMC)

@@ -111,6 +111,8 @@ class CoolantState:
     filter_dp_pa: float = 20_000.0
     leak_zones: dict[str, str] = field(default_factory=dict)  # zone -> "dry" | "wet" | "cable_break" | "contamination"
     valve_open: dict[str, bool] = field(default_factory=dict)  # zone -> valve open
+    # The Redfish CDU's own leak detectors (in its cabinet): detector id -> "critical" | "warning" | "sensor_fault".
+    cdu_leaks: dict[str, str] = field(default_factory=dict)
 
     @property
     def flow_lpm(self) -> float:

@@ -184,6 +184,7 @@ class Simulator:
             c.pump_running = [True] * len(c.pump_running)
             for z in c.leak_zones:
                 c.leak_zones[z] = "dry"
+            c.cdu_leaks.clear()
         for dev in self.devices.values():
             clear = getattr(dev, "clear_faults", None) or getattr(dev, "clear", None)
             if callable(clear):

@@ -6,7 +6,11 @@ rack model: the same loop the simulated Modbus CDU shows, so a pump failure
 or a flow drop injected once appears on both protocols. Pump status follows
 the model (a failed pump is `UnavailableOffline`/Critical with DMTF's
 PumpFailed condition, and raises PumpFailed/PumpRestored events);
-`Pump.SetMode` really stops or starts a pump.
+`Pump.SetMode` really stops or starts a pump. Its two leak detectors (the
+cabinet's Moisture sensor and the reservoir's Overflow float switch, each shown
+under both Chassis/CDU/LeakDetectors and the CDU's LeakDetection) read
+`CoolantState.cdu_leaks` (leaks.py): the `tray-leak` faults name them with
+`--node rfcdu1`.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ from aiohttp import web
 
 from agent.sim.rack import RackModel
 from agent.sim.redfish.events import condition
+from agent.sim.redfish.leaks import LeakDetectors, worst
 from agent.sim.redfish.pki import SimCA
 from agent.sim.redfish.service import Credentials, RedfishService, redfish_error
 
 CDU = "/redfish/v1/ThermalEquipment/CDUs/1"
 PUMPS = f"{CDU}/Pumps"
-SEVERITY = {"OK": 0, "Warning": 1, "Critical": 2}
+CHASSIS_LEAK_DETECTORS = "/redfish/v1/Chassis/CDU/LeakDetectors"
 NO_OP_ACTIONS = ("/redfish/v1/Managers/CDU/Actions/Manager.Reset",
                  "/redfish/v1/Managers/CDU/LogServices/Log/Actions/LogService.ClearLog")
 
@@ -57,7 +62,12 @@ class RedfishCdu(RedfishService):
 
     def _health(self, _: str = "") -> str:
         healths = [self._pump_status(p)["Health"] for p in self.pumps] + [self._reservoir_health()]
-        return max(healths, key=SEVERITY.__getitem__)
+        return worst(healths + [self._leaks().health()])
+
+    def leak_detectors(self) -> LeakDetectors:
+        members = self.tree.resources[CHASSIS_LEAK_DETECTORS]["Members"]
+        uris = {m["@odata.id"].rsplit("/", 1)[1]: m["@odata.id"] for m in members}
+        return LeakDetectors(self.events, lambda: self.model.coolant.cdu_leaks, uris)
 
     def _status(self, _: str = "") -> dict[str, Any]:
         conditions = [c for p in self.pumps for c in self._pump_status(p).get("Conditions", ())]
@@ -69,6 +79,7 @@ class RedfishCdu(RedfishService):
                            "cdu_health": self._health, "cdu_status": self._status})
 
     def update(self, model: RackModel) -> None:
+        super().update(model)
         running = self._running()
         for i, (now, before) in enumerate(zip(running, self._seen)):
             if now != before:

@@ -106,7 +106,7 @@ def parse_sse_filter(text: str | None) -> Callable[[Event], bool]:
     return match
 
 
-@dataclass
+@dataclass(eq=False)  # kept in a set: identity, not value
 class SseClient:
     match: Callable[[Event], bool]
     session: str | None  # the session id the stream belongs to (closed with it); None for Basic auth

@@ -33,6 +33,7 @@ from aiohttp import web
 from agent.sim.quantities import READERS
 from agent.sim.rack import RackModel
 from agent.sim.redfish.events import EventBus, FilterError, now_iso, parse_sse_filter
+from agent.sim.redfish.leaks import LeakDetectors
 from agent.sim.redfish.pki import SimCA
 from agent.sim.redfish.tree import ROOT, Tree, build_tree, normalize
 
@@ -118,9 +119,14 @@ class RedfishService:
             "session_timeout": lambda a: int(self.session_timeout),
             "retry_interval": lambda a: int(round(self.events.retry_interval)),
             "retry_attempts": lambda a: self.events.retry_attempts,
+            "detector_state": lambda a: self._leaks().state(a),
+            "detector_status": lambda a: self._leaks().status(a),
+            "leak_health": lambda a: self._leaks().health(),
         }
         self.add_terms()
         self.tree: Tree = build_tree(self.layers, self.binding_files, self.resolve)
+        with model.lock:
+            self.leaks: LeakDetectors | None = self.leak_detectors()
         # faults
         self.offline = False
         self.slow_s = 0.0
@@ -137,8 +143,19 @@ class RedfishService:
     def add_terms(self) -> None:
         """Register this service's model terms in `self.terms` (name -> reader taking the term's argument)."""
 
+    def leak_detectors(self) -> LeakDetectors | None:
+        """The service's leak detectors (their Ids and URIs from the tree, their states from the model), if any."""
+        return None
+
+    def _leaks(self) -> LeakDetectors:
+        if self.leaks is None:
+            raise KeyError(f"{self.name} has no leak detectors")
+        return self.leaks
+
     def update(self, model: RackModel) -> None:
         """Called after each model tick under `model.lock`: raise events for state changes (cheap, no I/O)."""
+        if self.leaks is not None:
+            self.leaks.update()
 
     # -- terms ---------------------------------------------------------------------
 

@@ -32,6 +32,9 @@ ROOT = "/redfish/v1/"
 LIVE_COLLECTIONS = ("/redfish/v1/SessionService/Sessions", "/redfish/v1/EventService/Subscriptions")
 
 
+OMIT = object()  # a term's value that means "this property is absent now" (a broken sensor's DetectorState)
+
+
 class TreeError(ValueError):
     """A mockup or binding file that does not fit together; the message names the file, URI and property."""
 
@@ -88,6 +91,10 @@ def _put(body: Any, path: str, value: Any, where: str) -> None:
     if isinstance(node, list):
         if not isinstance(last, int) or not 0 <= last < len(node):
             raise TreeError(f"{where}: index {last!r} out of range")
+    if value is OMIT:
+        if isinstance(node, dict):
+            node.pop(last, None)
+        return
     node[last] = value
 
 
