@@ -1,4 +1,4 @@
-"""DMTF's own tools against the simulator's Redfish services: the Service Validator and the Tacklebox client.
+"""DMTF's own tools against the simulator's Redfish services: the Service and Interop Validators, the Tacklebox client.
 
 The rack runs with its faults on (a tray leak, a broken tray detector, a failed
 CDU pump, a CDU leak and a broken CDU sensor, a push subscription on each
@@ -8,12 +8,16 @@ seconds each, more under load): the tray BMC with session login, the CDU with
 Basic. Its schemas are DMTF's 2025.4 CSDL set in tests/fixtures/redfish/csdl,
 used offline (`--skipschema`). It must report zero FAIL; WARNs are deprecation
 notes (EventTypes, and the tray's LeakDetectors under ThermalSubsystem, where a
-GB200 tray's BMC serves them). DMTF's tools verify no TLS certificate (their
-`redfish` library's default); the simulator's own tests do.
+GB200 tray's BMC serves them). The Interop Validator checks the CDU against
+OCP's CDU profile (with OCP's liquid-cooling and service baselines it requires)
+and the tray BMC against OCP's service baseline, also with zero FAIL. DMTF's
+tools verify no TLS certificate (their `redfish` library's default); the
+simulator's own tests do.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -31,6 +35,7 @@ from redfish_rig import LONG, TRAY_DETECTORS
 from simrack import SimRack
 
 CSDL = REPO / "tests" / "fixtures" / "redfish" / "csdl"
+PROFILES = REPO / "tests" / "fixtures" / "redfish" / "ocp-profiles"
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.peer
 
@@ -59,7 +64,8 @@ def rack(tmp_path_factory):
 
     async def subscribe():
         for name in ("bmc-node01", "rfcdu1"):  # a destination nobody listens on: deliveries fail, the resource stays
-            rack.sim.devices[name].events.subscribe("http://127.0.0.1:9/events", "dmtf-test", {}, [], ["Environmental"])
+            rack.sim.devices[name].events.subscribe("http://127.0.0.1:9/events", "dmtf-test", {}, [], ["Environmental"],
+                                                    retry_policy="RetryForever")
     rack.call(subscribe())
     rf = rack.sim.state()["redfish"]
     rack.rf = rf
@@ -133,6 +139,48 @@ def test_dmtf_service_validator_passes_the_redfish_cdu_with_basic_auth(validatio
         "/redfish/v1/ThermalEquipment/CDUs/1/LeakDetection", "/redfish/v1/Chassis/CDU/LeakDetectors/Moisture",
         "/redfish/v1/Chassis/CDU/LeakDetectors/Overflow", "/redfish/v1/Chassis/CDU/Sensors/SecondaryHeatLoad",
         "/redfish/v1/EventService/Subscriptions/1"])
+
+
+def _interop(rack: SimRack, url: str, profile: str, logdir: Path) -> Validation:
+    argv = tool("rf_interop_validator") + ["-r", url, "-u", rack.rf["username"], "-p", rack.password,
+                                           "--authtype", "Session", "--logdir", str(logdir), str(PROFILES / profile)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    reports = list(logdir.rglob("RedfishInteropValidatorReport_*.html"))
+    assert reports, f"the interop validator wrote no report; it said:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    fails = []  # the report's FAIL rows: resource or property, and why (some, such as a missing resource, are only there)
+    for row in re.findall(r"<tr[^>]*>(.*?)</tr>", reports[0].read_text(), re.S):
+        cells = [html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        if "FAIL" in cells:
+            fails.append(" | ".join(c for c in cells if c))
+    m = re.search(r"\|\s*PASS\s*\|\s*WARN\s*\|\s*FAIL\s*\|\s*NOT TESTED\s*\|\n[+-]+\n\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|"
+                  r"\s*(\d+)\s*\|", proc.stdout)
+    assert m, f"no summary table in the interop validator's output:\n{proc.stdout[-3000:]}"
+    summary = dict(zip(("PASS", "WARN", "FAIL", "NOT TESTED"), map(int, m.groups())))
+    return Validation(proc.returncode, proc.stdout, fails, summary, re.findall(r"^Validating (\S+)\.\.\.$", proc.stdout, re.M))
+
+
+@pytest.fixture(scope="module")
+def interop(rack, tmp_path_factory) -> dict[str, Validation]:
+    """One interop run per service: the CDU against OCP's CDU profile (which requires OCP's liquid-cooling and
+    service baselines), the tray BMC against OCP's service baseline (OCP publishes no compute-tray profile)."""
+    return {"cdu": _interop(rack, rack.rf["cdus"]["rfcdu1"], "OCPCoolantDistributionUnit.v1_0_0.json",
+                            tmp_path_factory.mktemp("iop-cdu")),
+            "bmc": _interop(rack, rack.rf["bmcs"]["node01"], "OCPServiceBaseline.v1_0_0.json",
+                            tmp_path_factory.mktemp("iop-bmc"))}
+
+
+def test_dmtf_interop_validator_passes_the_cdu_against_ocps_cdu_profile(interop):
+    v = interop["cdu"]
+    assert not v.fails, "DMTF's interop validator FAILed the CDU against OCP's profiles:\n" + "\n".join(v.fails)
+    assert v.summary["FAIL"] == 0 and v.rc == 0 and v.summary["PASS"] > 200, v.summary
+    assert "/redfish/v1/ThermalEquipment/CDUs/1/SecondaryCoolantConnectors/1" in v.validated
+
+
+def test_dmtf_interop_validator_passes_the_tray_bmc_against_ocps_service_baseline(interop):
+    v = interop["bmc"]
+    assert not v.fails, "DMTF's interop validator FAILed the tray BMC against OCP's service baseline:\n" + "\n".join(v.fails)
+    assert v.summary["FAIL"] == 0 and v.rc == 0 and v.summary["PASS"] > 100, v.summary
+    assert "/redfish/v1/CertificateService" in v.validated
 
 
 def _tacklebox(rack: SimRack, script: str, url: str, *args: str) -> str:

@@ -8,15 +8,22 @@ test_redfish_dmtf.py.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import ipaddress
 import ssl
 import xml.etree.ElementTree as ET
+from typing import Callable
 
 import aiohttp
 import pytest
 from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from agent.sim.faults import FaultError
-from helpers import REPO, await_for
+from helpers import REPO, await_for, free_port
 from redfish_rig import LONG, SESSIONS, TRAY_DETECTORS, message_is, record, rig, sse
 
 COLD_PLATE_0 = "Chassis_0_LeakDetector_0_ColdPlate"
@@ -167,7 +174,7 @@ def test_a_broken_detector_is_a_sensor_fault_never_a_leak(tmp_path):
                 _, payload = await stream.next_event(message_is("ResourceEvent.1.3.ResourceErrorsDetected", origin))
             assert not any(record(p)["MessageId"].startswith("Environmental.1.1.LeakDetected") for _, p in stream.seen)
             _, det = await r.get(origin)
-            assert "DetectorState" not in det  # unknown while the sensor is broken
+            assert det["DetectorState"] is None  # unknown while the sensor is broken (null here, absent in excerpts)
             _, group = await r.get("/redfish/v1/Chassis/Chassis_0/ThermalSubsystem/LeakDetection")
             assert "DetectorState" not in group["LeakDetectorGroups"][0]["Detectors"][3]
             assert group["LeakDetectorGroups"][0]["Detectors"][0]["DetectorState"] == "OK"
@@ -378,6 +385,15 @@ def test_push_subscription_posts_leak_events_with_the_subscribers_headers(tmp_pa
                 assert payload["Context"] == "agent-node01"
                 assert record(payload)["MessageId"] == "Environmental.1.1.LeakDetectedCritical"
                 assert all(record(p)["MessageId"].startswith("Environmental.") for _, p in got)
+                async with r.http.patch(r.url() + location, headers=r.basic(),  # a new token for the next POSTs
+                                        json={"HttpHeaders": [{"Authorization": "Bearer rotated"}]}) as resp:
+                    assert resp.status == 200 and (await resp.json())["HttpHeaders"] == []
+                async with r.http.patch(r.url() + location, headers=r.basic(), json={"Destination": dest}) as resp:
+                    assert resp.status == 400  # where events go is fixed at creation
+                arrived.clear()
+                r.inject("tray-leak", node="node01", detector="1")
+                await asyncio.wait_for(arrived.wait(), LONG)
+                assert got[-1][0]["Authorization"] == "Bearer rotated"
                 async with r.http.delete(r.url() + location, headers=r.basic()) as resp:
                     assert resp.status == 204
                 assert (await r.get(location))[0] == 404
@@ -432,4 +448,164 @@ def test_the_state_api_tells_a_client_where_each_service_is(tmp_path):
                 assert dev["url"].startswith("https://127.0.0.1:") and dev["service_root"] == dev["url"] + "/redfish/v1/"
                 assert dev["ca_file"] == state["redfish"]["ca_file"]
             assert (tmp_path / "redfish" / "password").stat().st_mode & 0o077 == 0
+    run(main())
+
+
+def test_patch_changes_writable_properties_whole_or_not_at_all(tmp_path):
+    async def main():
+        async with rig(tmp_path) as r:
+            uri = "/redfish/v1/Managers/CDU/NetworkProtocol"
+            url = r.url("rfcdu1") + uri
+            async with r.http.get(url, headers=r.basic()) as resp:
+                assert "PATCH" in resp.headers["Allow"]
+                before = await resp.json()
+            async with r.http.get(r.url("rfcdu1") + "/redfish/v1/Chassis/CDU", headers=r.basic()) as resp:
+                assert "PATCH" not in resp.headers["Allow"]
+            async with r.http.patch(r.url("rfcdu1") + "/redfish/v1/Chassis/CDU", json={"AssetTag": "x"},
+                                    headers=r.basic()) as resp:
+                assert resp.status == 405
+            async with r.http.patch(url, json={"SSDP": {"ProtocolEnabled": False}, "HTTPS": {"Port": 8443}},
+                                    headers=r.basic()) as resp:
+                assert resp.status == 400 and "HTTPS" in (await resp.json())["error"]["message"]
+            async with r.http.patch(url, json={"SSDP": {"NotifyTTL": "five"}}, headers=r.basic()) as resp:
+                assert resp.status == 400 and (await resp.json())["error"]["code"].endswith("PropertyValueTypeError")
+            assert (await r.get(uri, service="rfcdu1"))[1] == before  # refused bodies changed nothing
+            async with r.http.patch(url, json={"SSDP": {"ProtocolEnabled": False, "NotifyTTL": 2}},
+                                    headers=r.basic()) as resp:
+                assert resp.status == 200
+                after = await resp.json()
+            assert after["SSDP"] == dict(before["SSDP"], ProtocolEnabled=False, NotifyTTL=2)  # merged, not replaced
+            assert (await r.get(uri, service="rfcdu1"))[1]["SSDP"]["NotifyTTL"] == 2
+    run(main())
+
+
+def test_the_managers_event_log_holds_the_events_until_clear_log(tmp_path):
+    async def main():
+        async with rig(tmp_path) as r:
+            log = "/redfish/v1/Managers/BMC_0/LogServices/Log"
+            r.inject("tray-leak", node="node01", detector="0")
+            r.inject("tray-leak-sensor-fault", node="node01", detector="1")
+
+            async def entries():
+                return (await r.get(log + "/Entries"))[1]["Members"]
+            found = await await_for(entries, timeout=LONG, what="log entries")
+            ids = [e["MessageId"] for e in found]
+            assert ids == ["Environmental.1.1.LeakDetectedCritical", "ResourceEvent.1.3.ResourceErrorsDetected"]
+            assert found[0]["Links"]["OriginOfCondition"]["@odata.id"] == f"{TRAY_DETECTORS}/{COLD_PLATE_0}"
+            status, entry = await r.get(found[0]["@odata.id"])
+            assert status == 200 and entry["Severity"] == "Critical" and entry["EntryType"] == "Event"
+            async with r.http.post(r.url() + log + "/Actions/LogService.ClearLog", json={}, headers=r.basic()) as resp:
+                assert resp.status == 204
+            assert await entries() == []
+    run(main())
+
+
+def test_manager_reset_ends_every_session_and_stream(tmp_path):
+    async def main():
+        async with rig(tmp_path) as r:
+            token, _ = await r.login()
+            async with sse(r, token=token) as stream:
+                async with r.http.post(r.url() + "/redfish/v1/Managers/BMC_0/Actions/Manager.Reset",
+                                       json={"ResetType": "GracefulRestart"}, headers=r.basic()) as resp:
+                    assert resp.status == 204
+                assert await stream.ended()
+            assert (await r.get("/redfish/v1/Chassis", token=token))[0] == 401
+            assert r.sim.state()["nodes"]["node01"]["host_power"] == "On"  # the BMC restarted, not the tray
+    run(main())
+
+
+def _site_ca() -> tuple[str, Callable[[str], str]]:
+    """A CA of the test's own (an operator's site CA): its PEM, and a function signing a CSR for 127.0.0.1."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "site CA for the test")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(key, hashes.SHA256()))
+
+    def sign(csr_pem: str) -> str:
+        csr = x509.load_pem_x509_csr(csr_pem.encode())
+        leaf = (x509.CertificateBuilder().subject_name(csr.subject).issuer_name(name).public_key(csr.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_after(now + dt.timedelta(days=1))
+                .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+                .sign(key, hashes.SHA256()))
+        return leaf.public_bytes(serialization.Encoding.PEM).decode()
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), sign
+
+
+async def _served_fingerprint(port: int) -> str:
+    """SHA-256 of the certificate a TLS handshake with the port presents right now."""
+    pem = await asyncio.to_thread(ssl.get_server_certificate, ("127.0.0.1", port))
+    return x509.load_pem_x509_certificate(pem.encode()).fingerprint(hashes.SHA256()).hex(":").upper()
+
+
+def test_the_https_certificate_is_shown_and_rotates_through_generate_csr_and_replace_certificate(tmp_path):
+    async def main():
+        async with rig(tmp_path) as r:
+            dev = r.sim.state()["devices"]["bmc-node01"]
+            port = int(dev["endpoint"].rsplit(":", 1)[1])
+            _, cert = await r.get(dev["certificate_uri"])
+            assert cert["Fingerprint"] == await _served_fingerprint(port)  # what a client pins is what TLS presents
+            _, locations = await r.get("/redfish/v1/CertificateService/CertificateLocations")
+            assert locations["Links"]["Certificates"] == [{"@odata.id": dev["certificate_uri"]}]
+            service = r.url() + "/redfish/v1/CertificateService/Actions/CertificateService."
+            collection = {"@odata.id": dev["certificate_uri"].rsplit("/", 1)[0]}
+            async with r.http.post(service + "GenerateCSR", headers=r.basic(),
+                                   json={"CertificateCollection": collection}) as resp:
+                assert resp.status == 400 and "CommonName" in (await resp.json())["error"]["message"]
+            async with r.http.post(service + "GenerateCSR", headers=r.basic(), json={
+                    "CertificateCollection": collection, "CommonName": "node01-bmc", "Organization": "test site",
+                    "AlternativeNames": ["127.0.0.1"]}) as resp:
+                assert resp.status == 200
+                csr_pem = (await resp.json())["CSRString"]
+            csr = x509.load_pem_x509_csr(csr_pem.encode())
+            assert csr.is_signature_valid and csr.subject.rfc4514_string() == "O=test site,CN=node01-bmc"
+            site_ca, sign = _site_ca()
+            other = x509.CertificateSigningRequestBuilder().subject_name(csr.subject).sign(
+                ec.generate_private_key(ec.SECP256R1()), hashes.SHA256())
+            bad = sign(other.public_bytes(serialization.Encoding.PEM).decode())  # for a key the BMC never made
+            replace = {"CertificateUri": {"@odata.id": dev["certificate_uri"]}, "CertificateType": "PEM"}
+            async with r.http.post(service + "ReplaceCertificate", headers=r.basic(),
+                                   json=dict(replace, CertificateString=bad)) as resp:
+                assert resp.status == 400 and "key" in (await resp.json())["error"]["message"]
+            async with r.http.post(service + "ReplaceCertificate", headers=r.basic(),
+                                   json=dict(replace, CertificateString=sign(csr_pem))) as resp:
+                assert resp.status == 204
+            (tmp_path / "site-ca.crt").write_text(site_ca)
+            site = ssl.create_default_context(cafile=str(tmp_path / "site-ca.crt"))
+            async with aiohttp.ClientSession() as fresh:  # new handshakes present the site-signed certificate
+                async with fresh.get(r.url() + "/redfish/v1/", ssl=site) as resp:
+                    assert resp.status == 200
+                with pytest.raises(aiohttp.ClientConnectorCertificateError):  # the simulator's CA no longer vouches
+                    await fresh.get(r.url() + "/redfish/v1/", ssl=ssl.create_default_context(cafile=r.rf["ca_file"]))
+            async with aiohttp.ClientSession() as fresh:
+                async with fresh.get(r.url() + dev["certificate_uri"], ssl=site, headers=r.basic()) as resp:
+                    rotated = await resp.json()
+            assert rotated["Fingerprint"] == await _served_fingerprint(port) != cert["Fingerprint"]
+            assert rotated["Issuer"]["CommonName"] == "site CA for the test"
+    run(main())
+
+
+def test_a_subscription_whose_deliveries_keep_failing_is_terminated_after_the_retries(tmp_path):
+    async def main():
+        async with rig(tmp_path) as r:
+            subs = r.url() + "/redfish/v1/EventService/Subscriptions"
+            dead = f"http://127.0.0.1:{free_port()}/events"  # nobody listens there
+            async with r.http.post(subs, headers=r.basic(), json={"Destination": dead}) as resp:
+                terminating = resp.headers["Location"]
+                assert (await resp.json())["DeliveryRetryPolicy"] == "TerminateAfterRetries"
+            async with r.http.post(subs, headers=r.basic(),
+                                   json={"Destination": dead, "DeliveryRetryPolicy": "RetryForever"}) as resp:
+                forever = resp.headers["Location"]
+            async with r.http.post(subs, headers=r.basic(),
+                                   json={"Destination": dead, "DeliveryRetryPolicy": "SuspendRetries"}) as resp:
+                assert resp.status == 400 and "DeliveryRetryPolicy" in (await resp.json())["error"]["message"]
+            r.inject("tray-leak", node="node01", detector="0")
+
+            async def gone():
+                return (await r.get(terminating))[0] == 404
+            await await_for(gone, timeout=LONG, interval=0.2, what="the failing subscription to be terminated")
+            assert (await r.get(forever))[0] == 200
     run(main())
