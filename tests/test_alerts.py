@@ -27,7 +27,7 @@ AM_EXAMPLE = REPO / "examples" / "alertmanager.yml"
 RUNBOOK_BASE = "https://github.com/supernode-agent/supernode-agent/blob/main/"
 DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
              "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
-             "rack_power_over_budget"}
+             "rack_power_over_budget", "pdu_outlet_off"}
 
 
 def _rules(kind: str) -> list[dict]:

@@ -107,7 +107,8 @@ class RemediationEngine:
         self.playbooks: list[Playbook] = load_playbooks(settings.playbook_dir)
         self.detectors = Detectors(settings.detectors, Context(
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
-            power_budget_watts=inventory.power_budget_watts), clock)
+            power_budget_watts=inventory.power_budget_watts,
+            outlet_feeds={(p.name, o): n for p in inventory.pdus for o, n in p.outlets.items()}), clock)
         self.actions = self._build_actions()
         self.resume_check = ResumeCheck(settings.resume_health_check, self.executors.gpu_libs, inventory.gpus.count,
                                         settings.exec_allow, self._xid_active)
@@ -314,7 +315,9 @@ class RemediationEngine:
             self.repoll(origin)
 
     def fire(self, detector: str, targets: Mapping[str, str], severity: str, source: str = "local",
-             detail: Mapping[str, Any] | None = None) -> Incident:
+             detail: Mapping[str, Any] | None = None) -> Incident | None:
+        if detector == "pdu_outlet_off" and ("pdu_outlet", target_str(targets)) in self.effects:
+            return None  # the agent switched it off itself (a pdu_outlet step): not a failure
         inc, new = self.incidents.fire(detector, targets, severity, source, detail)
         if new:
             book = find_playbook(self.playbooks, detector, dict(targets))
