@@ -62,7 +62,7 @@ def test_promtool_unit_tests_pass_fifty_times_in_a_row():
     (an alert reading another group's recording rule) fails some of them.
     """
     promtool = require_binary("promtool")
-    files = ["detectors_test.yml"] * 50 + ["health_test.yml"] * 10
+    files = ["detectors_test.yml"] * 50 + ["health_test.yml"] * 10 + ["reliability_test.yml"] * 10
     assert set(files) == {f.name for f in TEST_FILES}
     res = _run([promtool, "test", "rules", *files], cwd=ALERTS / "tests", timeout=600)
     failed = [line for line in (res.stdout + res.stderr).splitlines() if "alertname" in line or "FAIL" in line]

@@ -246,9 +246,10 @@ def test_an_outlet_the_agent_switched_off_itself_is_not_a_failure(tmp_path):
         eng.effects[("pdu_outlet", "outlet=1,pdu=pdu-a")] = {"before": {}, "after": {}, "params": {},
                                                                "holders": {"leak-1": "a1"}}
         assert eng.fire("pdu_outlet_off", {"pdu": "pdu-a", "outlet": "1"}, "warning") is None
-        assert eng.incidents.open_incidents() == []
+        assert eng.incidents.open_incidents() == [] and eng.component_failures == {}
         del eng.effects[("pdu_outlet", "outlet=1,pdu=pdu-a")]
         assert eng.fire("pdu_outlet_off", {"pdu": "pdu-a", "outlet": "1"}, "warning") is not None
+        assert eng.component_failures == {"pdu_outlet": 1}
         await eng.stop()
     asyncio.run(main())
 
