@@ -5,10 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEB_PACKAGES := snmp prometheus prometheus-alertmanager prometheus-snmp-exporter slurm-wlm munge \
-                iproute2 mbpoll ethtool systemd python3-venv
+                iproute2 mbpoll ethtool systemd python3-venv chromium chromium-driver
 PYTEST_ARGS ?=
 
-.PHONY: demo test fuzz venv peers dashboards bench clean lint deb
+.PHONY: demo test fuzz venv peers dashboards bench clean lint deb screenshot
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ dashboards: $(STAMP)
 # The Debian package: the agent in its own venv under /opt/supernode-agent (packaging/build_deb.py).
 deb: $(STAMP)
 	$(PY) packaging/build_deb.py --out build
+
+# The README's picture of the status page during the demo's leak story (headless Chromium).
+screenshot: $(STAMP) peers
+	$(PY) bench/screenshot_status.py docs/status-page-leak.png
 
 bench: $(STAMP) peers
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -171,8 +171,29 @@ class Pdu(Strict):
     outlets: dict[str, str] = Field(default_factory=dict, description="Outlet id -> node it feeds.")
 
 
+def agent_url(v: str) -> str:
+    """A peer agent's base URL: http(s)://host[:port], nothing else (no user, path, query or fragment)."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(v)
+        u.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"expected http(s)://host:port, got {short_repr(v)} ({exc})") from None
+    if u.scheme not in ("http", "https") or not u.hostname or u.username or u.password or u.query or u.fragment \
+            or u.path not in ("", "/"):
+        raise ValueError(f"expected http(s)://host:port (no user, path, query or fragment), got {short_repr(v)}")
+    return v.rstrip("/")
+
+
+AgentUrl = Annotated[str, AfterValidator(agent_url)]
+
+
 class Inventory(Strict):
     nodes: list[str] = Field(default_factory=list, description="All nodes of the rack (this one included).")
+    agent_urls: dict[str, AgentUrl] = Field(default_factory=dict, description=(
+        "Node -> base URL of its agent (http(s)://host:port): the status page shows those nodes' GPUs and links, "
+        "fetched by this agent (TLS verified, status.peer_tls)."))
     gpus: GpuInventory = GpuInventory()
     ports: list[Port] = Field(default_factory=list)
     cdus: list[ModbusDevice] = Field(default_factory=list)
@@ -194,6 +215,9 @@ class Inventory(Strict):
             unknown = [n for n in zone.nodes if self.nodes and n not in self.nodes]
             if unknown:
                 raise ValueError(f"leak_zones.{zone.name}.nodes: {unknown} not in inventory.nodes")
+        unknown = sorted(n for n in self.agent_urls if self.nodes and n not in self.nodes)
+        if unknown:
+            raise ValueError(f"agent_urls: {unknown} not in inventory.nodes")
         return self
 
 
@@ -271,6 +295,33 @@ class Sources(Strict):
     sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")
 
 
+class PeerTls(Strict):
+    """How this agent checks (and, under mTLS, answers) the agents of `inventory.agent_urls` over https."""
+
+    ca_file: Path | None = Field(default=None, description="CA bundle that signs the peers' certificates "
+                                 "(default: the system's); never skipped.")
+    cert_file: Path | None = Field(default=None, description="Client certificate, for peers that require one.")
+    key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> "PeerTls":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class StatusPage(Strict):
+    """The status page at `/`: one HTML page, its script and style, and a stream of the rack's state."""
+
+    enabled: bool = True
+    max_clients: int = Field(default=8, ge=1, le=64, description=(
+        "Status pages streaming at once; more are answered 503 (each holds one connection of the listener)."))
+    peer_interval_seconds: float = Field(default=2.0, ge=0.5, le=60, description=(
+        "While a page is open: how often the other nodes' agents (inventory.agent_urls) are asked."))
+    peer_timeout_seconds: float = Field(default=1.5, gt=0, le=30, description="One peer's answer must come within this.")
+    peer_tls: PeerTls = PeerTls()
+
+
 class Logging(Strict):
     """The agent's own log: decisions (intent, result, block and why, approval, reset, webhook rejection) land here."""
 
@@ -290,6 +341,7 @@ class Config(Strict):
     sources: Sources = Sources()
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
     auth: Auth = Auth()
+    status: StatusPage = StatusPage()
     remediation: RemediationSettings = Field(default_factory=RemediationSettings,
                                              description="Detectors, playbooks and guardrails.")
 

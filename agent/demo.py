@@ -25,8 +25,9 @@ from agent.sim.server import Simulator
 
 
 def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str = "enforce",
-                 slurm_conf: Path | None = None) -> dict[str, Any]:
-    """The config of one demo agent: its identity, the rack inventory and the simulator's endpoints."""
+                 slurm_conf: Path | None = None, agent_urls: dict[str, str] | None = None) -> dict[str, Any]:
+    """The config of one demo agent: its identity, the rack inventory and the simulator's endpoints;
+    `agent_urls` (node -> URL) lets its status page show the other nodes from their agents."""
     model = sim.model
     gpus = len(model.nodes[node].gpus)
     cfg: dict[str, Any] = {
@@ -42,6 +43,8 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
     from agent.sim.device_set import demo_inventory
 
     demo_inventory(sim, node, cfg)
+    if agent_urls:
+        cfg["inventory"]["agent_urls"] = dict(agent_urls)
     for i, zone in enumerate(cfg["inventory"].get("leak_zones", [])):
         zone["valve"] = f"cdu1:zone_valve_{i + 1}"
     cfg["remediation"] = {
@@ -95,11 +98,12 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        for i, node in enumerate(sim.model.nodes):
-            port = base_port + i if base_port else _free_port()
+        ports = {node: base_port + i if base_port else _free_port() for i, node in enumerate(sim.model.nodes)}
+        urls = {node: f"http://127.0.0.1:{p}" for node, p in ports.items()}
+        for node, port in ports.items():
             cfg_path = workdir / node / "agent.yaml"
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
-            cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None)
+            cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None, agent_urls=urls)
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             log = open(workdir / node / "agent.log", "ab")
             proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(cfg_path), "run"],
@@ -113,6 +117,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
                 return 1
         for node, _, port in procs:
             print(f"metrics: http://127.0.0.1:{port}/metrics   ({node})")
+        for node, _, port in procs:
+            print(f"status page: http://127.0.0.1:{port}/   ({node}; the admin token shows incidents)")
         print(f"sim: {url}")
         rf = sim.redfish()
         for node, bmc in rf.get("bmcs", {}).items():

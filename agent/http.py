@@ -1,4 +1,4 @@
-"""The agent's HTTP surface: /metrics, health, state API, reload; remediation mounts its routes here.
+"""The agent's HTTP surface: /metrics, health, state API, reload, the status page; remediation mounts its routes here.
 
 Bound to the configured address only. Anything that changes state needs an
 admin token (agent.auth); /metrics, /healthz, /readyz and /api/v1/state are
@@ -6,7 +6,8 @@ open because they carry no secret (state holds the config with secret *file
 paths* only, and readings /metrics already shows) and Prometheus must scrape
 without credentials. The listener defends itself (agent.listener): connection
 cap, header/body deadlines, rate-limited logs; an optional Host allow-list
-stops DNS rebinding; `Server` names no version.
+stops DNS rebinding; `Server` names no version; every answer carries a Content
+Security Policy allowing nothing but this origin (agent.status_http).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from agent.auth import requires_admin
 from agent.compression import encode
 from agent.config import Listen
 from agent.listener import ACCEPT_BACKLOG, ConnectionGuard, install_log_limits
+from agent.status_http import add_security_headers, add_status_routes
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
@@ -81,6 +83,7 @@ def build_app(agent: "Agent") -> web.Application:
     app[GUARD] = guard
     agent.registry.register(guard.collector())
     app.on_shutdown.append(guard.stop)
+    app.on_response_prepare.append(add_security_headers)
 
     async def metrics(request: web.Request) -> web.Response:
         body, headers = encode(agent.render_metrics(), request.headers.get("Accept-Encoding", ""))
@@ -115,6 +118,7 @@ def build_app(agent: "Agent") -> web.Application:
     app.router.add_post("/-/reload", reload)
     for mount in agent.route_mounts:
         mount(app)
+    agent.status_hub = add_status_routes(app, agent)  # answers 404 while status.enabled is off (reloadable)
     return app
 
 

@@ -1,8 +1,9 @@
-"""CLI verbs of remediation: `incidents [resolve|reject ID]`, `approve`, `journal`, `maintenance on|off|status`.
+"""CLI verbs of remediation: `incidents [resolve|reject ID]`, `approve`, `journal`, `maintenance on|off|status`,
+`report`.
 
 `incidents` and `approve` talk to the running agent's API (the agent holds
-the incidents and the pending approvals); `journal` reads the SQLite journal
-read-only, so it works even when the agent is down.
+the incidents and the pending approvals); `journal` and `report` read the
+SQLite journal read-only, so they work even when the agent is down.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ def add_remediation_parsers(sub: argparse._SubParsersAction) -> None:
     jr = sub.add_parser("journal", help="print the action journal (read-only)")
     jr.add_argument("--db", default=None, help="journal database or state dir (default: the config's state_dir)")
     jr.add_argument("--limit", type=int, default=100)
+    rp = sub.add_parser("report", help="MTBF and MTTR per component class and the worst offenders, from the journal "
+                        "(read-only; works with the agent down)")
+    rp.add_argument("--since", default="30d", help="window back from now: 30d, 12h, 90m (default %(default)s)")
+    rp.add_argument("--db", default=None, help="journal database or state dir (default: the config's state_dir; "
+                    "without a config the component counts, and so MTBF, are unknown)")
+    rp.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def _from_config(args: argparse.Namespace) -> tuple[str, str | None, Path]:
@@ -56,23 +63,69 @@ def _from_config(args: argparse.Namespace) -> tuple[str, str | None, Path]:
     return url, token_file, cfg.agent.state_dir
 
 
+def duration_seconds(text: str) -> float | None:
+    """`90m`, `2h`, `1d`, `30s` in seconds; None when the text is not such a duration."""
+    import re
+
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)] if m else None
+
+
 def parse_until(text: str | None, now: float | None = None) -> float | None:
     """`--until`: an ISO time (local time unless it names a zone) or a duration from now; epoch seconds."""
     import datetime
-    import re
     import time
 
     if text is None:
         return None
     now = time.time() if now is None else now
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
-    if m:
-        return now + float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    seconds = duration_seconds(text)
+    if seconds is not None:
+        return now + seconds
     try:
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         raise SystemExit(f"supernode-agent maintenance: --until {text!r}: not an ISO time or a duration "
                          "like 90m, 2h, 1d") from None
+
+
+def parse_window(text: str) -> float:
+    """`--since`: a duration back from now (30d, 12h, 90m, 3600s), in seconds."""
+    seconds = duration_seconds(text)
+    if not seconds:
+        raise SystemExit(f"supernode-agent report: --since {text!r}: expected a duration like 30d, 12h, 90m")
+    return seconds
+
+
+def cli_report(args: argparse.Namespace) -> int:
+    """`report`: the journal's incidents as MTBF / MTTR per class (agent.reliability)."""
+    import json
+    import time
+
+    from agent.config import ConfigError, load_config
+    from agent.reliability import component_counts, format_report, reliability_report
+    from agent.remediation.api import read_journal
+
+    window = parse_window(args.since)
+    try:
+        cfg = load_config(args.config).config
+    except ConfigError as exc:
+        if not args.db:
+            raise SystemExit(f"supernode-agent report: {exc}\n(pass --db to read a journal without the config)")
+        cfg = None
+    entries = read_journal(Path(args.db) if args.db else cfg.agent.state_dir)  # type: ignore[union-attr]
+    if entries is None:
+        return 1
+    now = time.time()
+    node, rack = (cfg.agent.node, cfg.agent.rack) if cfg else ("this agent", "?")
+    counts = component_counts(cfg.inventory) if cfg else None
+    zones = {z.name: z.nodes for z in cfg.inventory.leak_zones} if cfg else {}
+    rep = reliability_report(entries, counts, now - window, now, node, zones)
+    if args.json:
+        print(json.dumps(rep, indent=2))
+    else:
+        sys.stdout.write(format_report(rep, node, rack))
+    return 0
 
 
 def _need_token(cmd: str, token_file: str | None) -> bool:
@@ -84,6 +137,8 @@ def _need_token(cmd: str, token_file: str | None) -> bool:
 def dispatch(args: argparse.Namespace) -> int:
     from agent.remediation.api import cli_approve, cli_close, cli_incidents, cli_journal, cli_maintenance
 
+    if args.cmd == "report":
+        return cli_report(args)
     if args.cmd == "journal" and args.db:
         return cli_journal(args.db, args.limit)
     url, token_file, state_dir = _from_config(args)

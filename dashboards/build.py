@@ -307,6 +307,13 @@ def remediation() -> Dashboard:
         # One row per node, 0 on a quiet rack (the per-detector breakdown is the "Incidents opened" panel).
         table("Open incidents by node", "short", [
             (f"sum by (rack, node) (supernode_incident_open{{{NODE}}})", "")]),
+        # Rack-level (the recording rules collapse agents), so only the rack variable applies.
+        table("MTBF and MTTR by component class (30 days)", "s", [
+            (f"rack_class:supernode_component_mtbf_seconds:30d{{{RACK}}}", "MTBF {{class}}"),
+            (f"rack_class:supernode_component_mttr_seconds:30d{{{RACK}}}", "MTTR {{class}}")],
+              "MTBF: observed component-time / failures (Infinity: no failure in the window); MTTR: mean time "
+              "from a failure's incident opening to its resolution. Classes and how each is counted: "
+              "README, Reliability; `supernode-agent report` prints the same per agent with the worst offenders."),
     ])
 
 

@@ -166,6 +166,11 @@ def test_demo_leak_story_through_the_cli(tmp_path):
                 assert re.search(rf"\bintent\b.*\b{action}\b", journal.stdout), action
                 assert re.search(rf"\bresult\s+done\b.*\b{action}\b", journal.stdout), action
             assert cli("approve", "no-such-id").returncode == 1
+            # The leak is a failure of node01's tray, in the reliability report read from the same journal.
+            report = cli("report", "--since", "1d")
+            assert report.returncode == 0, report.stderr
+            assert re.search(r"^node\s+1\s+1\s+\d", report.stdout, re.M), report.stdout
+            assert re.search(r"^node\s+node01\s+1\s+.*still open", report.stdout, re.M), report.stdout
             # The agent's log tells the same story as a timeline, one decision per line: each chain in order
             # (the playbook's steps run side by side, so the chains interleave).
             events = [m.group(1) for m in re.finditer(r'logger=supernode\.decision event="([^"]+)"', agent.log())]

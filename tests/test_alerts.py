@@ -27,7 +27,7 @@ AM_EXAMPLE = REPO / "examples" / "alertmanager.yml"
 RUNBOOK_BASE = "https://github.com/supernode-agent/supernode-agent/blob/main/"
 DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
              "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
-             "rack_power_over_budget"}
+             "rack_power_over_budget", "pdu_outlet_off"}
 
 
 def _rules(kind: str) -> list[dict]:
@@ -62,7 +62,7 @@ def test_promtool_unit_tests_pass_fifty_times_in_a_row():
     (an alert reading another group's recording rule) fails some of them.
     """
     promtool = require_binary("promtool")
-    files = ["detectors_test.yml"] * 50 + ["health_test.yml"] * 10
+    files = ["detectors_test.yml"] * 50 + ["health_test.yml"] * 10 + ["reliability_test.yml"] * 10
     assert set(files) == {f.name for f in TEST_FILES}
     res = _run([promtool, "test", "rules", *files], cwd=ALERTS / "tests", timeout=600)
     failed = [line for line in (res.stdout + res.stderr).splitlines() if "alertname" in line or "FAIL" in line]

@@ -223,6 +223,10 @@ SERIES: list[tuple[str, dict, float, float]] = [
     ("supernode_remediation_pending_approvals", {}, 1, 0),
     ("supernode_remediation_circuit_breaker_open", {}, 0, 0),
     ("supernode_webhook_requests_total", {"result": "accepted"}, 0, 0.2),
+    ("supernode_component_failures_total", {"class": "gpu"}, 0, 0.1),
+    ("supernode_component_observed_seconds_total", {"class": "gpu"}, 0, 4),
+    ("supernode_component_repair_duration_seconds_sum", {"class": "gpu"}, 0, 6),
+    ("supernode_component_repair_duration_seconds_count", {"class": "gpu"}, 0, 0.1),
 ]
 
 
@@ -263,8 +267,10 @@ def test_every_query_returns_data_from_a_live_prometheus(tmp_path):
     try:
         with prometheus_server(tmp_path / "prom", scrape, rule_files=[REPO / "alerts" / "recording.rules.yml"]) as prom:
             # Rates need two samples per series, recording rules one evaluation after that.
+            # (each rule group evaluates on its own schedule: wait for the first and the last group)
             wait_for(lambda: prom.query("rate(supernode_nvlink_errors_total[10s]) > 0")
-                     and prom.query("rack:supernode_rack_power_budget:ratio"),
+                     and prom.query("rack:supernode_rack_power_budget:ratio")
+                     and prom.query("rack_class:supernode_component_mttr_seconds:30d"),
                      timeout=20, interval=0.2, what="two scrapes and a rule evaluation")
             empty = [f"{name}/{title}: {expr}" for name, title, expr in _queries()
                      if not prom.query(_concrete(expr))]

@@ -6,6 +6,7 @@ with the real daemon is in tests/test_detectors_agent.py.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from agent.remediation.detectors import Context, Detectors
@@ -14,6 +15,9 @@ from agent.snapshot import Snapshot
 from exporters.cooling import modbus_metrics
 from exporters.gpu import nvml_metrics
 from exporters.model import Quality, Reading
+from exporters.power import pdu_metrics
+
+from remediation_support import engine, inventory
 
 SPECS = {**modbus_metrics.ALL, **{m.name: m for m in nvml_metrics.ALL}}
 
@@ -194,7 +198,7 @@ def test_each_detector_declares_exactly_the_families_it_reads():
         return found
 
     assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_gpu_thermal", "_gpu_xid", "_gpu_lost", "_nvlink",
-                                     "_optic", "_rack_power"}
+                                     "_optic", "_rack_power", "_outlets"}
     for name, declared in Detectors.INPUTS.items():
         read = families(functions[name], {name})
         assert read, textwrap.dedent(f"{name}: found no family; the check would pass vacuously")
@@ -215,3 +219,49 @@ def test_hold_times_follow_the_monotonic_clock_not_a_wall_clock_step():
     assert d.evaluate(at(1001.0, 51.0, 40.0)) == []
     assert d.evaluate(at(4602.0, 52.0, 40.0)) == []  # NTP stepped an hour ahead; 1 s passed really: held
     assert [e.kind for e in d.evaluate(at(4700.0, 112.0, 40.0))] == ["clear"]
+
+
+def _outlet(outlet: str, on: float, t: float, quality: Quality = Quality.OK) -> Reading:
+    return Reading(pdu_metrics.OUTLET_ON, on, {"pdu": "pdu-a", "outlet": outlet}, quality, t)
+
+
+def test_pdu_outlet_off_fires_only_for_an_outlet_feeding_a_node():
+    hold = {"fire_seconds": 0.0, "clear_seconds": 0.0}
+    d = Detectors(DetectorSettings(pdu_outlet_off=hold),
+                  Context("node01", "r01", outlet_feeds={("pdu-a", "1"): "node01"}))
+    assert d.evaluate(snap(_outlet("1", 1, 1.0), _outlet("9", 0, 1.0), at=1.0)) == []  # outlet 9 feeds nothing
+    ev = d.evaluate(snap(_outlet("1", 0, 2.0), _outlet("9", 0, 2.0), at=2.0))
+    assert [(e.kind, e.detector, e.targets, dict(e.detail)) for e in ev] == [
+        ("fire", "pdu_outlet_off", {"pdu": "pdu-a", "outlet": "1"}, {"feeds": "node01"})]
+    faulty = d.evaluate(snap(_outlet("1", 0, 3.0, Quality.SENSOR_FAULT), at=3.0))
+    assert all(e.detector != "pdu_outlet_off" or e.kind != "fire" for e in faulty)  # a bad reading never fires
+    assert [e.kind for e in d.evaluate(snap(_outlet("1", 1, 4.0), at=4.0)) if e.detector == "pdu_outlet_off"] == ["clear"]
+
+
+def test_an_outlet_the_agent_switched_off_itself_is_not_a_failure(tmp_path):
+    async def main():
+        eng = engine(tmp_path, mode="observe", inv=inventory(pdus=[
+            {"name": "pdu-a", "profile": "raritan-pdu2", "outlets": {"1": "node01"}}]))
+        await eng.start()
+        eng.effects[("pdu_outlet", "outlet=1,pdu=pdu-a")] = {"before": {}, "after": {}, "params": {},
+                                                               "holders": {"leak-1": "a1"}}
+        assert eng.fire("pdu_outlet_off", {"pdu": "pdu-a", "outlet": "1"}, "warning") is None
+        assert eng.incidents.open_incidents() == [] and eng.component_failures == {}
+        del eng.effects[("pdu_outlet", "outlet=1,pdu=pdu-a")]
+        assert eng.fire("pdu_outlet_off", {"pdu": "pdu-a", "outlet": "1"}, "warning") is not None
+        assert eng.component_failures == {"pdu_outlet": 1}
+        await eng.stop()
+    asyncio.run(main())
+
+
+def test_flow_low_says_which_pumps_the_cdu_reports_stopped():
+    """The reliability report counts a pump, not the CDU, when the CDU itself says a pump stopped."""
+    d = Detectors(DetectorSettings(coolant_flow_low=FAST, nominal_flow_cubic_meters_per_second=0.005,
+                                   flow_confirm_delta_t=False), Context("n1", "r01"))
+    pumps = [reading("supernode_cdu_pump_running", 1.0, 1.0, cdu="cdu1", pump="1"),
+             reading("supernode_cdu_pump_running", 0.0, 1.0, cdu="cdu1", pump="2"),
+             reading("supernode_cdu_alarm_active", 1.0, 1.0, cdu="cdu1", alarm="pump_fail")]
+    flow = reading("supernode_cdu_flow_cubic_meters_per_second", 0.002, 1.0, cdu="cdu1", loop="secondary")
+    ev = [e for e in d.evaluate(snap(flow, *pumps, at=1.0)) if e.detector == "coolant_flow_low"]
+    assert [(e.kind, e.detail.get("pumps_stopped"), e.detail.get("pump_alarms")) for e in ev] == [
+        ("fire", ["2"], ["pump_fail"])]

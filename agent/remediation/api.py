@@ -225,22 +225,30 @@ def cli_maintenance(base_url: str, state: str, node: str | None, until: float | 
     return 0
 
 
-def cli_journal(path: Path | str, limit: int = 100) -> int:
-    """Read the journal read-only: a state dir (journal.db inside) or the db file itself."""
+def read_journal(path: Path | str, limit: int | None = None) -> list | None:
+    """The journal's rows, read read-only from a state dir (journal.db inside) or the db file itself;
+    None, after saying so, when there is none (works with the agent down)."""
     path = Path(path)
     if path.is_dir():
         path = path / "journal.db"
     if not path.exists():
         print(f"error: no journal at {path}", file=sys.stderr)
-        return 1
+        return None
     j = Journal(path, readonly=True)
     try:
-        rows = [["SEQ", "TIME", "KIND", "RESULT", "PLAYBOOK", "ACTION", "TARGET", "INCIDENT", "DETAIL"]]
-        for e in j.entries(limit=limit):
-            detail = e.detail.get("guardrail") or e.detail.get("message") or e.detail.get("error") or ""
-            rows.append([str(e.seq), _fmt_ts(e.ts), e.kind, e.result or "-", e.playbook or "-", e.action or "-",
-                         e.target or "-", e.incident_id or "-", str(detail)[:60]])
-        _table(rows)
+        return j.entries(limit=limit)
     finally:
         j.close()
+
+
+def cli_journal(path: Path | str, limit: int = 100) -> int:
+    entries = read_journal(path, limit)
+    if entries is None:
+        return 1
+    rows = [["SEQ", "TIME", "KIND", "RESULT", "PLAYBOOK", "ACTION", "TARGET", "INCIDENT", "DETAIL"]]
+    for e in entries:
+        detail = e.detail.get("guardrail") or e.detail.get("message") or e.detail.get("error") or ""
+        rows.append([str(e.seq), _fmt_ts(e.ts), e.kind, e.result or "-", e.playbook or "-", e.action or "-",
+                     e.target or "-", e.incident_id or "-", str(detail)[:60]])
+    _table(rows)
     return 0

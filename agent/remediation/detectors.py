@@ -140,6 +140,9 @@ class Context:
     rack: str
     expected_gpus: int = 0
     power_budget_watts: float | None = None
+    # (pdu, outlet) -> the inventory node it feeds: only those outlets are watched (an outlet that feeds
+    # nothing the agent knows may be off on purpose)
+    outlet_feeds: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
 
 def _node(r: Reading, ctx: Context) -> str:
@@ -159,7 +162,7 @@ class Detectors:
         self.trackers: dict[str, Tracker] = {}
         for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
                      "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
-                     "rack_power_over_budget"):
+                     "rack_power_over_budget", "pdu_outlet_off"):
             hold: Hold = getattr(settings, name)
             self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
         self.trackers["sensor_fault"] = Tracker(Hold(fire_seconds=0.0, clear_seconds=10.0))
@@ -171,7 +174,8 @@ class Detectors:
     INPUTS: dict[str, frozenset[str]] = {
         "_leak": frozenset({"supernode_leak_detected", "supernode_leak_sensor_fault"}),
         "_coolant": frozenset({"supernode_cdu_flow_cubic_meters_per_second", "supernode_cdu_temperature_celsius",
-                               "supernode_cdu_dew_point_margin_celsius", "supernode_cdu_pump_speed_setpoint_ratio"}),
+                               "supernode_cdu_dew_point_margin_celsius", "supernode_cdu_pump_speed_setpoint_ratio",
+                               "supernode_cdu_pump_running", "supernode_cdu_alarm_active"}),
         "_gpu_thermal": frozenset({"supernode_gpu_temperature_celsius", "supernode_gpu_temperature_threshold_celsius",
                                    "supernode_gpu_clock_event_active"}),
         "_gpu_xid": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action"}),
@@ -180,6 +184,7 @@ class Detectors:
         "_optic": frozenset({"supernode_link_errors_total", "supernode_link_flaps_total",
                              "supernode_optic_rx_power_dbm", "supernode_optic_threshold_dbm"}),
         "_rack_power": frozenset({"supernode_rack_power_watts", "supernode_rack_power_budget_watts"}),
+        "_outlets": frozenset({"supernode_pdu_outlet_on"}),
     }
 
     def evaluate(self, snap: Snapshot, families: frozenset[str] | None = None) -> list[Event]:
@@ -201,7 +206,7 @@ class Detectors:
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
-                   self._optic, self._rack_power):
+                   self._optic, self._rack_power, self._outlets):
             if families is None or self.INPUTS[fn.__name__] & families:
                 yield from fn(snap)
 
@@ -308,6 +313,8 @@ class Detectors:
         ratio = flow.value / nominal
         cond: bool | None = True if ratio < s.flow_low_ratio else False if ratio >= s.flow_clear_ratio else None
         detail: dict[str, Any] = {"flow_ratio": round(ratio, 3), "baseline_cubic_meters_per_second": nominal}
+        if cond:  # which part of the loop failed: the reliability report counts a pump or the CDU
+            detail.update(_pump_evidence(snap, cdu))
         mean_dt = base.delta_t(cdu, now)
         if cond and s.flow_confirm_delta_t and delta_t is not None and mean_dt is not None:
             detail.update(delta_t_celsius=round(delta_t, 2), baseline_delta_t_celsius=round(mean_dt, 2))
@@ -467,6 +474,34 @@ class Detectors:
             cond = True if ratio > self.s.rack_power_over_ratio else False if ratio <= self.s.rack_power_clear_ratio else None
             yield Observation("rack_power_over_budget", targets_of(rack=self.ctx.rack), "warning", cond,
                               detail={"power_watts": item.value, "budget_watts": budget})
+
+    # -- PDU outlets -------------------------------------------------------------
+
+    def _outlets(self, snap: Snapshot) -> Iterator[Observation]:
+        """An outlet that feeds an inventory node reads off: a tripped breaker or a person's switch. The node
+        may run on its other feed, so nothing else notices that its power is no longer redundant."""
+        feeds = self.ctx.outlet_feeds
+        if not feeds:
+            return
+        for item in self._ok_or_fault(snap.select("supernode_pdu_outlet_on")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            pdu, outlet = item.label("pdu"), item.label("outlet")
+            node = feeds.get((pdu, outlet))
+            if node is None:
+                continue
+            yield Observation("pdu_outlet_off", targets_of(pdu=pdu, outlet=outlet), "warning", item.value < 0.5,
+                              detail={"feeds": node})
+
+
+def _pump_evidence(snap: Snapshot, cdu: str) -> dict[str, Any]:
+    """The CDU's own word on its pumps while flow is low: pumps reading stopped, pump alarms active."""
+    stopped = sorted(r.label("pump") for r in snap.select("supernode_cdu_pump_running", cdu=cdu)
+                     if r.ok and r.value < 0.5)
+    alarms = sorted(r.label("alarm") for r in snap.select("supernode_cdu_alarm_active", cdu=cdu)
+                    if r.ok and r.value >= 0.5 and "pump" in r.label("alarm"))
+    return {k: v for k, v in (("pumps_stopped", stopped), ("pump_alarms", alarms)) if v}
 
 
 def _gpus_hung(snap: Snapshot, ctx: Context) -> set[tuple[str, str]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from agent.reliability import classify
 from agent.snapshot import Snapshot
 
 from .actions import ActionError, ActionResult, parse_target, target_str
@@ -27,7 +28,7 @@ from .decisions import LoggedJournal
 from .journal import Journal, Retention
 from .detectors import Context, Detectors
 from .guardrails import MONOTONIC, Guardrails
-from .incidents import Incident, IncidentBook
+from .incidents import DURATION_BUCKETS, Incident, IncidentBook
 from .maintenance import Maintenance
 from .restored import seed_restored
 from .resume import ResumeCheck
@@ -107,7 +108,8 @@ class RemediationEngine:
         self.playbooks: list[Playbook] = load_playbooks(settings.playbook_dir)
         self.detectors = Detectors(settings.detectors, Context(
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
-            power_budget_watts=inventory.power_budget_watts), clock)
+            power_budget_watts=inventory.power_budget_watts,
+            outlet_feeds={(p.name, o): n for p in inventory.pdus for o, n in p.outlets.items()}), clock)
         self.actions = self._build_actions()
         self.resume_check = ResumeCheck(settings.resume_health_check, self.executors.gpu_libs, inventory.gpus.count,
                                         settings.exec_allow, self._xid_active)
@@ -125,6 +127,8 @@ class RemediationEngine:
         self.webhook_total: dict[str, int] = {}
         self.webhook_ignored: dict[str, int] = {}  # alerts (not requests) dropped by reason
         self.first_action_at: float | None = None
+        self.component_failures: dict[str, int] = {}  # class -> failures counted (agent.reliability)
+        self.repairs: dict[str, tuple[list[int], float, int]] = {}  # class -> duration histogram, opened -> resolved
 
     # -- construction ------------------------------------------------------------
 
@@ -314,8 +318,18 @@ class RemediationEngine:
             self.repoll(origin)
 
     def fire(self, detector: str, targets: Mapping[str, str], severity: str, source: str = "local",
-             detail: Mapping[str, Any] | None = None) -> Incident:
+             detail: Mapping[str, Any] | None = None) -> Incident | None:
+        if detector == "pdu_outlet_off" and ("pdu_outlet", target_str(targets)) in self.effects:
+            return None  # the agent switched it off itself (a pdu_outlet step): not a failure
+        failure = None
+        if self.incidents.find(detector, targets) is None:
+            failure = classify(detector, targets, detail or {}, self.identity.node,
+                               {z.name: z.nodes for z in self.inventory.leak_zones})
+            if failure is not None:
+                detail = {**(detail or {}), "component": failure.as_dict()}
         inc, new = self.incidents.fire(detector, targets, severity, source, detail)
+        if new and failure is not None:
+            self.component_failures[failure.cls] = self.component_failures.get(failure.cls, 0) + 1
         if new:
             book = find_playbook(self.playbooks, detector, dict(targets))
             if book is not None:
@@ -331,7 +345,11 @@ class RemediationEngine:
         return inc
 
     def _close(self, inc: Incident, undo: bool) -> None:
+        was_open = inc.state != "resolved"
         self.incidents.transition(inc, "resolved")
+        component = inc.detail.get("component")
+        if was_open and inc.state == "resolved" and isinstance(component, dict) and component.get("class"):
+            self._count_repair(str(component["class"]), inc.duration())
         for p in list(self.pending.values()):
             if p.incident_id == inc.id and (p.phase == "apply" or not undo) and not p.future.done():
                 p.future.set_result(False)
@@ -445,6 +463,13 @@ class RemediationEngine:
             return [self._result(inc, book, step, action_id(inc.id, idx, ""), "", "failed",
                                  {"phase": "apply", "error": f"targets: {exc}"})]
         return list(await asyncio.gather(*(self.run_step(inc, book, idx, step, tgt) for tgt in targets)))
+
+    def _count_repair(self, cls: str, seconds: float) -> None:
+        buckets, total, count = self.repairs.get(cls, ([0] * len(DURATION_BUCKETS), 0.0, 0))
+        for i, b in enumerate(DURATION_BUCKETS):
+            if seconds <= b:
+                buckets[i] += 1
+        self.repairs[cls] = (buckets, total + seconds, count + 1)
 
     def _count(self, book: str, action: str, result: str) -> None:
         key = (book, action, result)

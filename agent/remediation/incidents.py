@@ -93,7 +93,8 @@ class IncidentBook:
                                source=d.get("source", "local"), opened_at=d["opened_at"], state=d["state"],
                                mitigating_at=d.get("mitigating_at"), mitigated_at=d.get("mitigated_at"),
                                outcome_at=d.get("outcome_at"),
-                               last_seen=self.clock(), playbook=d.get("playbook"))
+                               last_seen=self.clock(), playbook=d.get("playbook"),
+                               detail=dict(d.get("detail") or {}))
                 self._open[inc.key] = inc
             return len(self._open)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from agent.reliability import CLASSES
 from exporters.model import Kind, MetricSpec, counter, gauge, histogram
 
 from .blast import SCHEDULER_UNREACHABLE
@@ -50,6 +51,12 @@ JOURNAL_MOVED = gauge("supernode_journal_moved_aside",
                       "1 if an unreadable journal was moved aside at this start (a fresh one opened).")
 MAINTENANCE = gauge("supernode_remediation_maintenance",
                     "1 while a person has the node in maintenance (observed, not acted on).", ("node",))
+COMPONENT_FAILURES = counter("supernode_component_failures_total",
+                             "Component failures by class, counted from incidents (agent.reliability maps each "
+                             "detector to its class); MTBF = observed component-time / failures (count).", ("class",))
+COMPONENT_REPAIR = histogram("supernode_component_repair_duration_seconds",
+                             "Time from a component failure's incident opening to its resolution, whoever repaired "
+                             "it (seconds); MTTR per class.", ("class",))
 WEBHOOK = counter("supernode_webhook_requests_total", "Alertmanager webhook requests by result (count).", ("result",))
 WEBHOOK_IGNORED = counter("supernode_webhook_alerts_ignored_total",
                           "Alerts not acted on: unknown alertname or incident cap (count).", ("reason",))
@@ -106,6 +113,15 @@ class RemediationCollector:
             pairs = [(str(float(b)), n) for b, n in zip(DURATION_BUCKETS, buckets)] + [("+Inf", c)]
             hist.add_metric([det], pairs, s)
         yield hist
+        failures = _family(COMPONENT_FAILURES)
+        for (cls,), n in _zeroed({(k,): v for k, v in e.component_failures.items()}, [(c,) for c in CLASSES]).items():
+            failures.add_metric([cls], n)
+        yield failures
+        repairs = _family(COMPONENT_REPAIR)
+        for cls, (buckets, s, c) in _zeroed(e.repairs, CLASSES, empty).items():
+            pairs = [(str(float(b)), n) for b, n in zip(DURATION_BUCKETS, buckets)] + [("+Inf", c)]
+            repairs.add_metric([cls], pairs, s)
+        yield repairs
         acts = _family(ACTIONS)
         steps = {(b.name, s.action) for b in e.playbooks for s in b.steps}
         for key, n in _zeroed(e.actions_total, [(b, a, r) for b, a in steps for r in ACTION_RESULTS]).items():

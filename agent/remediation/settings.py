@@ -87,6 +87,7 @@ class DetectorSettings(_Strict):
     rack_power_over_ratio: float = Field(default=1.0, gt=0, description="Fires above this fraction of the budget.")
     rack_power_clear_ratio: float = Field(default=0.95, gt=0)
     rack_power_over_budget: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
+    pdu_outlet_off: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
 
 
 class Guardrails(_Strict):

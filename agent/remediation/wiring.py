@@ -15,6 +15,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from agent.remediation.api import add_remediation_routes
+from agent.reliability import ComponentCollector, ObservedTime, component_counts
 from agent.remediation.engine import Executors, RemediationEngine
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ def attach(agent: "Agent") -> None:
     agent.remediation = hook
     agent.store.add_listener(hook.on_snapshot)
     agent.extra_collectors.append(_CurrentCollector(hook))
+    agent.extra_collectors.append(ComponentCollector(hook.observed))
     cfg = agent.loaded.config
     agent.route_mounts.append(lambda app: add_remediation_routes(
         app, _CurrentEngine(hook), hook.admin_tokens, hook.webhook_token, cfg.listen.max_body_bytes,
@@ -154,6 +156,8 @@ class RemediationHook:
         self.engine = engine
         self.repoll = repoll
         engine.repoll = repoll
+        # component-time watched (MTBF's numerator), carried across reloads that change the inventory
+        self.observed = ObservedTime(component_counts(loaded.config.inventory))
 
     @property
     def mode(self) -> str:
@@ -198,6 +202,7 @@ class RemediationHook:
         if same_journal:
             engine.adopt_journal(old.journal)  # one writer per file; rows still queued carry over
         self.loaded, self.engine = loaded, engine
+        self.observed.update(component_counts(loaded.config.inventory))
         await self.start()
         if engine.mode != old.mode:
             log.info("remediation mode changed", extra={"from": old.mode, "to": engine.mode})

@@ -1,0 +1,203 @@
+"""The status page in a real browser (Debian's Chromium, driven by Selenium through Debian's chromedriver), against a
+simulated rack and one real agent process per node, as `make demo` runs them.
+
+Once on a desktop window and once on a 390 px phone: one rack and one browser session per viewport (Chromium is
+slow on 2 cores), the tests in order: every node and GPU listed (node02 from its own agent), device and alert
+strings inert; a leak shows live; Approve refused without the token, done with it; a dead source shown failing;
+no console error and nothing fetched from anywhere but the agent; the stream cut and the agent restarted.
+
+The leak's deadline is the issue's 2 s, counted from the simulator's inject returning; the measured latencies
+are in bench/bench_status_page.py, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from tests.browser import chromium, outside, requested_urls
+from tests.helpers import wait_for
+from tests.statusrack import TOKEN, StatusRack, status_rack
+
+XSS_GPU = '<img src=x onerror="window.__xss=1">GB200'
+XSS_ALERT = '<script>window.__xss=2</script><b>hot</b>'
+VIEWPORTS = {"desktop": (1280, 1000, False), "phone": (390, 844, True)}
+LEAK_DEADLINE = 2.0  # seconds, from the inject returning to the wet zone and the pending valve on the page
+
+
+class Page:
+    def __init__(self, rs: StatusRack, driver: Any, viewport: str):
+        self.rs, self.d, self.viewport = rs, driver, viewport
+        self.origin = rs.agents["node01"].url
+        self.urls: list[str] = []  # every request seen, drained from the DevTools log as the tests go
+
+    def js(self, script: str, *args: Any) -> Any:
+        return self.d.execute_script(script, *args)
+
+    def wait(self, script: str, timeout: float, what: str, *args: Any) -> Any:
+        """Poll a JS expression (`return ...`) in the page until it is truthy."""
+        return wait_for(lambda: self.js(script, *args), timeout, interval=0.05, what=what)
+
+    def text(self, selector: str) -> str:
+        return self.js("const e = document.querySelector(arguments[0]); return e ? e.textContent : null;", selector) or ""
+
+    def click(self, selector: str, timeout: float = 10.0) -> None:
+        """Click the element; found again if an update redrew it between the find and the click (as a person
+        would click again)."""
+        from selenium.common.exceptions import StaleElementReferenceException
+
+        def attempt() -> bool:
+            try:
+                self.d.find_element("css selector", selector).click()
+                return True
+            except StaleElementReferenceException:
+                return False
+        wait_for(attempt, timeout, interval=0.05, what=f"a click on {selector}")
+
+    def drain(self) -> None:
+        self.urls += requested_urls(self.d)
+
+
+@pytest.fixture(scope="module", params=list(VIEWPORTS))
+def page(request, tmp_path_factory) -> Iterator[Page]:
+    name = request.param
+    width, height, mobile = VIEWPORTS[name]
+
+    def prepare(rack) -> None:  # a device string with markup in it: the GPU's name, as NVML reports it
+        with rack.sim.model.lock:
+            rack.sim.model.nodes["node01"].gpus[1].name = XSS_GPU
+
+    with status_rack(tmp_path_factory.mktemp(f"status-{name}"), prepare=prepare) as rs:
+        driver = chromium(width, height, mobile=mobile)
+        try:
+            p = Page(rs, driver, name)
+            requested_urls(driver)  # the browser's own start-up pages, before ours
+            driver.get(p.origin + "/")
+            yield p
+        finally:
+            driver.quit()
+
+
+def test_every_node_and_gpu_is_listed_and_outside_strings_stay_text(page: Page):
+    p = page
+    p.wait("return document.querySelector('#conn .badge.ok')", 20, "the page live")
+    rack = p.rs.rack.sim.model
+    # node02 comes from node02's own agent, through node01's
+    p.wait("return document.querySelector('[data-node=node02] .badge.ok')", 20, "node02 from its agent")
+    gpus = [(f'[data-gpu="{node.name}/{g.index}"]', g.nvlink_count) for node in rack.nodes.values() for g in node.gpus]
+    # (a first NVML poll that overran its budget under load shows the GPUs as missing until the next one)
+    p.wait("return arguments[0].every(([sel, links]) => document.querySelectorAll(sel + ' .cell').length === links)",
+           30, "every GPU with its NVLink cells", gpus)
+    assert len(p.js("return document.querySelectorAll('[data-gpu]')")) == sum(len(n.gpus) for n in rack.nodes.values())
+    # every zone read dry ("unknown" while a leak source has not answered yet: a slow start under load)
+    p.wait("return arguments[0].every(z => (document.querySelector(`[data-zone=\"${z}\"]`) || {dataset: {}})"
+           ".dataset.state === 'dry')", 30, "every leak zone read dry", list(rack.coolant.leak_zones))
+    # incidents are locked without the token; with it, the page says so
+    assert "need the admin token" in p.text("#incidents")
+    p.d.find_element("id", "token").send_keys(TOKEN)
+    p.click("#token-form button[type=submit]")
+    p.wait("return document.getElementById('token-note').textContent.includes('Incidents visible')", 15,
+           "incidents unlocked")
+    # an alert whose summary carries markup, through Alertmanager's webhook
+    assert p.rs.post_alert("node01", {"alertname": "SupernodeGpuThermal", "detector": "gpu_thermal",
+                                      "node": "node01", "gpu": "2", "rack": "r01", "severity": "warning"},
+                           {"summary": XSS_ALERT}) == 200
+    p.wait("return document.querySelector('#incidents .summary')", 15, "the alert's incident shown")
+    assert p.text("#incidents .summary") == XSS_ALERT           # the characters, as sent
+    p.wait("return document.querySelector('[data-gpu=\"node01/1\"]')", 5, "GPU 1 row")
+    assert XSS_GPU in p.text('[data-gpu="node01/1"]')
+    assert p.js("return document.querySelectorAll('main img, main script, main b').length") == 0
+    assert p.js("return window.__xss === undefined")
+    # nothing wider than the window (a phone never scrolls sideways)
+    assert p.js("return document.documentElement.scrollWidth <= window.innerWidth"), p.js(
+        "return [document.documentElement.scrollWidth, window.innerWidth]")
+    if p.viewport == "phone":
+        assert p.js("return window.innerWidth") == 390
+
+
+def test_a_leak_shows_the_wet_zone_and_the_pending_valve_live(page: Page):
+    p = page
+    p.js("window.__sameDocument = 'before the leak';")
+    p.rs.rack.inject("leak", zone="zone-a")
+    start = time.monotonic()
+    p.wait("return document.querySelector('[data-zone=\"zone-a\"][data-state=wet]')"
+           " && [...document.querySelectorAll('#pending [data-approval-id]')].some("
+           "  li => li.textContent.includes('cdu_write') && li.querySelector('button[data-approve]'))",
+           LEAK_DEADLINE, "wet zone-a and the valve close waiting for approval")
+    elapsed = time.monotonic() - start
+    assert p.js("return window.__sameDocument") == "before the leak"  # no reload: the stream drew it
+    assert "WET" in p.text('[data-zone="zone-a"]') and "LEAK" in p.text("#attention")
+    print(f"leak on the page {elapsed * 1000:.0f} ms after the inject ({p.viewport})")
+
+
+def test_approve_without_the_token_is_refused_and_with_it_the_valve_closes(page: Page):
+    p = page
+    coolant = p.rs.rack.sim.model.coolant
+    p.click("#pending button[data-approve]")
+    p.wait("return !document.getElementById('approve-dialog').hidden", 5, "the approve dialog")
+    box = p.d.find_element("id", "approve-token")
+    box.clear()
+    p.d.find_element("id", "approve-submit").click()
+    p.wait("return document.getElementById('approve-result').textContent.includes('refused (401)')", 10,
+           "the refusal shown")
+    assert coolant.valve_open["zone-a"] is True
+    assert p.js("return !!document.querySelector('#pending [data-approval-id]')")  # still waiting
+    box.send_keys(TOKEN)
+    p.d.find_element("id", "approve-submit").click()
+    p.wait("return document.getElementById('approve-result').textContent.includes('approved by admin')", 10,
+           "the approval done")
+    wait_for(lambda: coolant.valve_open["zone-a"] is False, 15, what="the simulated valve closed")
+    p.wait("const v = document.querySelector('[data-zone=\"zone-a\"] [data-valve]');"
+           "return v && v.textContent.includes('closed')", 15, "the page showing the valve closed")
+    p.wait("return !document.querySelector('#pending [data-approval-id]')", 10, "nothing pending any more")
+
+
+def test_a_killed_source_shows_as_failing_with_why(page: Page):
+    p = page
+    p.rs.rack.inject("pdu-offline", pdu="pdu-a")
+    p.wait("return document.querySelector('[data-source=\"pdu/pdu-a\"][data-state=failing]')", 30,
+           "pdu/pdu-a failing on the page")
+    why = p.text('[data-source="pdu/pdu-a"]')
+    assert "failing" in why and re.search(r"timeout|no answer|exceeded|refused", why, re.I), why
+
+
+def test_no_console_error_and_nothing_fetched_from_outside_the_agent(page: Page):
+    p = page
+    logs = p.d.get_log("browser")
+    # The one error Chromium logs on purpose: the refused approval above (HTTP 401 from the agent).
+    unexpected = [e for e in logs if e["level"] in ("SEVERE", "WARNING")
+                  and not (e["source"] == "network" and "/approve" in e["message"] and " 401 " in e["message"])]
+    assert unexpected == [], json.dumps(unexpected, indent=1)
+    assert [e for e in logs if e["source"] == "network" and " 401 " in e["message"]], "the refusal was not seen"
+    p.drain()
+    ours = [u for u in p.urls if not u.startswith(("chrome:", "chrome-", "data:", "about:"))]
+    assert ours and outside(ours, p.origin) == [], outside(ours, p.origin)
+    assert {u.removeprefix(p.origin) for u in ours} >= {"/", "/status/status.js", "/status/status.css",
+                                                        "/status/icon.svg", "/api/v1/status/stream"}
+
+
+def test_the_page_says_stale_when_the_stream_stops_and_reconnects_after_a_restart(page: Page):
+    p = page
+    agent = p.rs.agents["node01"]
+    stale = "return document.getElementById('conn').dataset.stale === '1'"
+    live = "return !document.getElementById('conn').dataset.stale && !!document.querySelector('#conn .badge.ok')"
+    # A stream that stops sending without closing (a wedged agent, a cut cable): the page's own deadline.
+    agent.signal(signal.SIGSTOP)
+    try:
+        p.wait(stale, 40, "STALE after the stream went quiet")
+        assert "STALE" in p.text("#conn")
+    finally:
+        agent.signal(signal.SIGCONT)
+    p.wait(live, 40, "live again")
+    # The agent restarted: the stream ends, the page says so at once and reconnects by itself.
+    agent.stop()
+    p.wait(stale, 20, "STALE while the agent is down")
+    p.rs.restart("node01")
+    p.wait(live, 60, "live after the restart")
+    # the leak is still there: once the restarted agent has read the sensor again, the page says wet
+    p.wait("return document.querySelector('[data-zone=\"zone-a\"]').dataset.state === 'wet'", 20, "zone-a wet again")

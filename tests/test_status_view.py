@@ -1,0 +1,125 @@
+"""The status page's judgement, on hand-made snapshots: leak zones, GPU marks and NVLink cells, step states, sources."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from agent.config import Inventory
+from agent.remediation.engine import action_id
+from agent.remediation.playbooks import load_playbooks
+from agent.remediation.settings import DetectorSettings
+from agent.snapshot import Snapshot, SourceState
+from agent.status_view import ViewBuilder, sources, step_states
+from exporters.cooling import modbus_metrics as mm
+from exporters.gpu import nvml_metrics as nm
+from exporters.model import Quality, Reading
+
+INV = Inventory(nodes=["node01"], gpus={"count": 2, "nvlinks_per_gpu": 4},
+                cdus=[{"name": "cdu1", "profile": "reference-cdu", "channels": {1: "zone-a", 2: "zone-b"}}],
+                leak_zones=[{"name": n, "nodes": ["node01"], "valve": f"cdu1:zone_valve_{i}"}
+                            for i, n in enumerate(("zone-a", "zone-b", "zone-c", "zone-d"), 1)])
+
+
+def r(spec, value, quality=Quality.OK, **labels) -> Reading:
+    return Reading(spec, value, labels, quality, 1.0)
+
+
+def snap(*readings: Reading, at: float = 10.0) -> Snapshot:
+    return Snapshot(at, tuple(readings), ())
+
+
+def test_each_zone_is_wet_dry_sensor_fault_or_unknown_with_its_valve():
+    s = snap(r(mm.LEAK_DETECTED, 1, zone="zone-a", sensor="rope1"),
+             r(mm.LEAK_FAULT, 1, zone="zone-a", sensor="rope1", fault="cable_break"),   # wet wins over a fault
+             r(mm.LEAK_DETECTED, 0, zone="zone-b", sensor="spot1"),
+             r(mm.LEAK_FAULT, 1, zone="zone-b", sensor="spot1", fault="cable_break"),
+             r(mm.LEAK_DETECTED, 0, zone="zone-c", sensor="spot2"),
+             r(mm.LEAK_FAULT, 1, zone="zone-c", sensor="spot2", fault="source_down"),
+             r(mm.LEAK_DETECTED, 0, zone="zone-d", sensor="spot3"),
+             r(mm.VALVE_OPEN, 0, cdu="cdu1", zone="zone-a"), r(mm.VALVE_OPEN, 1, cdu="cdu1", zone="zone-b"))
+    zones = {z["name"]: z for z in ViewBuilder().coolant(s, INV)["zones"]}
+    assert {n: z["state"] for n, z in zones.items()} == {"zone-a": "wet", "zone-b": "fault", "zone-c": "unknown",
+                                                         "zone-d": "dry"}
+    assert zones["zone-a"]["valve"] == {"ref": "cdu1:zone_valve_1", "state": "closed"}
+    assert zones["zone-b"]["valve"]["state"] == "open" and zones["zone-d"]["valve"]["state"] == "unknown"
+    assert zones["zone-b"]["sensors"] == [{"sensor": "spot1", "state": "fault", "faults": ["cable_break"]}]
+    # a zone with no reading at all is unknown, never dry
+    assert {z["name"]: z["state"] for z in ViewBuilder().coolant(snap(), INV)["zones"]}["zone-a"] == "unknown"
+
+
+def _gpu(g: str, *, up=1.0, hung=0.0, xid=0.0, enforced=1200.0, links=(1, 1, 1, 1), ber=0.0, errors=0.0):
+    rs = [r(nm.GPU_UP, up, gpu=g, uuid=g), r(nm.GPU_HUNG, hung, gpu=g, uuid=g), r(nm.LAST_XID, xid, gpu=g, uuid=g),
+          r(nm.POWER_LIMIT, 1200, gpu=g, uuid=g, limit="default"), r(nm.POWER_LIMIT, enforced, gpu=g, uuid=g, limit="enforced"),
+          r(nm.TEMPERATURE, 60, gpu=g, uuid=g, sensor="gpu"), r(nm.POWER, 900, gpu=g, uuid=g)]
+    for link, on in enumerate(links):
+        rs.append(r(nm.NVLINK_UP, on, gpu=g, uuid=g, link=str(link)))
+    rs.append(r(nm.NVLINK_BER, ber, gpu=g, uuid=g, link="1", kind="effective"))
+    rs.append(r(nm.NVLINK_ERRORS, errors, gpu=g, uuid=g, link="2", type="crc_flit"))
+    return rs
+
+
+def test_gpu_cards_say_capped_hung_lost_xid_and_each_links_state():
+    b = ViewBuilder()
+    ident = {"rack": "r01", "node": "node01"}
+    first = snap(*_gpu("0", enforced=200, links=(1, 0, 1, 1)), *_gpu("1", hung=1, up=0, xid=79), at=10.0)
+    card = b.node_card(first, INV, "node01", DetectorSettings(), ident)
+    g0, g1 = card["gpus"]
+    assert g0["capped"] and g0["limit_watts"] == 200 and g0["default_limit_watts"] == 1200
+    assert g0["nvlink"] == ["ok", "down", "ok", "ok"] and g0["marks"] == []
+    assert not g1["capped"] and g1["marks"] == ["hung", "XID 79 (critical)"]
+    # BER above the threshold, and an error counter seen rising between two views
+    later = snap(*_gpu("0", ber=1e-9, errors=5), *_gpu("1", up=0), at=20.0)
+    b.node_card(snap(*_gpu("0"), *_gpu("1", up=0), at=15.0), INV, "node01", DetectorSettings(), ident)
+    g0, g1 = b.node_card(later, INV, "node01", DetectorSettings(), ident)["gpus"]
+    assert g0["nvlink"] == ["ok", "ber", "errors", "ok"]
+    assert g1["marks"] == ["lost"]
+    # fewer GPUs than the inventory says: the missing ones are listed, marked
+    card = ViewBuilder().node_card(snap(*_gpu("0")), INV, "node01", DetectorSettings(), ident)
+    assert [g["marks"] for g in card["gpus"]] == [[], ["missing"]]
+
+
+def _row(kind, aid, target, result=None, **detail):
+    return SimpleNamespace(kind=kind, action_id=aid, target=target, result=result, detail=detail)
+
+
+def test_each_step_says_done_running_blocked_or_waiting_for_approval():
+    book = next(b for b in load_playbooks() if b.name == "leak-response")
+    steps = list(book.steps)
+    idx = {s.action: i for i, s in enumerate(steps)}
+    iid = "leak-1"
+    drain = action_id(iid, idx["drain"], "node=node01")
+    valve = action_id(iid, idx["cdu_write"], "cdu=cdu1,point=zone_valve_1")
+    cap0 = action_id(iid, idx["gpu_power_cap"], "gpu=0,node=node01")
+    cap1 = action_id(iid, idx["gpu_power_cap"], "gpu=1,node=node01")
+    rows = [_row("intent", drain, "node=node01"), _row("result", drain, "node=node01", "done", message="drained"),
+            _row("approval", valve, "cdu=cdu1,point=zone_valve_1", "pending", approval="cdu_write_valve"),
+            _row("intent", cap0, "gpu=0,node=node01"),
+            _row("blocked", cap1, "gpu=1,node=node01", "blocked", guardrail="cooldown", why="cooldown 60 s"),
+            _row("result", "not-ours", "node=node09", "done")]
+    out = {s["action"]: s for s in step_states(iid, steps, rows, {valve})}
+    assert [(t["target"], t["state"]) for t in out["drain"]["targets"]] == [("node=node01", "done")]
+    assert out["cdu_write"]["targets"][0]["state"] == "waiting_approval"
+    assert out["cdu_write"]["targets"][0]["approval"] == "cdu_write_valve"
+    caps = {t["target"]: t for t in out["gpu_power_cap"]["targets"]}
+    assert caps["gpu=0,node=node01"]["state"] == "running"
+    assert caps["gpu=1,node=node01"]["state"] == "blocked" and caps["gpu=1,node=node01"]["guardrail"] == "cooldown"
+    # the approval answered: no longer shown as waiting even before the next row lands
+    out = {s["action"]: s for s in step_states(iid, steps, rows, set())}
+    assert out["cdu_write"]["targets"] == []
+
+
+def test_each_source_is_up_stale_failing_or_waiting():
+    def st(name, **kw) -> SourceState:
+        s = SourceState(name, "d", interval=1.0, stale_after=2.0)
+        for k, v in kw.items():
+            setattr(s, k, v)
+        return s
+    now = 100.0
+    out = {s["source"]: s for s in sources([
+        st("up", up=True, last_success=99.5, last_attempt=99.5),
+        st("stale", up=True, last_success=90.0, last_attempt=90.0),
+        st("failing", up=False, last_success=99.0, last_attempt=99.9, last_error="timeout: poll exceeded 1.0s"),
+        st("waiting")], now)}
+    assert {k: v["state"] for k, v in out.items()} == {"up": "up", "stale": "stale", "failing": "failing",
+                                                     "waiting": "waiting"}
+    assert out["failing"]["why"] == "timeout: poll exceeded 1.0s" and out["stale"]["why"] == "no answer for 10 s"
