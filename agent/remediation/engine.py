@@ -39,6 +39,7 @@ from .steps import outcome, run_graph
 log = logging.getLogger("supernode.remediation")
 UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is read again
 MODES = ("observe", "dry-run", "enforce")
+LEAK_SOURCES = ("leak", "redfish")  # source kinds whose first wet reading is re-read at once
 
 
 @dataclass
@@ -310,7 +311,9 @@ class RemediationEngine:
                 self.clear(ev.detector, ev.targets)
         # A first wet reading is confirmed by an immediate re-read of the same source rather than
         # a whole poll interval later: two consecutive polls, within one interval plus a few ms.
-        if self.repoll is not None and origin.startswith("leak/") and self.detectors.leak_awaiting_confirmation():
+        # Any source of leak inputs (a Modbus leak controller, a Redfish tray BMC) is confirmed the same way.
+        if self.repoll is not None and origin.split("/", 1)[0] in LEAK_SOURCES \
+                and self.detectors.leak_awaiting_confirmation():
             self.repoll(origin)
 
     def fire(self, detector: str, targets: Mapping[str, str], severity: str, source: str = "local",

@@ -41,6 +41,10 @@ class DetectorSettings(_Strict):
     leak: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     leak_sensor_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     leak_source_down: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    rack_tray_leaks: int = Field(default=2, ge=1, description=(
+        "More than this many compute trays of the rack leaking at once (their BMCs' own detectors) asks for "
+        "rack isolation: NVIDIA's tier for an NVL72 rack is more than 2."))
+    tray_leak_rack: Hold = Hold(fire_seconds=0.0, clear_seconds=30.0)
     nominal_flow_cubic_meters_per_second: float | None = Field(
         default=None, gt=0, description=(
             "Secondary nominal flow; default: a rolling baseline (highest healthy flow over "
