@@ -194,7 +194,7 @@ def test_each_detector_declares_exactly_the_families_it_reads():
         return found
 
     assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_gpu_thermal", "_gpu_xid", "_gpu_lost", "_nvlink",
-                                     "_optic", "_rack_power"}
+                                     "_optic", "_rack_power", "_tray_rack"}
     for name, declared in Detectors.INPUTS.items():
         read = families(functions[name], {name})
         assert read, textwrap.dedent(f"{name}: found no family; the check would pass vacuously")
@@ -215,3 +215,39 @@ def test_hold_times_follow_the_monotonic_clock_not_a_wall_clock_step():
     assert d.evaluate(at(1001.0, 51.0, 40.0)) == []
     assert d.evaluate(at(4602.0, 52.0, 40.0)) == []  # NTP stepped an hour ahead; 1 s passed really: held
     assert [e.kind for e in d.evaluate(at(4700.0, 112.0, 40.0))] == ["clear"]
+
+
+def _trays(t: float, states: dict[str, float], faulty: set[str] = frozenset()) -> Snapshot:
+    """Tray BMCs (kind tray) and a CDU (kind cdu) with one detector each, in the Redfish source's families."""
+    from exporters.redfish import metrics as rm
+
+    rs = []
+    for bmc, state in states.items():
+        kind = "cdu" if bmc.startswith("cdu") else "tray"
+        rs.append(Reading(rm.SERVICE_INFO, 1.0, {"bmc": bmc, "kind": kind, "redfish_version": "1.17.0",
+                                                 "vendor": "x", "model": "y", "firmware": "z", "profile": "dmtf"},
+                          Quality.OK, t))
+        rs.append(Reading(rm.DETECTOR_STATE, state, {"bmc": bmc, "chassis": "Chassis_0", "detector": "LD_0",
+                                                     "type": "Moisture"},
+                          Quality.SENSOR_FAULT if bmc in faulty else Quality.OK, t))
+    return snap(*rs, at=t)
+
+
+def _rack_events(d: Detectors, s) -> list[tuple[str, dict]]:
+    return [(e.kind, e.targets) for e in d.evaluate(s) if e.detector == "tray_leak_rack"]
+
+
+def test_more_than_n_leaking_trays_is_a_rack_incident_and_faults_or_cdus_never_count():
+    d = Detectors(DetectorSettings(tray_leak_rack=FAST), Context("n1", "r01"))
+    dry = {"n1-bmc": 0.0, "n2-bmc": 0.0, "n3-bmc": 0.0, "cdu-r": 0.0}
+    assert _rack_events(d, _trays(1.0, dry)) == []
+    # Two trays and the CDU leak: not more than 2 trays.
+    assert _rack_events(d, _trays(2.0, {**dry, "n1-bmc": 2.0, "n2-bmc": 1.0, "cdu-r": 2.0})) == []
+    # A third tray reads a leak, but its detector is a sensor fault: it does not count.
+    three = {**dry, "n1-bmc": 2.0, "n2-bmc": 1.0, "n3-bmc": 2.0}
+    assert _rack_events(d, _trays(3.0, three, faulty={"n3-bmc"})) == []
+    assert _rack_events(d, _trays(4.0, three)) == [("fire", {"rack": "r01"})]
+    assert _rack_events(d, _trays(5.0, dry)) == [("clear", {"rack": "r01"})]
+    # The threshold is the setting.
+    d1 = Detectors(DetectorSettings(tray_leak_rack=FAST, rack_tray_leaks=1), Context("n1", "r01"))
+    assert _rack_events(d1, _trays(1.0, {**dry, "n1-bmc": 2.0, "n2-bmc": 2.0})) == [("fire", {"rack": "r01"})]

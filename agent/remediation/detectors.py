@@ -159,7 +159,7 @@ class Detectors:
         self.trackers: dict[str, Tracker] = {}
         for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
                      "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
-                     "rack_power_over_budget"):
+                     "rack_power_over_budget", "tray_leak_rack"):
             hold: Hold = getattr(settings, name)
             self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
         self.trackers["sensor_fault"] = Tracker(Hold(fire_seconds=0.0, clear_seconds=10.0))
@@ -180,6 +180,7 @@ class Detectors:
         "_optic": frozenset({"supernode_link_errors_total", "supernode_link_flaps_total",
                              "supernode_optic_rx_power_dbm", "supernode_optic_threshold_dbm"}),
         "_rack_power": frozenset({"supernode_rack_power_watts", "supernode_rack_power_budget_watts"}),
+        "_tray_rack": frozenset({"supernode_leak_detector_state", "supernode_redfish_service_info"}),
     }
 
     def evaluate(self, snap: Snapshot, families: frozenset[str] | None = None) -> list[Event]:
@@ -201,7 +202,7 @@ class Detectors:
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
-                   self._optic, self._rack_power):
+                   self._optic, self._rack_power, self._tray_rack):
             if families is None or self.INPUTS[fn.__name__] & families:
                 yield from fn(snap)
 
@@ -467,6 +468,22 @@ class Detectors:
             cond = True if ratio > self.s.rack_power_over_ratio else False if ratio <= self.s.rack_power_clear_ratio else None
             yield Observation("rack_power_over_budget", targets_of(rack=self.ctx.rack), "warning", cond,
                               detail={"power_watts": item.value, "budget_watts": budget})
+
+
+    def _tray_rack(self, snap: Snapshot) -> Iterator[Observation]:
+        """More than `rack_tray_leaks` trays (Redfish services of kind tray) with a wet detector: the rack.
+
+        Counted on what this agent reads: its own tray, and every tray when it is the rack leader with
+        `sources.redfish.watch_rack_trays` (else the alert SupernodeRackTrayLeaks carries the count, rack-wide,
+        through the webhook). A detector that is not ok (a sensor fault) never counts.
+        """
+        trays = {r.label("bmc") for r in snap.select("supernode_redfish_service_info", kind="tray") if r.ok}
+        if not trays:
+            return
+        wet = sorted({r.label("bmc") for r in snap.select("supernode_leak_detector_state")
+                      if r.ok and r.value >= 1 and r.label("bmc") in trays})
+        yield Observation("tray_leak_rack", targets_of(rack=self.ctx.rack), "critical",
+                          len(wet) > self.s.rack_tray_leaks, detail={"trays": wet, "watched": len(trays)})
 
 
 def _gpus_hung(snap: Snapshot, ctx: Context) -> set[tuple[str, str]]:

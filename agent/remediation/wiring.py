@@ -93,7 +93,34 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
             return await controls[pdu].outlet_on(outlet)
 
         ex.pdu_set, ex.pdu_get = pdu_set, pdu_get
+    trays = {e.name: e for e in cfg.inventory.redfish if e.kind == "tray" and e.node == cfg.agent.node}
+    if trays:
+        ex.tray_power_set, ex.tray_power_get = _tray_power(loaded, trays)
     return ex
+
+
+def _tray_power(loaded: "LoadedConfig", trays: dict[str, Any]) -> tuple[Any, Any]:
+    """Power set/get of this node's tray(s) over Redfish: a client of one connection per call (actions are rare,
+    and nothing stays open between them), so the poller's bound of connections is exceeded by one at most."""
+    from agent.sources import redfish_client
+    from exporters.redfish.control import TrayPower
+
+    async def run(bmc: str, fn: Any) -> Any:
+        ep = trays[bmc]
+        power = TrayPower(redfish_client(loaded, ep, max_connections=1), ep.profile,
+                          settle_s=loaded.config.remediation.device_timeout_seconds / 2)
+        try:
+            return await fn(power)
+        finally:
+            await power.close()
+
+    async def tray_set(bmc: str, on: bool) -> None:
+        await run(bmc, lambda p: p.set(on))
+
+    async def tray_get(bmc: str) -> bool:
+        return bool(await run(bmc, lambda p: p.is_on()))
+
+    return tray_set, tray_get
 
 
 def _token(loaded: "LoadedConfig", configured: str | None, default: str) -> Any:
