@@ -114,6 +114,13 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         for node, _, port in procs:
             print(f"metrics: http://127.0.0.1:{port}/metrics   ({node})")
         print(f"sim: {url}")
+        rf = sim.redfish()
+        for node, bmc in rf.get("bmcs", {}).items():
+            print(f"redfish-bmc: {bmc}/redfish/v1/   ({node}'s tray BMC)")
+        for name, cdu in rf.get("cdus", {}).items():
+            print(f"redfish-cdu: {cdu}/redfish/v1/   ({name})")
+        if rf:
+            print(f"redfish-login: user {rf['username']}, password file {rf['password_file']}, CA file {rf['ca_file']}")
         if slurm:
             print(f"slurm: SLURM_CONF={slurm.conf}   (sinfo -N, scontrol show node)")
         else:
@@ -168,6 +175,8 @@ try this (another shell, `. .venv/bin/activate` first):
   supernode-agent sim inject flow-drop --percent 40      # every GPU of the rack capped to 60 %
   supernode-agent sim inject thermal --node {node} --gpu 0
   supernode-agent sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
+  supernode-agent sim inject tray-leak --node {node} --detector 0   # {node}'s BMC: a cold-plate detector Critical
+  supernode-agent sim state | grep -A3 '"redfish"'       # each tray BMC's URL, the CA file, the account
   supernode-agent sim faults                             # every fault kind and its parameters
 Ctrl-C stops the simulator, Slurm and every agent."""
 

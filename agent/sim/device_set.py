@@ -20,7 +20,38 @@ def build_devices(sim: "Simulator") -> list[SimDevice]:
                                 rle_leak_controller(sim.model, "leak1"), SimulatedRaritanPdu(sim.model, "pdu-a")]
     for node in sim.model.nodes:
         devices.append(SimLinkTree(sim.model, node, base_dir=sim.workdir / "links"))
+    devices.extend(redfish_devices(sim))
     return devices
+
+
+def redfish_devices(sim: "Simulator") -> list[SimDevice]:
+    """A Redfish BMC per tray and one Redfish CDU, all behind the run's own CA and one generated account."""
+    from agent.sim.redfish.cdu import RedfishCdu
+    from agent.sim.redfish.pki import SimCA
+    from agent.sim.redfish.service import Credentials
+    from agent.sim.redfish.tray import TrayBmc
+
+    base = sim.workdir / "redfish"
+    ca = SimCA(base / "pki")
+    creds = Credentials.generate(base)
+    opts = {"session_timeout": sim.redfish_session_timeout}
+    devices: list[SimDevice] = [TrayBmc(sim.model, node, creds, ca, **opts) for node in sim.model.nodes]
+    devices.append(RedfishCdu(sim.model, "rfcdu1", creds, ca, **opts))
+    return devices
+
+
+def redfish_service(sim: "Simulator", name: str | None) -> Any:
+    """A simulated Redfish service by node (its tray's BMC) or by device name (default: the first node's BMC)."""
+    from agent.sim.faults import FaultError
+    from agent.sim.redfish.service import RedfishService
+
+    services = {n: d for n, d in sim.devices.items() if isinstance(d, RedfishService)}
+    key = name or next(iter(sim.model.nodes))
+    dev = services.get(key) or services.get(f"bmc-{key}")
+    if dev is None:
+        raise FaultError(f"node: {key!r} is neither a simulated node nor a Redfish service "
+                         f"({', '.join(sorted(services))})")
+    return dev
 
 
 def link_tree(sim: "Simulator", node: str) -> Any:

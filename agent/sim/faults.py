@@ -383,3 +383,75 @@ def _trip(sim: "Simulator", p: dict[str, Any]) -> str:
     dev = _pdu(sim, p)
     _port_call(lambda: dev.trip_outlet(p["outlet"]))
     return f"{p['pdu']} outlet {p['outlet']} tripped"
+
+
+# -- Redfish (tray BMCs and the Redfish CDU) -------------------------------------------
+
+BMC = Param("node", str, False, None, "node whose tray BMC (default: the first node), or a Redfish service (rfcdu1)")
+DETECTOR = Param("detector", str, False, "0", "leak detector Id, or its position (default 0: the first)")
+
+
+def _bmc(sim: "Simulator", p: dict[str, Any]) -> Any:
+    from agent.sim.device_set import redfish_service
+
+    return redfish_service(sim, p.get("node"))
+
+
+def _detector(sim: "Simulator", p: dict[str, Any]) -> tuple[Any, str, dict[str, str]]:
+    """The service, the detector Id and the model's leak-state dict the detector reads."""
+    dev = _bmc(sim, p)
+    if dev.leaks is None:
+        raise FaultError(f"node: {dev.name!r} has no leak detectors")
+    try:
+        det = dev.leaks.resolve(p["detector"])
+    except ValueError as exc:
+        raise FaultError(f"{exc} ({dev.name})") from None
+    return dev, det, dev.leaks.states()
+
+
+@fault("tray-leak", "A moisture detector of a tray (its BMC's Chassis_0) sees water: Critical, an event at once.",
+       BMC, DETECTOR, Param("level", str, False, "critical", "critical or warning"))
+def _tray_leak(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["level"] not in ("critical", "warning"):
+        raise FaultError("level: expected critical or warning")
+    with sim.model.lock:
+        dev, det, states = _detector(sim, p)
+        states[det] = p["level"]
+    return f"{dev.name} {det} {p['level']}"
+
+
+@fault("tray-leak-sensor-fault", "A tray leak detector fails (no DetectorState, Health Warning, a Condition): never a leak.",
+       BMC, DETECTOR)
+def _tray_sensor_fault(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        dev, det, states = _detector(sim, p)
+        states[det] = "sensor_fault"
+    return f"{dev.name} {det} sensor fault"
+
+
+@fault("bmc-offline", "The Redfish service stops answering: open connections close, new ones are refused.", BMC)
+def _bmc_offline(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_offline(True)
+    return f"{dev.name} offline"
+
+
+@fault("bmc-slow", "The Redfish service answers every request after a delay.", BMC,
+       Param("ms", float, True, None, "delay in ms"))
+def _bmc_slow(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_slow(p["ms"])
+    return f"{dev.name} +{p['ms']} ms"
+
+
+@fault("bmc-auth-fail", "The Redfish service refuses every credential with 401: session login, tokens and Basic.", BMC)
+def _bmc_auth(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_auth_fail(True)
+    return f"{dev.name} refuses credentials"
+
+
+@fault("bmc-sessions-expire", "The Redfish service drops every session now (their tokens answer 401; login works).", BMC)
+def _bmc_expire(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    return f"{dev.name} dropped {dev.expire_sessions()} session(s)"

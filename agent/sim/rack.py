@@ -111,6 +111,8 @@ class CoolantState:
     filter_dp_pa: float = 20_000.0
     leak_zones: dict[str, str] = field(default_factory=dict)  # zone -> "dry" | "wet" | "cable_break" | "contamination"
     valve_open: dict[str, bool] = field(default_factory=dict)  # zone -> valve open
+    # The Redfish CDU's own leak detectors (in its cabinet): detector id -> "critical" | "warning" | "sensor_fault".
+    cdu_leaks: dict[str, str] = field(default_factory=dict)
 
     @property
     def flow_lpm(self) -> float:
@@ -128,6 +130,13 @@ class NodeState:
     base_load_w: float = 900.0  # CPUs, NICs, fans of the tray
     gpus: list[GpuState] = field(default_factory=list)
     powered: bool = True  # False when every PDU outlet feeding the node is off (simulated PDU)
+    host_on: bool = True  # False after the tray's BMC powered its host off (Redfish ComputerSystem.Reset ForceOff)
+    standby_w: float = 60.0  # what a tray whose host is off still draws: its BMC and fans at idle
+    # Every power action the tray's BMC carried out, in order: {"reset_type", "power_state", "time", "wall"}.
+    power_actions: list[dict] = field(default_factory=list)
+    # The tray's own leak detectors (BMC-local moisture sensors): detector id -> "critical" | "warning" |
+    # "sensor_fault"; a detector not named here is dry. Kept apart from the CDU's leak zones on purpose.
+    tray_leaks: dict[str, str] = field(default_factory=dict)
     nvml_hang_seconds: float = 0.0  # every NVML call on the node blocks up to this long (a wedged driver)
     nvml_pinned: dict = field(default_factory=dict)  # driver / cuda of a captured node
 
@@ -135,6 +144,8 @@ class NodeState:
     def power_w(self) -> float:
         if not self.powered:
             return 0.0
+        if not self.host_on:
+            return self.standby_w
         return self.base_load_w + sum(g.power_w for g in self.gpus if not g.lost)
 
 
@@ -211,7 +222,7 @@ class RackModel:
                 # A closed zone valve starves that zone's cold plates: only a trickle gets through.
                 closed = any(not c.valve_open.get(z, True) for z, ns in self.zone_nodes.items() if node.name in ns)
                 for g in node.gpus:
-                    if not node.powered:  # no power at the tray: GPUs draw nothing and cool to the coolant
+                    if not (node.powered and node.host_on):  # tray off: GPUs draw nothing and cool to the coolant
                         g.power_w = 0.0
                         g.temp_c += (c.secondary_supply_c - g.temp_c) * (1.0 if dt <= 0 else min(1.0, dt / 3.0))
                         continue
@@ -249,6 +260,14 @@ class RackModel:
         with self.lock:
             g = self.gpu(node, index)
             g.power_limit_mw = int(limit_mw)
+
+    def set_host_power(self, node: str, on: bool, reset_type: str, wall: float) -> None:
+        """The tray's BMC switches its host on or off; every action is recorded, in order, for the tests."""
+        with self.lock:
+            n = self.nodes[node]
+            n.host_on = on
+            n.power_actions.append({"reset_type": reset_type, "power_state": "On" if on else "Off",
+                                    "time": self.time, "wall": wall})
 
     def raise_xid(self, node: str, index: int, xid: int) -> int:
         with self.lock:

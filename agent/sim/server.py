@@ -35,7 +35,8 @@ def discovery_file() -> Path:
 class Simulator:
     def __init__(self, nodes: int = 2, gpus: int = 4, nvlinks: int = 18, tick: float = 0.1, port: int = 0,
                  rack: str = "r01", leak_zones: dict[str, list[str]] | None = None, devices: bool = True,
-                 workdir: Path | None = None, advertise: bool = True, personality: str = "h100"):
+                 workdir: Path | None = None, advertise: bool = True, personality: str = "h100",
+                 redfish_session_timeout: float = 1800.0):
         if leak_zones is None:
             # One leak zone per node (a tray's cold-plate manifold): a leak endangers that node only.
             leak_zones = {f"zone-{chr(ord('a') + i)}": [f"node{i + 1:02d}"] for i in range(nodes)}
@@ -46,6 +47,7 @@ class Simulator:
         self.with_devices = devices
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="supernode-sim-"))
         self.advertise = advertise
+        self.redfish_session_timeout = redfish_session_timeout  # idle seconds before a Redfish session expires
         self.devices: dict[str, SimDevice] = {}
         self.active_faults: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None
@@ -65,7 +67,10 @@ class Simulator:
         out: dict[str, Any] = {}
         for name, dev in self.devices.items():
             endpoint = getattr(dev, "endpoint", None)
-            if endpoint:
+            describe = getattr(dev, "describe", None)
+            if callable(describe):  # a device that says more than its address (Redfish: URL, CA, credentials)
+                out[name] = describe()
+            elif endpoint:
                 out[name] = {"endpoint": f"{endpoint[0]}:{endpoint[1]}"}
             else:  # a file tree (simulated sysfs) rather than a network device
                 out[name] = {"root": str(getattr(dev, "root", ""))}
@@ -101,14 +106,29 @@ class Simulator:
                 "coolant": {"supply_c": c.secondary_supply_c, "return_c": c.secondary_return_c,
                             "flow_lpm": c.flow_lpm, "leak_zones": dict(c.leak_zones),
                             "valve_open": dict(c.valve_open)},
-                "nodes": {n.name: {"power_w": n.power_w,
+                "nodes": {n.name: {"power_w": n.power_w, "host_power": "On" if n.host_on else "Off",
+                                   "power_actions": list(n.power_actions), "tray_leaks": dict(n.tray_leaks),
                                    "gpus": [{"index": g.index, "uuid": g.uuid, "power_w": round(g.power_w, 1),
                                              "limit_w": g.power_limit_mw / 1000, "temp_c": round(g.temp_c, 1),
                                              "lost": g.lost} for g in n.gpus]}
                           for n in m.nodes.values()},
                 "faults": list(self.active_faults),
                 "devices": self.endpoints(),
+                "redfish": self.redfish(),
             }
+
+    def redfish(self) -> dict[str, Any]:
+        """The Redfish services in one place: each tray BMC by node, the CDUs, the CA file and the account."""
+        from agent.sim.redfish.service import RedfishService
+        from agent.sim.redfish.tray import TrayBmc
+
+        services = [d for d in self.devices.values() if isinstance(d, RedfishService)]
+        if not services:
+            return {}
+        first = services[0].describe()
+        return {"ca_file": first["ca_file"], "username": first["username"], "password_file": first["password_file"],
+                "bmcs": {d.node: d.url for d in services if isinstance(d, TrayBmc)},
+                "cdus": {d.name: d.url for d in services if not isinstance(d, TrayBmc)}}
 
     async def _faults(self, _: web.Request) -> web.Response:
         return web.json_response({k: {"help": f.help, "params": [{"name": p.name, "type": p.type.__name__,
@@ -154,6 +174,8 @@ class Simulator:
             clear_gpu_faults(m)
             for node in m.nodes.values():
                 node.powered = True
+                node.host_on = True
+                node.tray_leaks.clear()
                 for g in node.gpus:
                     g.workload = 0.85
             c = m.coolant
@@ -162,6 +184,7 @@ class Simulator:
             c.pump_running = [True] * len(c.pump_running)
             for z in c.leak_zones:
                 c.leak_zones[z] = "dry"
+            c.cdu_leaks.clear()
         for dev in self.devices.values():
             clear = getattr(dev, "clear_faults", None) or getattr(dev, "clear", None)
             if callable(clear):
