@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -310,13 +311,17 @@ class RedfishSourceSettings(SafetySourceSettings):
         "GB200 BMC)."))
     rediscover_seconds: float = Field(default=600.0, ge=10, le=86400, description=(
         "Walk the resource tree again this often (and after a 404 on a cached resource)."))
-    events: bool = Field(default=True, description=(
-        "Subscribe to the EventService: SSE where offered, else a push subscription (event_destination)."))
+    events: Literal["auto", "sse", "push", "off"] = Field(default="auto", description=(
+        "Event push from the EventService: auto (SSE where offered, else a push subscription to "
+        "event_destination), sse, push (a push subscription even where SSE is offered), off (polling only)."))
     event_destination: str | None = Field(default=None, description=(
         "This agent's base URL as the BMC reaches it (https://host:port): a push subscription delivers to "
         "<event_destination>/api/v1/redfish/events/<name> where the service has no SSE."))
     event_token_secret: str | None = Field(default=None, description=(
         "Name in `secrets` of the bearer token push deliveries must carry (given to the BMC in HttpHeaders)."))
+    event_retry_seconds: float = Field(default=0.5, gt=0, le=300, description=(
+        "After the event stream drops (or a push subscription is lost): wait this long before opening it "
+        "again, doubling up to 60 s; polling carries the detectors meanwhile."))
     login_retry_seconds: float = Field(default=5.0, gt=0, le=300, description=(
         "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
     watch_rack_trays: bool = Field(default=False, description=(
@@ -327,15 +332,15 @@ class RedfishSourceSettings(SafetySourceSettings):
     def _fits(self) -> "RedfishSourceSettings":
         if self.request_timeout > self.timeout:
             raise ValueError(f"request_timeout {self.request_timeout}s exceeds the poll timeout ({self.timeout}s)")
-        if self.events and self.max_connections < 2:
+        if self.events in ("auto", "sse") and self.max_connections < 2:
             raise ValueError("max_connections: at least 2 with events on (the stream holds one)")
         if self.event_destination is not None:
-            from exporters.redfish.client import origin_of
-
-            try:
-                origin_of(self.event_destination)
-            except ValueError as exc:
-                raise ValueError(f"event_destination: {exc}") from None
+            parts = urlsplit(self.event_destination)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"event_destination: expected this agent's base URL, http(s)://host:port, got "
+                                 f"{short_repr(self.event_destination)}")
+        if self.events == "push" and self.event_destination is None:
+            raise ValueError("events push needs event_destination (where the BMC delivers)")
         return self
 
 

@@ -150,7 +150,7 @@ def _redfish(loaded: LoadedConfig) -> list[ScheduledSource]:
         dest = f"{s.event_destination.rstrip('/')}/api/v1/redfish/events/{ep.name}" if s.event_destination else None
         src = RedfishSource(ep.name, redfish_client(loaded, ep), kind=ep.kind, profile=ep.profile,
                             zone=cfg.inventory.redfish_zone(ep), rediscover_s=s.rediscover_seconds, events=s.events,
-                            push_destination=dest, push_token=token)
+                            push_destination=dest, push_token=token, event_retry_s=s.event_retry_seconds)
         out.append(ScheduledSource(src, s))
     return out
 

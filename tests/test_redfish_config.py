@@ -49,8 +49,10 @@ def _tray(c: dict) -> dict:
     (lambda c: c.update(sources={"redfish": {"max_connections": 9}}), "sources.redfish.max_connections", "4"),
     (lambda c: c.update(sources={"redfish": {"max_connections": 1}}), "sources.redfish", "at least 2 with events"),
     (lambda c: c.update(sources={"redfish": {"request_timeout": 3}}), "sources.redfish", "exceeds the poll timeout"),
-    (lambda c: c.update(sources={"redfish": {"event_destination": "http://x"}}), "sources.redfish",
-     "event_destination: expected an https://"),
+    (lambda c: c.update(sources={"redfish": {"event_destination": "ftp://x/y"}}), "sources.redfish",
+     "event_destination: expected this agent's base URL"),
+    (lambda c: c.update(sources={"redfish": {"events": "push"}}), "sources.redfish",
+     "events push needs event_destination"),
 ])
 def test_bad_values_are_named(tmp_path, mutate, field, expect):
     assert_named(rack(tmp_path), mutate, field, expect, tmp_path)

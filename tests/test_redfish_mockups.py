@@ -43,7 +43,7 @@ def _json(mockup: Path, uri: str) -> dict:
 
 def _poll(url: str, ca: Path, kind: str = "cdu", name: str = "svc", **client_kw) -> tuple[RedfishSource, list]:
     async def run():
-        src = RedfishSource(name, RedfishClient(url, ca_file=ca, **client_kw), kind=kind, events=False)
+        src = RedfishSource(name, RedfishClient(url, ca_file=ca, **client_kw), kind=kind, events="off")
         try:
             return src, (await src.poll()).readings
         finally:
@@ -176,7 +176,7 @@ def test_a_moved_resource_is_found_again_by_a_new_walk(tmp_path):
     mockup = copy_mockup("public-cooling-unit", tmp_path)
 
     async def run(peer):
-        src = RedfishSource("svc", RedfishClient(peer["url"], ca_file=peer["ca"]), kind="cdu", events=False)
+        src = RedfishSource("svc", RedfishClient(peer["url"], ca_file=peer["ca"]), kind="cdu", events="off")
         try:
             first = await src.poll()
             assert src.discoveries == {"first": 1}
@@ -217,7 +217,7 @@ def test_tls_is_verified_never_skipped(cooling_unit, tmp_path):
 
 
 async def _pinned(url: str, pin: str):
-    src = RedfishSource("svc", RedfishClient(url, pinned_sha256=pin), kind="cdu", events=False)
+    src = RedfishSource("svc", RedfishClient(url, pinned_sha256=pin), kind="cdu", events="off")
     try:
         return src, (await src.poll()).readings
     finally:

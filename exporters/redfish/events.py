@@ -23,6 +23,7 @@ from exporters.redfish.profile import Profile
 
 log = logging.getLogger("supernode.redfish")
 Transport = Literal["sse", "push", "none"]
+Mode = Literal["auto", "sse", "push"]
 
 
 def _origin(record: dict[str, Any]) -> str | None:
@@ -34,10 +35,11 @@ def _origin(record: dict[str, Any]) -> str | None:
 class EventWatch:
     """One service's event subscription; `trigger()` asks for a poll now (the runtime wires it)."""
 
-    def __init__(self, client: RedfishClient, profile: Profile, trigger: Callable[[], Any], *,
+    def __init__(self, client: RedfishClient, profile: Profile, trigger: Callable[[], Any], *, mode: Mode = "auto",
                  push_destination: str | None = None, push_token: str | None = None, context: str = "",
                  retry_s: float = 0.5, retry_max_s: float = 30.0):
         self.client = client
+        self.mode = mode
         self.profile = profile
         self.trigger = trigger
         self.push_destination, self.push_token, self.context = push_destination, push_token, context
@@ -88,13 +90,13 @@ class EventWatch:
         """After each walk: what is polled now, and keep (or start) the subscription the service offers."""
         self._polled = tuple(r.uri.rstrip("/") for r in tree.resources)
         self._holders = tuple(e.uri.rstrip("/") for e in tree.equipment)
-        if tree.sse_uri:
+        if tree.sse_uri and self.mode in ("auto", "sse"):
             self.transport = "sse"
             if self._sse_uri != tree.sse_uri or self._task is None or self._task.done():
                 await self._stop_task()
                 self._sse_uri = tree.sse_uri
                 self._task = asyncio.get_running_loop().create_task(self._run_sse(tree.sse_uri))
-        elif tree.subscriptions_uri and self.push_destination:
+        elif tree.subscriptions_uri and self.push_destination and self.mode in ("auto", "push"):
             self.transport = "push"
             await self._keep_push(tree)
         else:

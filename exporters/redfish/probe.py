@@ -38,7 +38,7 @@ async def probe_redfish(url: str, user: str | None = None, password: str | None 
     try:
         client = RedfishClient(url, user=user, password=password, ca_file=ca_file, pinned_sha256=pinned_sha256,
                                auth=auth, request_timeout=timeout)  # type: ignore[arg-type]
-        src = RedfishSource(name or url, client, kind=kind, profile=profile, events=False)
+        src = RedfishSource(name or url, client, kind=kind, profile=profile, events="off")
     except (ValueError, ProfileError) as exc:
         raise ProbeError(str(exc)) from None
     except SourceError as exc:

@@ -37,8 +37,8 @@ class RedfishSource:
     name = "redfish"
 
     def __init__(self, device: str, client: RedfishClient, *, kind: str = "tray", profile: Profile | str = "dmtf",
-                 zone: str | None = None, rediscover_s: float = 600.0, events: bool = True,
-                 push_destination: str | None = None, push_token: str | None = None,
+                 zone: str | None = None, rediscover_s: float = 600.0, events: str = "auto",
+                 push_destination: str | None = None, push_token: str | None = None, event_retry_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic):
         self.device = device
         self.kind = kind
@@ -48,8 +48,10 @@ class RedfishSource:
         self.rediscover_s = rediscover_s
         self.clock = clock
         self.poll_trigger = PollTrigger()
-        self.events = EventWatch(client, self.profile, self.poll_trigger.fire, push_destination=push_destination,
-                                 push_token=push_token, context=device) if events else None
+        self.events = EventWatch(client, self.profile, self.poll_trigger.fire, mode=events,  # type: ignore[arg-type]
+                                 push_destination=push_destination, push_token=push_token, context=device,
+                                 retry_s=event_retry_s, retry_max_s=max(60.0, event_retry_s)) \
+            if events != "off" else None
         self.tree: Tree | None = None
         self.discoveries: Counter[str] = Counter()
         self._walk_lock = asyncio.Lock()
