@@ -420,7 +420,7 @@ def _tray_leak(sim: "Simulator", p: dict[str, Any]) -> str:
     return f"{dev.name} {det} {p['level']}"
 
 
-@fault("tray-leak-sensor-fault", "A tray leak detector fails (no DetectorState, Health Warning, a Condition): never a leak.",
+@fault("tray-leak-sensor-fault", "A tray leak detector fails (DetectorState unknown, Health Warning, a Condition): never a leak.",
        BMC, DETECTOR)
 def _tray_sensor_fault(sim: "Simulator", p: dict[str, Any]) -> str:
     with sim.model.lock:

@@ -28,13 +28,12 @@ from agent.sim.redfish.service import Credentials, RedfishService, redfish_error
 CDU = "/redfish/v1/ThermalEquipment/CDUs/1"
 PUMPS = f"{CDU}/Pumps"
 CHASSIS_LEAK_DETECTORS = "/redfish/v1/Chassis/CDU/LeakDetectors"
-NO_OP_ACTIONS = ("/redfish/v1/Managers/CDU/Actions/Manager.Reset",
-                 "/redfish/v1/Managers/CDU/LogServices/Log/Actions/LogService.ClearLog")
 
 
 class RedfishCdu(RedfishService):
     kind = "redfish-cdu"
-    layers = [("public-cooling-unit", None)]
+    manager = "/redfish/v1/Managers/CDU"
+    layers = [("public-cooling-unit", None), ("services", None), ("cdu-additions", None)]
     binding_files = ("services", "public-cooling-unit")
 
     def __init__(self, model: RackModel, name: str, credentials: Credentials, ca: SimCA, **kw: Any):
@@ -42,8 +41,6 @@ class RedfishCdu(RedfishService):
         self.pumps = [m["@odata.id"].rsplit("/", 1)[1] for m in self.tree.resources[PUMPS]["Members"]]
         for pump in self.pumps:
             self.actions[f"{PUMPS}/{pump}/Actions/Pump.SetMode"] = self._set_mode(pump)
-        for target in NO_OP_ACTIONS:  # advertised by the mockup; nothing in the model to reset
-            self.actions[target] = self._no_op
         with model.lock:
             self._seen = self._running()
 
@@ -100,6 +97,3 @@ class RedfishCdu(RedfishService):
                 self.update(self.model)
             return web.Response(status=204, headers={"OData-Version": "4.0"})
         return handler
-
-    async def _no_op(self, request: web.Request, body: dict[str, Any]) -> web.Response:
-        return web.Response(status=204, headers={"OData-Version": "4.0"})

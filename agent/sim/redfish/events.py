@@ -6,7 +6,9 @@ message registry (messages.yaml) and goes at once to every open SSE stream
 (`ServerSentEventUri`, DSP0266's `text/event-stream` with an `id:` per event,
 so a client reconnecting with `Last-Event-ID` gets what it missed) and to every
 push subscription, POSTed to its Destination, in order, with the subscriber's
-own HTTP headers (how a subscriber authenticates the BMC's POSTs).
+own HTTP headers (how a subscriber authenticates the BMC's POSTs); a
+subscription whose deliveries keep failing is deleted after the retries
+(TerminateAfterRetries, the default) or retried for ever (RetryForever).
 Subscriptions are filtered the standard way (EventTypes, RegistryPrefixes,
 MessageIds, OriginResources), SSE streams by `$filter`.
 """
@@ -127,6 +129,7 @@ class Subscription:
     message_ids: list[str]
     origin_resources: list[str]
     verify_certificate: bool
+    retry_policy: str = "TerminateAfterRetries"
     delivered: int = 0
     failed: int = 0
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -150,8 +153,12 @@ class Subscription:
                 "SubscriptionType": "RedfishEvent", "Context": self.context, "EventTypes": self.event_types,
                 "RegistryPrefixes": self.registry_prefixes, "MessageIds": self.message_ids,
                 "OriginResources": [{"@odata.id": o} for o in self.origin_resources],
-                "HttpHeaders": [], "VerifyCertificate": self.verify_certificate,
+                "HttpHeaders": [], "VerifyCertificate": self.verify_certificate, "EventFormatType": "Event",
+                "DeliveryRetryPolicy": self.retry_policy,
                 "Status": {"State": "Enabled", "Health": "OK"}, "@odata.id": uri}
+
+
+RETRY_POLICIES = ("TerminateAfterRetries", "RetryForever")
 
 
 def check_destination(url: str) -> str:
@@ -171,6 +178,7 @@ class EventBus:
     def __init__(self, backlog: int = 256, retry_attempts: int = 3, retry_interval: float = 1.0):
         self._ids = itertools.count(1)
         self.backlog: deque[Event] = deque(maxlen=backlog)
+        self.log: deque[Event] = deque(maxlen=1000)  # the manager's event log (LogService entries); ClearLog empties it
         self.streams: set[SseClient] = set()
         self.subscriptions: dict[str, Subscription] = {}
         self._sub_ids = itertools.count(1)
@@ -205,6 +213,7 @@ class EventBus:
             event_id = next(self._ids)
             record = dict(record, EventId=str(event_id))
         event = Event(event_id, record)
+        self.log.append(event)
         loop = self._loop
         if loop is None or loop.is_closed():
             self.backlog.append(event)
@@ -227,6 +236,18 @@ class EventBus:
         for sub in self.subscriptions.values():
             if sub.wants(event):
                 sub.queue.put_nowait(event)
+
+    @staticmethod
+    def log_entry(event: Event, uri: str) -> dict[str, Any]:
+        """An event as the LogEntry the manager's log shows for it."""
+        rec = event.record
+        entry = {"@odata.type": "#LogEntry.v1_17_0.LogEntry", "Id": str(event.id), "Name": f"Log Entry {event.id}",
+                 "EntryType": "Event", "Created": rec.get("EventTimestamp"), "Severity": rec.get("MessageSeverity"),
+                 "Message": rec.get("Message"), "MessageId": rec.get("MessageId"),
+                 "MessageArgs": rec.get("MessageArgs", []), "@odata.id": uri}
+        if "OriginOfCondition" in rec:
+            entry["Links"] = {"OriginOfCondition": rec["OriginOfCondition"]}
+        return entry
 
     def since(self, last_id: int) -> list[Event]:
         return [e for e in self.backlog if e.id > last_id]
@@ -259,10 +280,12 @@ class EventBus:
     def subscribe(self, destination: str, context: str = "", headers: dict[str, str] | None = None,
                   event_types: list[str] | None = None, registry_prefixes: list[str] | None = None,
                   message_ids: list[str] | None = None, origin_resources: list[str] | None = None,
-                  verify_certificate: bool = False) -> Subscription:
+                  verify_certificate: bool = False, retry_policy: str = "TerminateAfterRetries") -> Subscription:
+        if retry_policy not in RETRY_POLICIES:
+            raise ValueError(f"DeliveryRetryPolicy: one of {', '.join(RETRY_POLICIES)}")
         sub = Subscription(str(next(self._sub_ids)), check_destination(destination), context, dict(headers or {}),
                            list(event_types or ()), list(registry_prefixes or ()), list(message_ids or ()),
-                           list(origin_resources or ()), verify_certificate)
+                           list(origin_resources or ()), verify_certificate, retry_policy)
         sub.task = asyncio.get_running_loop().create_task(self._deliver(sub))
         self.subscriptions[sub.id] = sub
         return sub
@@ -275,23 +298,31 @@ class EventBus:
             sub.task.cancel()
         return True
 
+    async def _post(self, sub: Subscription, body: dict[str, Any], tls: ssl.SSLContext | bool) -> bool:
+        try:
+            assert self._http is not None
+            async with self._http.post(sub.destination, json=body, headers=sub.headers, ssl=tls) as resp:
+                if resp.status < 300:
+                    return True
+                log.info("event delivery refused", extra={"destination": sub.destination, "status": resp.status})
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            log.info("event delivery failed", extra={"destination": sub.destination, "error": str(exc)})
+        return False
+
     async def _deliver(self, sub: Subscription) -> None:
-        """POST each event to the subscriber in order; retry `retry_attempts` times, then drop that event."""
+        """POST each event to the subscriber in order, retrying every `retry_interval` seconds: `retry_attempts`
+        times and then the subscription is deleted (TerminateAfterRetries), or until it lands (RetryForever)."""
         tls: ssl.SSLContext | bool = ssl.create_default_context() if sub.verify_certificate else False
         while True:
             event = await sub.queue.get()
             body = event.payload(sub.context)
-            for attempt in range(self.retry_attempts + 1):
-                try:
-                    assert self._http is not None
-                    async with self._http.post(sub.destination, json=body, headers=sub.headers, ssl=tls) as resp:
-                        if resp.status < 300:
-                            sub.delivered += 1
-                            break
-                        log.info("event delivery refused", extra={"destination": sub.destination, "status": resp.status})
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                    log.info("event delivery failed", extra={"destination": sub.destination, "error": str(exc)})
-                if attempt < self.retry_attempts:
-                    await asyncio.sleep(self.retry_interval)
-            else:
-                sub.failed += 1
+            attempt = 0
+            while not await self._post(sub, body, tls):
+                attempt += 1
+                if sub.retry_policy == "TerminateAfterRetries" and attempt > self.retry_attempts:
+                    sub.failed += 1
+                    log.info("event subscription terminated after retries", extra={"destination": sub.destination})
+                    self.subscriptions.pop(sub.id, None)
+                    return
+                await asyncio.sleep(self.retry_interval)
+            sub.delivered += 1

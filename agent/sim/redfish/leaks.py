@@ -5,9 +5,10 @@ the CDU's `CoolantState.cdu_leaks`: detector Id -> "critical", "warning" or
 "sensor_fault"; absent is dry), set by the `tray-leak` and
 `tray-leak-sensor-fault` faults. Redfish shows a leak as `DetectorState`
 Critical or Warning, and a broken sensor (a short, a cut cable) as DMTF's
-LeakDetector schema asks: no `DetectorState` (its state is unknown: absent, not
-null, which DMTF's own Tacklebox cannot print), `Status.Health` Warning and a
-Condition naming the fault. Every change raises an event at
+LeakDetector schema asks: `DetectorState` null (unknown; OCP's profile wants the
+property present) in the detector, absent from LeakDetection's excerpt of it
+(DMTF's Tacklebox cannot print a null there), `Status.Health` Warning and a
+Condition naming the fault. A client reads null and absent alike: not known. Every change raises an event at
 once: Environmental LeakDetectedCritical/Warning/Normal, or ResourceEvent
 ResourceErrorsDetected/Corrected for the sensor.
 """
@@ -45,10 +46,15 @@ class LeakDetectors:
         """'dry', 'critical', 'warning' or 'sensor_fault'."""
         return self.states().get(detector, "dry")
 
-    def state(self, detector: str) -> Any:
-        """OK, Warning or Critical; OMIT (the property absent) while the sensor is broken."""
+    def state(self, detector: str) -> str | None:
+        """OK, Warning or Critical; None (null: unknown) while the sensor is broken."""
         leak = self.leak(detector)
-        return OMIT if leak == SENSOR_FAULT else LEVELS.get(leak, "OK")
+        return None if leak == SENSOR_FAULT else LEVELS.get(leak, "OK")
+
+    def excerpt_state(self, detector: str) -> Any:
+        """The state in LeakDetection's excerpt of the detector: absent (OMIT) rather than null while broken."""
+        state = self.state(detector)
+        return OMIT if state is None else state
 
     def status(self, detector: str) -> dict[str, Any]:
         leak = self.leak(detector)
@@ -63,7 +69,8 @@ class LeakDetectors:
         return worst([self.status(d)["Health"] for d in self.ids])
 
     def terms(self) -> dict[str, Callable[[str], Any]]:
-        return {"detector_state": self.state, "detector_status": self.status, "leak_health": self.health}
+        return {"detector_state": self.state, "detector_excerpt_state": self.excerpt_state,
+                "detector_status": self.status, "leak_health": self.health}
 
     def resolve(self, detector: str) -> str:
         """A detector by Id or by position (0-based), as the fault parameters name it; ValueError names the choices."""

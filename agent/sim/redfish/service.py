@@ -22,7 +22,6 @@ import hmac
 import json
 import logging
 import secrets
-import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,8 @@ from aiohttp import web
 
 from agent.sim.quantities import READERS
 from agent.sim.rack import RackModel
-from agent.sim.redfish.events import EventBus, FilterError, now_iso, parse_sse_filter
+from agent.sim.redfish.certificates import CertificateRefused, HttpsCertificate
+from agent.sim.redfish.events import RETRY_POLICIES, EventBus, FilterError, now_iso, parse_sse_filter
 from agent.sim.redfish.leaks import LeakDetectors
 from agent.sim.redfish.pki import SimCA
 from agent.sim.redfish.tree import ROOT, Tree, build_tree, normalize
@@ -43,6 +43,8 @@ SESSIONS = "/redfish/v1/SessionService/Sessions"
 SUBSCRIPTIONS = "/redfish/v1/EventService/Subscriptions"
 SSE_URI = "/redfish/v1/EventService/SSE"
 TEST_EVENT = "/redfish/v1/EventService/Actions/EventService.SubmitTestEvent"
+GENERATE_CSR = "/redfish/v1/CertificateService/Actions/CertificateService.GenerateCSR"
+REPLACE_CERTIFICATE = "/redfish/v1/CertificateService/Actions/CertificateService.ReplaceCertificate"
 PUBLIC = {ROOT, "/redfish", "/redfish/v1/odata", "/redfish/v1/$metadata"}
 BASE = "Base.1.8"
 JSON_TYPE = "application/json"
@@ -95,6 +97,7 @@ class RedfishService:
     """A Redfish service for one simulated device; subclasses give its mockups, bindings, terms and actions."""
 
     kind = "redfish"
+    manager = ""  # the Manager resource of the service (set by each subclass): its log and HTTPS certificate hang there
     layers: list[tuple[str, tuple[str, ...] | None]] = []
     binding_files: tuple[str, ...] = ("services",)
 
@@ -111,15 +114,27 @@ class RedfishService:
         self._port = port
         self._endpoint: tuple[str, int] = ("127.0.0.1", port)
         self.cert = ca.issue(name)
+        self.log_service = f"{self.manager}/LogServices/Log"  # its entries are the service's events
+        self.https = HttpsCertificate(self.cert, f"{self.manager}/NetworkProtocol/HTTPS/Certificates")
         self.sessions: dict[str, Session] = {}  # token -> session
         self.events = EventBus(retry_interval=retry_interval)
-        self.actions: dict[str, ActionHandler] = {TEST_EVENT: self._submit_test_event}
+        self.actions: dict[str, ActionHandler] = {TEST_EVENT: self._submit_test_event,
+                                                  f"{self.log_service}/Actions/LogService.ClearLog": self._clear_log,
+                                                  f"{self.manager}/Actions/Manager.Reset": self._manager_reset,
+                                                  GENERATE_CSR: self._certificate_action(self.https.generate_csr),
+                                                  REPLACE_CERTIFICATE: self._certificate_action(self.https.replace)}
         self.terms: dict[str, Callable[[str], Any]] = {
             "username": lambda a: self.credentials.username,
             "session_timeout": lambda a: int(self.session_timeout),
             "retry_interval": lambda a: int(round(self.events.retry_interval)),
             "retry_attempts": lambda a: self.events.retry_attempts,
+            "date_time": lambda a: now_iso().replace("Z", "+00:00"),
+            "https_port": lambda a: self._endpoint[1],
+            "certificate_links": lambda a: [{"@odata.id": self.https.uri}],
+            "manager_links": lambda a: [{"@odata.id": self.manager}],
+            "firmware_version": lambda a: self.tree.resources[self.manager]["FirmwareVersion"],
             "detector_state": lambda a: self._leaks().state(a),
+            "detector_excerpt_state": lambda a: self._leaks().excerpt_state(a),
             "detector_status": lambda a: self._leaks().status(a),
             "leak_health": lambda a: self._leaks().health(),
         }
@@ -194,16 +209,12 @@ class RedfishService:
         """What a client config needs (and what a test looks at): URL, CA and certificate, credentials, counters."""
         return {"kind": self.kind, "endpoint": f"{self._endpoint[0]}:{self._endpoint[1]}", "url": self.url,
                 "service_root": self.url + ROOT, "ca_file": str(self.ca.ca_file), "cert_file": str(self.cert.cert_file),
+                "certificate_uri": self.https.uri,
                 "username": self.credentials.username, "password_file": str(self.credentials.password_file),
                 "sse_uri": SSE_URI, "sessions": len(self.sessions), "subscriptions": len(self.events.subscriptions),
                 "sse_streams": len(self.events.streams), "peak_connections": self.peak_connections,
                 "requests_total": self.requests_total,
                 "faults": {"offline": self.offline, "slow_ms": self.slow_s * 1000, "auth_fail": self.auth_fail}}
-
-    def _ssl(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(str(self.cert.cert_file), str(self.cert.key_file))
-        return ctx
 
     async def start(self) -> None:
         await self.events.start()
@@ -217,7 +228,7 @@ class RedfishService:
         async with self._listening:
             if self._site is not None or self._runner is None:
                 return
-            site = web.TCPSite(self._runner, "127.0.0.1", self._endpoint[1], ssl_context=self._ssl(),
+            site = web.TCPSite(self._runner, "127.0.0.1", self._endpoint[1], ssl_context=self.https.context,
                                reuse_address=True)
             await site.start()
             self._site = site
@@ -267,6 +278,16 @@ class RedfishService:
         for s in dropped:
             self.events.close_session_streams(s.id)
         return len(dropped)
+
+    async def _manager_reset(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        """Manager.Reset: the management controller restarts, so every session and SSE stream ends."""
+        if body.get("ResetType", "GracefulRestart") not in ("ForceRestart", "GracefulRestart"):
+            return redfish_error(400, "ActionParameterValueNotInList", f"The value '{body.get('ResetType')}' for the "
+                                 "parameter ResetType in the action Manager.Reset is not in the list of acceptable "
+                                 "values (ForceRestart, GracefulRestart).")
+        self.expire_sessions()
+        self.events.close_streams()
+        return web.Response(status=204, headers={"OData-Version": "4.0"})
 
     def clear_faults(self) -> None:
         self.set_slow(0)
@@ -327,10 +348,14 @@ class RedfishService:
     def _allow(self, path: str) -> str:
         if path in (SESSIONS, SUBSCRIPTIONS):
             return "GET, HEAD, POST"
-        if path.startswith(SESSIONS + "/") or path.startswith(SUBSCRIPTIONS + "/"):
+        if path.startswith(SESSIONS + "/"):
             return "GET, HEAD, DELETE"
+        if path.startswith(SUBSCRIPTIONS + "/"):
+            return "GET, HEAD, PATCH, DELETE"
         if path in self.actions:
             return "POST"
+        if path in self.tree.writable:
+            return "GET, HEAD, PATCH"
         return "GET, HEAD"
 
     def _json(self, body: Any, path: str, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -366,6 +391,18 @@ class RedfishService:
                 if isinstance(body, web.Response):
                     return body
                 return await self.actions[path](request, body)
+        elif method == "PATCH" and path.startswith(SUBSCRIPTIONS + "/") and \
+                path.rsplit("/", 1)[1] in self.events.subscriptions:
+            return await self._patch_subscription(request, path.rsplit("/", 1)[1])
+        elif method == "PATCH" and path in self.tree.writable:
+            body = await self._body(request)
+            if isinstance(body, web.Response):
+                return body
+            with self.model.lock:
+                refused = self.tree.patch(path, body)
+            if refused:
+                return redfish_error(400, *refused)
+            return self._json(self._get(path), path)
         elif method == "DELETE":
             if path.startswith(SESSIONS + "/"):
                 return self._logout(path.rsplit("/", 1)[1])
@@ -399,6 +436,14 @@ class RedfishService:
         if path.startswith(SESSIONS + "/"):
             sid = path.rsplit("/", 1)[1]
             return next((s.resource() for s in self.sessions.values() if s.id == sid), None)
+        entries = f"{self.log_service}/Entries"
+        if path == entries:  # a log's entries are expanded in its collection (DMTF's schema auto-expands them)
+            members = [self.events.log_entry(e, f"{entries}/{e.id}") for e in self.events.log]
+            return {"@odata.type": "#LogEntryCollection.LogEntryCollection", "Name": "Log Entry Collection",
+                    "Members@odata.count": len(members), "Members": members, "@odata.id": entries}
+        if path.startswith(entries + "/"):
+            eid = path.rsplit("/", 1)[1]
+            return next((self.events.log_entry(e, path) for e in self.events.log if str(e.id) == eid), None)
         if path == SUBSCRIPTIONS:
             return self._collection(SUBSCRIPTIONS, "#EventDestinationCollection.EventDestinationCollection",
                                     "Event Subscriptions Collection",
@@ -406,6 +451,8 @@ class RedfishService:
         if path.startswith(SUBSCRIPTIONS + "/"):
             sub = self.events.subscriptions.get(path.rsplit("/", 1)[1])
             return sub.resource(path) if sub else None
+        if path == self.https.uri:
+            return self.https.resource()
         with self.model.lock:
             return self.tree.render(path)
 
@@ -481,12 +528,10 @@ class RedfishService:
             return redfish_error(400, "PropertyMissing", "The property Destination is a required property.")
         if body.get("Protocol", "Redfish") != "Redfish":
             return redfish_error(400, "PropertyValueNotInList", "Protocol: only Redfish is supported.")
-        headers: dict[str, str] = {}
-        for item in body.get("HttpHeaders") or ():
-            if not isinstance(item, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in item.items()):
-                return redfish_error(400, "PropertyValueTypeError", "HttpHeaders: expected objects of header name to "
-                                     "string value.")
-            headers.update(item)
+        headers = self._headers(body.get("HttpHeaders"))
+        if headers is None:
+            return redfish_error(400, "PropertyValueTypeError", "HttpHeaders: expected objects of header name to "
+                                 "string value.")
         lists = {}
         for prop in ("EventTypes", "RegistryPrefixes", "MessageIds"):
             value = body.get(prop) or []
@@ -499,11 +544,44 @@ class RedfishService:
         try:
             sub = self.events.subscribe(dest, str(body.get("Context", "")), headers, lists["EventTypes"],
                                         lists["RegistryPrefixes"], lists["MessageIds"], origins,
-                                        bool(body.get("VerifyCertificate", False)))
+                                        bool(body.get("VerifyCertificate", False)),
+                                        str(body.get("DeliveryRetryPolicy", "TerminateAfterRetries")))
         except ValueError as exc:
             return redfish_error(400, "PropertyValueFormatError", str(exc))
         location = f"{SUBSCRIPTIONS}/{sub.id}"
         return self._json(sub.resource(location), location, 201, {"Location": location})
+
+    @staticmethod
+    def _headers(items: Any) -> dict[str, str] | None:
+        """EventDestination.HttpHeaders (objects of header name to value) as one dict; None if malformed."""
+        headers: dict[str, str] = {}
+        for item in items or ():
+            if not isinstance(item, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in item.items()):
+                return None
+            headers.update(item)
+        return headers
+
+    async def _patch_subscription(self, request: web.Request, sub_id: str) -> web.Response:
+        """PATCH of a subscription: Context, HttpHeaders (a new token) and DeliveryRetryPolicy, all or none."""
+        sub = self.events.subscriptions[sub_id]
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        extra = sorted(set(body) - {"Context", "HttpHeaders", "DeliveryRetryPolicy"})
+        if extra:
+            return redfish_error(400, "PropertyNotWritable", f"The property {extra[0]} is a read only property and "
+                                 "cannot be assigned a value.")
+        headers = self._headers(body.get("HttpHeaders")) if "HttpHeaders" in body else sub.headers
+        if headers is None:
+            return redfish_error(400, "PropertyValueTypeError", "HttpHeaders: expected objects of header name to "
+                                 "string value.")
+        policy = body.get("DeliveryRetryPolicy", sub.retry_policy)
+        if policy not in RETRY_POLICIES:
+            return redfish_error(400, "PropertyValueNotInList", f"DeliveryRetryPolicy: one of {', '.join(RETRY_POLICIES)}")
+        sub.headers, sub.retry_policy = headers, policy
+        sub.context = str(body.get("Context", sub.context))
+        path = f"{SUBSCRIPTIONS}/{sub_id}"
+        return self._json(sub.resource(path), path)
 
     async def _sse(self, request: web.Request, principal: Session | str | None) -> web.StreamResponse:
         try:
@@ -542,6 +620,21 @@ class RedfishService:
             request.transport.close()
         return resp
 
+    def _certificate_action(self, act: Callable[[dict[str, Any]], Any]) -> ActionHandler:
+        async def handler(request: web.Request, body: dict[str, Any]) -> web.Response:
+            try:
+                result = act(body)
+            except CertificateRefused as exc:
+                return redfish_error(400, exc.key, str(exc))
+            if result is None:
+                return web.Response(status=204, headers={"OData-Version": "4.0"})
+            return self._json(result, GENERATE_CSR)
+        return handler
+
+    async def _clear_log(self, request: web.Request, body: dict[str, Any]) -> web.Response:
+        self.events.log.clear()
+        return web.Response(status=204, headers={"OData-Version": "4.0"})
+
     @staticmethod
     def _sse_frame(event: Any) -> bytes:
         return f"id: {event.id}\ndata: {json.dumps(event.payload())}\n\n".encode()
@@ -552,6 +645,10 @@ class RedfishService:
         if not isinstance(message_id, str):
             return redfish_error(400, "ActionParameterMissing", "The action SubmitTestEvent requires the parameter "
                                  "MessageId to be present in the request body.")
+        if body.get("Severity", "OK") not in ("OK", "Warning", "Critical"):
+            return redfish_error(400, "ActionParameterValueNotInList", f"The value '{body.get('Severity')}' for the "
+                                 "parameter Severity in the action SubmitTestEvent is not in the list of acceptable "
+                                 "values (OK, Warning, Critical).")
         record = {"EventType": str(body.get("EventType", "Alert")), "EventTimestamp": now_iso(), "MemberId": "0",
                   "MessageId": message_id, "Message": str(body.get("Message", "Test event.")),
                   "MessageArgs": [str(a) for a in body.get("MessageArgs") or []],

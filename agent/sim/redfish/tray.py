@@ -34,7 +34,9 @@ RESET_TYPES = {"On": True, "ForceOff": False, "GracefulShutdown": False, "ForceR
 
 class TrayBmc(RedfishService):
     kind = "redfish-bmc"
-    layers = [("public-cooling-unit", ("SessionService", "AccountService", "EventService")), ("gb200-tray", None)]
+    manager = "/redfish/v1/Managers/BMC_0"
+    layers = [("public-cooling-unit", ("SessionService", "AccountService", "EventService")), ("services", None),
+              ("gb200-tray", None)]
     binding_files = ("services", "gb200-tray")
 
     def __init__(self, model: RackModel, node: str, credentials: Credentials, ca: SimCA, **kw: Any):
@@ -58,6 +60,8 @@ class TrayBmc(RedfishService):
             "node_uuid": lambda a: ident,
             "node_serial": lambda a: f"SIM{self.model.rack.upper()}{node.upper()}",
             "node_name": lambda a: node,
+            "bmc_hostname": lambda a: f"{node}-bmc",
+            "bmc_fqdn": lambda a: f"{node}-bmc.{self.model.rack}.sim",
         })
 
     def update(self, model: RackModel) -> None:

@@ -5,7 +5,7 @@ directories laid out as DMTF publishes them (one `index.json` per resource
 under `mockups/NAME/`), layered (a tray takes its SessionService, AccountService
 and EventService from DMTF's own mockup), and a binding file per service
 (`bindings/NAME.yaml`) that says which properties are literal overrides
-(`set`) and which are read from the rack model at each request (`bind`, a
+(`set`), which a client may PATCH (`patch`), and which are read from the rack model at each request (`bind`, a
 property path such as `LeakDetectorGroups/0/Detectors/1/DetectorState` and a
 term such as `flow * 60000`). `@Redfish.Copyright` is a mockup-only annotation
 (DMTF's validator fails a live service that serves it), so it is dropped at load.
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 MOCKUPS = HERE / "mockups"
 BINDINGS = HERE / "bindings"
 ROOT = "/redfish/v1/"
-# Members of these collections are the service's live state (agent/sim/redfish/service.py), never mockup data.
+# Members of these collections (and of a manager's log) are the service's live state (service.py), never mockup data.
 LIVE_COLLECTIONS = ("/redfish/v1/SessionService/Sessions", "/redfish/v1/EventService/Subscriptions")
 
 
@@ -56,7 +56,7 @@ def load_mockup(name: str, only: tuple[str, ...] | None = None) -> dict[str, dic
         if only is not None and rel.split("/")[0] not in only:
             continue
         uri = ROOT if rel == "." else normalize(ROOT + rel)
-        if any(uri.startswith(c + "/") for c in LIVE_COLLECTIONS):
+        if any(uri.startswith(c + "/") for c in LIVE_COLLECTIONS) or "/LogServices/Log/Entries/" in uri:
             continue
         try:
             body = json.loads(index.read_text())
@@ -108,10 +108,32 @@ class Binding:
 
 @dataclass
 class Tree:
-    """The resources of one service and the bindings that refresh them; `render(uri)` is what a GET returns."""
+    """The resources of one service and the bindings that refresh them; `render(uri)` is what a GET returns.
+
+    `writable` lists, per URI, the top-level properties a PATCH may change (the binding files' `patch`
+    section); a PATCH is applied whole or not at all, objects merged and everything else replaced, and
+    the new value keeps the JSON type of the old one.
+    """
 
     resources: dict[str, dict]
     bindings: dict[str, list[Binding]] = field(default_factory=dict)
+    writable: dict[str, set[str]] = field(default_factory=dict)
+
+    def patch(self, uri: str, changes: dict[str, Any]) -> tuple[str, str] | None:
+        """Apply a PATCH body; (Base message key, message naming the property) with nothing applied, or None."""
+        allowed = self.writable.get(uri, set())
+        target = self.resources[uri]
+        for prop, value in changes.items():
+            if prop not in allowed:
+                return "PropertyNotWritable", f"The property {prop} is a read only property and cannot be assigned a value."
+            if not _same_shape(target.get(prop), value):
+                return ("PropertyValueTypeError",
+                        f"The value for the property {prop} is of a different type than the property can accept.")
+        merged = copy.deepcopy(target)
+        for prop, value in changes.items():
+            merged[prop] = _merge(merged.get(prop), value)
+        self.resources[uri] = merged
+        return None
 
     def render(self, uri: str) -> dict | None:
         body = self.resources.get(uri)
@@ -126,6 +148,27 @@ class Tree:
         return uri in self.resources
 
 
+def _same_shape(old: Any, new: Any) -> bool:
+    if isinstance(old, dict):
+        return isinstance(new, dict) and all(k not in old or _same_shape(old[k], v) for k, v in new.items())
+    if isinstance(old, bool) or isinstance(new, bool):
+        return isinstance(old, bool) and isinstance(new, bool)
+    if isinstance(old, (int, float)):
+        return isinstance(new, (int, float))
+    if isinstance(old, list):
+        return isinstance(new, list) and (not old or all(_same_shape(old[0], v) for v in new))
+    return isinstance(new, type(old)) if old is not None else True
+
+
+def _merge(old: Any, new: Any) -> Any:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = dict(old)
+        for k, v in new.items():
+            out[k] = _merge(old.get(k), v)
+        return out
+    return new
+
+
 def build_tree(layers: list[tuple[str, tuple[str, ...] | None]], binding_files: tuple[str, ...],
                resolve: Callable[[str], Callable[[], Any]]) -> Tree:
     """Stack the mockup layers (later ones win), apply each binding file's `set`, check every `bind` resolves.
@@ -138,21 +181,50 @@ def build_tree(layers: list[tuple[str, tuple[str, ...] | None]], binding_files: 
     for name, only in layers:
         resources.update(load_mockup(name, only))
     bindings: dict[str, list[Binding]] = {}
+    writable: dict[str, set[str]] = {}
     for binding_file in binding_files:
-        _apply(BINDINGS / f"{binding_file}.yaml", resources, bindings, resolve)
+        _apply(BINDINGS / f"{binding_file}.yaml", resources, bindings, writable, resolve)
     for uri, body in resources.items():  # a resource is served at its own @odata.id (a mockup slip is set right)
         if normalize(str(body.get("@odata.id", ""))) != uri:
             raise TreeError(f"mockups {', '.join(n for n, _ in layers)}: {uri} has @odata.id {body.get('@odata.id')!r}; "
                             "correct it with a `set` in its binding file")
-    return Tree(resources, bindings)
+    return Tree(resources, bindings, writable)
 
 
-def _apply(path: Path, resources: dict[str, dict], bindings: dict[str, list[Binding]],
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML that refuses a key given twice (plain YAML keeps the last one silently: a lost `set`)."""
+
+
+def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise TreeError(f"line {key_node.start_mark.line + 1}: {key!r} is given twice")
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def _apply(path: Path, resources: dict[str, dict], bindings: dict[str, list[Binding]], writable: dict[str, set[str]],
            resolve: Callable[[str], Callable[[], Any]]) -> None:
-    data = yaml.safe_load(path.read_text()) or {}
-    unknown = sorted(set(data) - {"set", "bind"})
+    try:
+        data = yaml.load(path.read_text(), Loader=_UniqueKeys) or {}
+    except TreeError as exc:
+        raise TreeError(f"{path}: {exc}") from None
+    unknown = sorted(set(data) - {"set", "bind", "patch"})
     if unknown:
-        raise TreeError(f"{path}: unknown section(s) {', '.join(unknown)}; expected set, bind")
+        raise TreeError(f"{path}: unknown section(s) {', '.join(unknown)}; expected set, bind, patch")
+    for uri, props in (data.get("patch") or {}).items():
+        target = resources.get(normalize(uri))
+        if target is None:
+            raise TreeError(f"{path}: patch: no resource {uri}")
+        missing = [p for p in props if p not in target]
+        if missing:
+            raise TreeError(f"{path}: patch {uri}: no {', '.join(missing)} in the resource")
+        writable.setdefault(normalize(uri), set()).update(props)
     for uri, props in (data.get("set") or {}).items():
         target = resources.get(normalize(uri))
         if target is None:
