@@ -65,9 +65,20 @@ def run_case(rack, work: Path, case: str) -> list[float]:
             return json.loads(agent.get("/api/v1/incidents", token=TOKEN)[1])
 
         def first_intent_after(seq: int):
+            """The first action of a new incident (an undo of the previous one is not)."""
             with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as db:
-                return db.execute("SELECT seq, ts FROM journal WHERE kind = 'intent' AND seq > ? ORDER BY seq LIMIT 1",
+                return db.execute("SELECT seq, ts FROM journal WHERE kind = 'intent' AND seq > ? "
+                                  "AND json_extract(detail, '$.phase') = 'apply' ORDER BY seq LIMIT 1",
                                   (seq,)).fetchone()
+
+        def quiet() -> bool:
+            """Resolved, undone, nothing pending, and the journal still for a moment: the rack is back to nominal."""
+            inc = incidents()
+            if inc["open"] or inc["pending_approvals"]:
+                return False
+            seq = last_seq()
+            time.sleep(0.3)
+            return last_seq() == seq
 
         def last_seq() -> int:
             with sqlite3.connect(f"file:{journal}?mode=ro", uri=True) as db:
@@ -92,8 +103,7 @@ def run_case(rack, work: Path, case: str) -> list[float]:
             else:
                 with rack.sim.model.lock:  # the tray dries (only its detectors: `clear` would repower trays)
                     rack.sim.model.nodes["node01"].tray_leaks.clear()
-            until(lambda: not (inc := incidents())["open"] and not inc["pending_approvals"], 60,
-                  f"{case}: incident resolved and undone")
+            until(quiet, 60, f"{case}: incident resolved and undone")
     return lat
 
 

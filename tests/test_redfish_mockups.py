@@ -251,3 +251,33 @@ def test_probe_prints_what_the_agent_exports_and_says_why_it_cannot(cooling_unit
     with sushy_static(other, tmp_path) as peer:
         wrong = _probe("--target", peer["url"], "--ca-file", str(peer["ca"]))
     assert wrong.returncode != 0 and "not a Redfish service" in wrong.stderr, wrong.stderr
+
+
+def test_steady_state_reads_only_what_the_walk_found_and_walks_again_on_schedule(cooling_unit):
+    """After the walk, a poll is one GET per found resource (never the root, never a collection); the tree is
+    walked again once `rediscover_s` has passed on the source's clock."""
+    now = [1000.0]
+
+    async def run():
+        client = RedfishClient(cooling_unit["url"], ca_file=cooling_unit["ca"])
+        src = RedfishSource("svc", client, kind="cdu", events="off", rediscover_s=600.0, clock=lambda: now[0])
+        try:
+            await src.poll()
+            walk = client.stats.requests
+            per_poll = []
+            for _ in range(3):
+                before = client.stats.requests
+                await src.poll()
+                per_poll.append(client.stats.requests - before)
+            now[0] += 601
+            before = client.stats.requests
+            await src.poll()
+            return walk, per_poll, client.stats.requests - before, len(src.tree.resources), dict(src.discoveries)
+        finally:
+            await src.close()
+
+    walk, per_poll, after_schedule, resources, walks = asyncio.run(run())
+    assert resources == 7  # 2 detectors, 2 connectors, 2 pumps, 1 filter: what the mockup links
+    assert per_poll == [resources] * 3 and walk > resources
+    # The periodic walk costs what the first poll did: the same walk, then the same reads.
+    assert walks == {"first": 1, "periodic": 1} and after_schedule == walk

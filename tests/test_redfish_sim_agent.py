@@ -129,6 +129,8 @@ def test_an_event_brings_a_tray_leak_to_the_detector_long_before_any_poll(tmp_pa
         wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident from the event")
         assert _value(agent, "supernode_redfish_events_total", bmc=BMC, triggered="true") >= 1
         assert _value(agent, "supernode_redfish_requests_total", bmc=BMC) > before  # it read again
+        # The stream, the walk, the polls and the re-reads all shared the service's bound: 2 connections.
+        assert 1 <= rack.sim.devices[BMC].peak_connections <= 2
 
 
 def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp_path):
@@ -261,3 +263,31 @@ def test_more_than_n_leaking_trays_ask_the_rack_leader_to_isolate_the_rack(tmp_p
             rows = [r for r in _journal(agent) if r["kind"] == "intent"]
             assert {r["target"] for r in rows if r["action"] in ("drain", "tray_power")} <= \
                 {"node=node01", f"bmc={BMC},node=node01"}
+
+
+def test_probe_logs_in_with_a_session_and_says_when_the_login_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    def probe(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agent.cli", "probe", "redfish", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+
+    with sim_rack(tmp_path) as rack:
+        rf = rack.sim.redfish()
+        url = rf["bmcs"]["node01"]
+        ok = probe("--target", url, "--ca-file", rf["ca_file"], "--user", rf["username"],
+                   "--password-file", rf["password_file"], "--name", BMC)
+        assert ok.returncode == 0, ok.stderr
+        assert re.search(r'^supernode_leak_detector_state\{bmc="bmc-node01",chassis="Chassis_0",'
+                         r'detector="Chassis_0_LeakDetector_0_ColdPlate",type="Moisture"\} 0.0$', ok.stdout, re.M)
+        assert 'supernode_redfish_logins_total{bmc="bmc-node01"} 1.0' in ok.stdout  # a session, not Basic
+        wrong = tmp_path / "wrong.pw"
+        wrong.write_text("not-the-password\n")
+        refused = probe("--target", url, "--ca-file", rf["ca_file"], "--user", rf["username"],
+                        "--password-file", str(wrong))
+        assert refused.returncode != 0 and "auth:" in refused.stderr and "--user" in refused.stderr, refused.stderr
+        anonymous = probe("--target", url, "--ca-file", rf["ca_file"])
+        assert anonymous.returncode != 0 and "no credentials configured" in anonymous.stderr, anonymous.stderr

@@ -93,6 +93,7 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
             return await controls[pdu].outlet_on(outlet)
 
         ex.pdu_set, ex.pdu_get = pdu_set, pdu_get
+    # This node's own tray only: a leak powers off the tray that leaks, from that tray's own agent.
     trays = {e.name: e for e in cfg.inventory.redfish if e.kind == "tray" and e.node == cfg.agent.node}
     if trays:
         ex.tray_power_set, ex.tray_power_get = _tray_power(loaded, trays)
@@ -137,7 +138,10 @@ def build_engine(loaded: "LoadedConfig") -> RemediationEngine:
 
 def attach(agent: "Agent") -> None:
     """Run remediation in this agent: one engine at a time behind a hook, so a reload can swap it."""
-    hook = RemediationHook(agent.loaded, build_engine(agent.loaded), agent.scheduler.poll_now)
+    # A confirmation re-read asked for while the source is mid-poll (a timed poll, an event's) runs right after
+    # that poll instead of being dropped: else the second wet reading waits a whole interval.
+    hook = RemediationHook(agent.loaded, build_engine(agent.loaded),
+                           lambda job_id: agent.scheduler.poll_now(job_id, queue=True))
     agent.remediation = hook
     agent.store.add_listener(hook.on_snapshot)
     agent.extra_collectors.append(_CurrentCollector(hook))
