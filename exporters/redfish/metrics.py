@@ -46,7 +46,7 @@ RESERVOIR_LEVEL = gauge(
 HEALTH = gauge(
     "supernode_redfish_health",
     "Status.Health of a Redfish resource, polled: 0 OK, 1 Warning, 2 Critical; kind is leak_detector, connector, "
-    "pump, filter, reservoir or equipment.",
+    "pump, filter or reservoir.",
     ["bmc", "equipment", "kind", "resource"])
 SERVICE_INFO = info(
     "supernode_redfish_service_info",
