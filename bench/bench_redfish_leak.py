@@ -116,7 +116,8 @@ def main() -> None:
           f"(Redfish poll {REDFISH_POLL:g} s, Modbus leak poll {MODBUS_POLL:g} s, random phase):")
     for case in CASES:
         p50, p99 = percentiles(results[case])
-        print(f"  {case:16s} p50 {p50 * 1000:7.1f} ms   p99 {p99 * 1000:7.1f} ms")
+        slowest = ", ".join(f"{x * 1000:.0f}" for x in sorted(results[case])[-3:])
+        print(f"  {case:16s} p50 {p50 * 1000:7.1f} ms   p99 {p99 * 1000:7.1f} ms   (three slowest: {slowest} ms)")
     p50, p99 = percentiles(results["redfish + SSE"])
     print(f"  aim: push path p99 < 100 ms -> {'met' if p99 < 0.1 else 'NOT met'}")
     m50, m99 = percentiles(results["modbus"])

@@ -251,3 +251,21 @@ def test_more_than_n_leaking_trays_is_a_rack_incident_and_faults_or_cdus_never_c
     # The threshold is the setting.
     d1 = Detectors(DetectorSettings(tray_leak_rack=FAST, rack_tray_leaks=1), Context("n1", "r01"))
     assert _rack_events(d1, _trays(1.0, {**dry, "n1-bmc": 2.0, "n2-bmc": 2.0})) == [("fire", {"rack": "r01"})]
+
+
+def test_consecutive_wet_polls_are_the_wet_sensors_own_not_another_source_of_the_zone():
+    """A tray BMC and the zone's leak rope share zone-a: the rope's polls neither hide the tray's first wet
+    reading (its poll started earlier, published later) nor count as the tray's second one."""
+    d = Detectors(DetectorSettings(leak=FAST), Context("n1", "r01"))
+
+    def at(t: float, rope_ts: float, tray: float | None = None, tray_ts: float = 0.0):
+        rs = [reading("supernode_leak_detected", 0, rope_ts, zone="zone-a", sensor="rope1")]
+        if tray is not None:
+            rs.append(reading("supernode_leak_detected", tray, tray_ts, zone="zone-a", sensor="bmc-n1/Chassis_0/LD_0"))
+        return [e.kind for e in d.evaluate(snap(*rs, at=t)) if e.detector == "leak"]
+
+    assert at(1.5, rope_ts=1.5, tray=0.0, tray_ts=1.0) == []
+    assert at(1.6, rope_ts=1.5, tray=1.0, tray_ts=1.2) == []  # the tray's first wet poll: counted, not yet two
+    assert d.leak_awaiting_confirmation()
+    assert at(2.0, rope_ts=2.0, tray=1.0, tray_ts=1.2) == []  # the rope polled again: not the tray's second poll
+    assert at(2.1, rope_ts=2.0, tray=1.0, tray_ts=2.1) == ["fire"]  # the tray's re-read

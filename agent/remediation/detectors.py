@@ -233,9 +233,13 @@ class Detectors:
                 continue
             zones.setdefault(item.label("zone"), []).append(item)
         for zone, rs in zones.items():
-            wet = any(r.value >= 0.5 for r in rs)
-            yield Observation("leak", targets_of(zone=zone), "critical", wet, sample_ts=max(r.timestamp for r in rs),
-                              detail={"sensors": sorted(r.label("sensor") for r in rs if r.value >= 0.5)})
+            wet_rs = [r for r in rs if r.value >= 0.5]
+            # Consecutive polls are counted on the wet sensors' own readings: another source of the same zone
+            # (a tray BMC and the rack's leak rope) publishing in between is not a second poll of the wet one,
+            # nor does its newer timestamp hide that wet one's first reading.
+            yield Observation("leak", targets_of(zone=zone), "critical", bool(wet_rs),
+                              sample_ts=max(r.timestamp for r in (wet_rs or rs)),
+                              detail={"sensors": sorted(r.label("sensor") for r in wet_rs)})
         faults: dict[Targets, bool] = {}
         unknown: dict[str, list[str]] = {}
         for r in snap.select("supernode_leak_sensor_fault"):
