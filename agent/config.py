@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from urllib.parse import urlsplit
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -187,6 +188,56 @@ def agent_url(v: str) -> str:
 
 
 AgentUrl = Annotated[str, AfterValidator(agent_url)]
+class RedfishEndpoint(Strict):
+    """A Redfish service the agent reads: a compute tray's BMC (kind tray) or a CDU (kind cdu)."""
+
+    name: str = Field(min_length=1, description="Inventory name; the `bmc` label of its series.")
+    kind: Literal["tray", "cdu"] = Field(description="tray: one node's tray BMC; cdu: a rack CDU's service.")
+    url: str = Field(description="https://host[:port] of the service (its root is /redfish/v1); https only.")
+    node: str | None = Field(default=None, description="kind tray: the node this tray BMC manages.")
+    zone: str | None = Field(default=None, description=(
+        "Leak zone its detectors report into. Default: for a tray, the one leak zone listing its node (a tray "
+        "leak is a leak of that node's own zone); for a CDU, its own name (not an inventory zone: notify only)."))
+    profile: BareName = Field(default="dmtf", description="Profile name under exporters/profiles/redfish/.")
+    user: str | None = Field(default=None, description="Account for session login (or Basic).")
+    password_secret: str | None = Field(default=None, description="Name in `secrets` holding the password.")
+    auth: Literal["session", "basic"] = Field(default="session", description=(
+        "session: SessionService login, X-Auth-Token, a new login on 401 (Basic where the service has no "
+        "SessionService); basic: HTTP Basic on every request."))
+    ca_file: Path | None = Field(default=None, description=(
+        "CA bundle the service's certificate must chain to (host name checked); default: the system CAs."))
+    pinned_sha256: str | None = Field(default=None, description=(
+        "Trust exactly this certificate: its SHA-256 fingerprint (64 hex digits, colons allowed), for a "
+        "self-signed BMC. Verification is never skipped."))
+
+    @field_validator("url")
+    @classmethod
+    def _https(cls, v: str) -> str:
+        from exporters.redfish.client import origin_of
+
+        origin_of(v)  # raises ValueError with what was expected
+        return v
+
+    @field_validator("pinned_sha256")
+    @classmethod
+    def _pin(cls, v: str | None) -> str | None:
+        if v is not None:
+            from exporters.redfish.client import parse_pin
+
+            parse_pin(v)
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RedfishEndpoint":
+        if self.kind == "tray" and not self.node:
+            raise ValueError("node: required for kind tray (the node whose tray this BMC manages)")
+        if self.kind == "cdu" and self.node:
+            raise ValueError("node: only for kind tray (a CDU serves the rack)")
+        if self.ca_file is not None and self.pinned_sha256 is not None:
+            raise ValueError("give ca_file or pinned_sha256, not both")
+        if (self.user is None) != (self.password_secret is None):
+            raise ValueError("user and password_secret go together")
+        return self
 
 
 class Inventory(Strict):
@@ -200,12 +251,18 @@ class Inventory(Strict):
     leak_controllers: list[ModbusDevice] = Field(default_factory=list)
     leak_zones: list[LeakZone] = Field(default_factory=list)
     pdus: list[Pdu] = Field(default_factory=list)
+    redfish: list[RedfishEndpoint] = Field(default_factory=list, description=(
+        "Redfish services: each node's tray BMC (each agent reads its own) and the rack's Redfish CDUs."))
+    rack_valve: str | None = Field(default=None, description=(
+        "cdu:point of the rack's coolant isolation valve: closed (with approval) when more than "
+        "remediation.detectors.rack_tray_leaks trays leak at once."))
     power_budget_watts: float | None = Field(default=None, gt=0, description="Rack power budget.")
 
     @model_validator(mode="after")
     def _names_unique(self) -> "Inventory":
         for what, items in (("ports", self.ports), ("cdus", self.cdus), ("leak_zones", self.leak_zones),
-                            ("pdus", self.pdus), ("leak_controllers", self.leak_controllers)):
+                            ("pdus", self.pdus), ("leak_controllers", self.leak_controllers),
+                            ("redfish", self.redfish)):
             seen: set[str] = set()
             for item in items:
                 if item.name in seen:
@@ -219,6 +276,15 @@ class Inventory(Strict):
         if unknown:
             raise ValueError(f"agent_urls: {unknown} not in inventory.nodes")
         return self
+
+    def redfish_zone(self, ep: RedfishEndpoint) -> str | None:
+        """The leak zone a Redfish service's detectors report into (None: a tray whose node no zone lists once)."""
+        if ep.zone is not None:
+            return ep.zone
+        if ep.kind == "cdu":
+            return ep.name
+        zones = [z.name for z in self.leak_zones if ep.node in z.nodes]
+        return zones[0] if len(zones) == 1 else None
 
 
 class SourceSettings(Strict):
@@ -253,6 +319,51 @@ class PduSourceSettings(SourceSettings):
     """PDUs: SNMP agents are slow, so a poll may take longer than the generic default."""
 
     timeout: float = Field(default=3.0, gt=0, le=600, description="Seconds one poll may take.")
+
+
+class RedfishSourceSettings(SafetySourceSettings):
+    """Redfish services (tray BMCs, CDUs): BMCs answer in tens to hundreds of ms, and events carry the fast path."""
+
+    interval: float = Field(default=2.0, gt=0, le=3600, description=(
+        "Seconds between polls (the fallback: an event triggers a read at once)."))
+    timeout: float = Field(default=1.5, gt=0, le=600, description="Seconds one poll may take.")
+    request_timeout: float = Field(default=1.0, gt=0, le=60, description="Seconds one HTTP request may take.")
+    max_connections: int = Field(default=2, ge=1, le=4, description=(
+        "Connections per service at most, the event stream included (NVIDIA advises at most 4 clients per "
+        "GB200 BMC)."))
+    rediscover_seconds: float = Field(default=600.0, ge=10, le=86400, description=(
+        "Walk the resource tree again this often (and after a 404 on a cached resource)."))
+    events: Literal["auto", "sse", "push", "off"] = Field(default="auto", description=(
+        "Event push from the EventService: auto (SSE where offered, else a push subscription to "
+        "event_destination), sse, push (a push subscription even where SSE is offered), off (polling only)."))
+    event_destination: str | None = Field(default=None, description=(
+        "This agent's base URL as the BMC reaches it (https://host:port): a push subscription delivers to "
+        "<event_destination>/api/v1/redfish/events/<name> where the service has no SSE."))
+    event_token_secret: str | None = Field(default=None, description=(
+        "Name in `secrets` of the bearer token push deliveries must carry (given to the BMC in HttpHeaders)."))
+    event_retry_seconds: float = Field(default=0.5, gt=0, le=300, description=(
+        "After the event stream drops (or a push subscription is lost): wait this long before opening it "
+        "again, doubling up to 60 s; polling carries the detectors meanwhile."))
+    login_retry_seconds: float = Field(default=5.0, gt=0, le=300, description=(
+        "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
+    watch_rack_trays: bool = Field(default=False, description=(
+        "The rack leader also reads every other tray BMC in the inventory, to count leaking trays "
+        "(rack isolation beyond remediation.detectors.rack_tray_leaks)."))
+
+    @model_validator(mode="after")
+    def _fits(self) -> "RedfishSourceSettings":
+        if self.request_timeout > self.timeout:
+            raise ValueError(f"request_timeout {self.request_timeout}s exceeds the poll timeout ({self.timeout}s)")
+        if self.events in ("auto", "sse") and self.max_connections < 2:
+            raise ValueError("max_connections: at least 2 with events on (the stream holds one)")
+        if self.event_destination is not None:
+            parts = urlsplit(self.event_destination)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"event_destination: expected this agent's base URL, http(s)://host:port, got "
+                                 f"{short_repr(self.event_destination)}")
+        if self.events == "push" and self.event_destination is None:
+            raise ValueError("events push needs event_destination (where the BMC delivers)")
+        return self
 
 
 class NvmlSettings(SourceSettings):
@@ -290,6 +401,7 @@ class Sources(Strict):
     cdu: SafetySourceSettings = SafetySourceSettings()
     leak: LeakSourceSettings = LeakSourceSettings()
     pdu: PduSourceSettings = PduSourceSettings()
+    redfish: RedfishSourceSettings = RedfishSourceSettings()
     stale_after_intervals: float = Field(default=2.0, ge=1.0, description=(
         "Drop a source's readings after this many missed intervals."))
     sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")
@@ -400,6 +512,13 @@ def _read_secrets(config: Config) -> dict[str, SecretStr]:
             ref_name = getattr(pdu, attr)
             if ref_name is not None and ref_name not in secrets:
                 raise ConfigError(f"inventory.pdus.{pdu.name}.{attr}: secret {ref_name!r} not in secrets")
+    for ep in config.inventory.redfish:
+        if ep.password_secret is not None and ep.password_secret not in secrets:
+            raise ConfigError(f"inventory.redfish.{ep.name}.password_secret: secret {ep.password_secret!r} "
+                              f"not in secrets")
+    token = config.sources.redfish.event_token_secret
+    if token is not None and token not in secrets:
+        raise ConfigError(f"sources.redfish.event_token_secret: secret {token!r} not in secrets")
     return secrets
 
 
@@ -416,9 +535,11 @@ def _check_profiles(config: Config) -> None:
     """Every device names a shipped profile that loads: a typo fails check-config, not `run`."""
     from exporters.cooling import modbus_profile
     from exporters.power import snmp_profile
+    from exporters.redfish import profile as redfish_profile
 
     devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
                for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)]
+    devices += [(f"inventory.redfish.{e.name}.profile", e.profile, redfish_profile) for e in config.inventory.redfish]
     devices += [(f"inventory.pdus.{p.name}.profile", p.profile, snmp_profile) for p in config.inventory.pdus
                 if p.profile != "auto"]  # auto is resolved against the device; its rules load here
     if any(p.profile == "auto" for p in config.inventory.pdus):
@@ -436,6 +557,15 @@ def _check_profiles(config: Config) -> None:
             module.load_profile(name)
         except Exception as exc:  # a shipped profile that does not load is still this field's problem
             raise ConfigError(cut(f"{where}: profile {name!r} does not load: {exc}", 1000)) from None
+    for ep in config.inventory.redfish:
+        if ep.ca_file is not None:
+            from exporters.model import SourceError
+            from exporters.redfish.client import tls_for
+
+            try:
+                tls_for(ep.ca_file, None)
+            except SourceError as exc:
+                raise ConfigError(f"inventory.redfish.{ep.name}.{exc}") from None
 
 
 def parse_config(data: Any, source: str = "<config>", path: Path | None = None, node: str | None = None) -> LoadedConfig:

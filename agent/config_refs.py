@@ -42,12 +42,43 @@ def reference_errors(config: "Config") -> list[str]:
             problem = _valve_problem(config, zone.valve)
             if problem:
                 errors.append(f"inventory.leak_zones.{zone.name}.valve: {problem}")
+    for ep in inv.redfish:
+        errors.extend(_redfish_problems(inv, ep, nodes, zones))
+    if inv.rack_valve is not None:
+        problem = _valve_problem(config, inv.rack_valve)
+        if problem:
+            errors.append(f"inventory.rack_valve: {problem}")
     for pdu in inv.pdus:
         for outlet, node in pdu.outlets.items():
             if nodes and node not in nodes:
                 errors.append(f"inventory.pdus.{pdu.name}.outlets.{outlet}: node {node!r} not in "
                               f"inventory.nodes ({_known(nodes)})")
     return errors
+
+
+def _redfish_problems(inv, ep, nodes: set[str], zones: set[str]) -> list[str]:
+    """A tray must name a node of the rack and report into a zone that lists that node (so its leak drains it)."""
+    where = f"inventory.redfish.{ep.name}"
+    if ep.kind == "cdu":
+        if ep.zone is not None and ep.zone not in zones:
+            return [f"{where}.zone: zone {ep.zone!r} not in inventory.leak_zones ({_known(zones)})"]
+        return []
+    if nodes and ep.node not in nodes:
+        return [f"{where}.node: {ep.node!r} not in inventory.nodes ({_known(nodes)})"]
+    if ep.zone is None:
+        listing = sorted(z.name for z in inv.leak_zones if ep.node in z.nodes)
+        if len(listing) != 1:
+            why = f"several leak zones list node {ep.node!r} ({', '.join(listing)})" if listing else \
+                f"no leak zone lists node {ep.node!r}"
+            return [f"{where}.zone: {why}; give zone: the zone a leak of this tray is in"]
+        return []
+    zone = next((z for z in inv.leak_zones if z.name == ep.zone), None)
+    if zone is None:
+        return [f"{where}.zone: zone {ep.zone!r} not in inventory.leak_zones ({_known(zones)})"]
+    if ep.node not in zone.nodes:
+        return [f"{where}.zone: zone {ep.zone!r} does not list node {ep.node!r}; a leak of its tray would "
+                f"never drain it"]
+    return []
 
 
 def _valve_problem(config: "Config", ref: str) -> str | None:

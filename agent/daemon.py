@@ -53,6 +53,9 @@ class Agent:
         # wrong inside remediation after that only degrades remediation.
         loaded.config.agent.state_dir.mkdir(parents=True, exist_ok=True)
         self._setup_remediation()
+        from agent import redfish_events
+
+        self.route_mounts.append(redfish_events.mount(self))
         self.reloads = ReloadStats()
         self.registry = build_registry(self.store, self.identity,
                                        [*self.extra_collectors, RemediationHealth(self.remediation_degraded),

@@ -47,6 +47,7 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
         cfg["inventory"]["agent_urls"] = dict(agent_urls)
     for i, zone in enumerate(cfg["inventory"].get("leak_zones", [])):
         zone["valve"] = f"cdu1:zone_valve_{i + 1}"
+    redfish_inventory(sim, cfg)
     cfg["remediation"] = {
         "slurm": ({"backend": "slurm", "slurm_conf": str(slurm_conf)} if slurm_conf else {"backend": "simulated"}),
         # A demo rack of two nodes: let a leak drain either; act quickly so the story is visible.
@@ -57,6 +58,24 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
         shim = [sys.executable, "-m", "agent.sim.link_shim", str(tree_root)]
         cfg["remediation"]["link_control"] = {"ip": shim, "ibportstate": shim}
     return cfg
+
+
+def redfish_inventory(sim: Simulator, cfg: dict[str, Any]) -> None:
+    """Every tray's BMC and the Redfish CDU the simulator serves, trusted through its run's CA, with its account.
+
+    Each agent reads its own tray (a leak there drains and caps that node at once, and asks to power the tray
+    off) and the rack's Redfish CDU; the events arrive over SSE, so a tray leak acts within a fraction of a second.
+    """
+    rf = sim.redfish()
+    if not rf:
+        return
+    cfg["secrets"]["redfish"] = {"file": rf["password_file"]}
+    account = {"user": rf["username"], "password_secret": "redfish", "ca_file": rf["ca_file"]}
+    cfg["inventory"]["redfish"] = (
+        [{"name": f"bmc-{node}", "kind": "tray", "node": node, "url": url, **account}
+         for node, url in rf["bmcs"].items()]
+        + [{"name": name, "kind": "cdu", "url": url, **account} for name, url in rf["cdus"].items()])
+    cfg["sources"]["redfish"] = {"interval": 2.0, "timeout": 1.5}
 
 
 def _write_tokens(workdir: Path) -> None:

@@ -60,8 +60,13 @@ class LeakWatchSource:
 
     def __init__(self, store: SnapshotStore, leak_sources: list[LeakSource]):
         self.store = store
-        self.sensors = {(s.name, s.device): s.leak_sensors() for s in leak_sources}
+        # Asked at each poll: a Redfish service knows its detectors only once it has been walked.
+        self.sources = {(s.name, s.device): s for s in leak_sources}
         self._failing_since: dict[tuple[str, str], float] = {}
+
+    @property
+    def sensors(self) -> dict[tuple[str, str], list[tuple[str, str]]]:
+        return {key: s.leak_sensors() for key, s in self.sources.items()}
 
     def down(self, snap: Snapshot) -> dict[tuple[str, str], bool]:
         """Per watched source: True once its readings are stale; absent before its first try.
@@ -75,7 +80,7 @@ class LeakWatchSource:
         now = snap.taken_at
         for st in snap.sources:
             key = (st.source, st.device)
-            if key not in self.sensors or st.last_attempt is None:
+            if key not in self.sources or st.last_attempt is None:
                 continue
             if st.last_success is not None:
                 self._failing_since.pop(key, None)
@@ -88,9 +93,10 @@ class LeakWatchSource:
     async def poll(self) -> PollResult:
         snap = self.store.snapshot()
         now = snap.taken_at
+        sensors = self.sensors
         readings = [Reading(LEAK_FAULT, 1.0 if is_down else 0.0, {"zone": zone, "sensor": sensor, "fault": SOURCE_DOWN},
                             timestamp=now)
-                    for key, is_down in sorted(self.down(snap).items()) for zone, sensor in self.sensors[key]]
+                    for key, is_down in sorted(self.down(snap).items()) for zone, sensor in sensors[key]]
         return PollResult(readings)
 
     async def close(self) -> None:
@@ -106,7 +112,7 @@ def derived_sources(store: SnapshotStore, loaded: "LoadedConfig",
     out: list[ScheduledSource] = []
     if cfg.inventory.pdus:
         out.append(ScheduledSource(RackPowerSource(store, cfg.inventory.power_budget_watts), cfg.sources.pdu))
-    leaks = [s.source for s in sources if s.source.name == "leak" and hasattr(s.source, "leak_sensors")]
+    leaks = [s.source for s in sources if s.source.name in ("leak", "redfish") and hasattr(s.source, "leak_sensors")]
     if leaks:
         # On the leak schedule: an unknown zone shows within two leak intervals of the first failed poll.
         out.append(ScheduledSource(LeakWatchSource(store, leaks), cfg.sources.leak))

@@ -164,8 +164,37 @@ def _probe_snmp(args: argparse.Namespace) -> str:
         raise ProbeError(f"{exc.kind}: {exc}") from None
 
 
+def _redfish_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="https://HOST[:PORT] of the Redfish service (BMC or CDU)")
+    p.add_argument("--user", default=None, help="account for the session login")
+    p.add_argument("--password-file", default=None, help="file holding the password")
+    p.add_argument("--ca-file", default=None, help="CA bundle the service's certificate must chain to")
+    p.add_argument("--pin", default=None, help="trust exactly the certificate with this SHA-256 fingerprint")
+    p.add_argument("--auth", choices=("session", "basic"), default="session")
+    p.add_argument("--kind", choices=("tray", "cdu"), default="tray", help="what the inventory would call it")
+    p.add_argument("--name", default=None, help="inventory name (the bmc label; default: the URL)")
+    p.add_argument("--profile", default="dmtf", help="profile name (exporters/profiles/redfish/NAME.yaml)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds one request may take")
+
+
+def _probe_redfish(args: argparse.Namespace) -> str:
+    from exporters.redfish.probe import ProbeError as RedfishProbeError, probe_redfish
+
+    if args.ca_file and args.pin:
+        raise ProbeError("give --ca-file or --pin, not both")
+    if args.password_file and not args.user:
+        raise ProbeError("--password-file needs --user")
+    try:
+        return asyncio.run(probe_redfish(args.target, args.user, _read_secret(args.password_file), args.ca_file,
+                                         args.pin, kind=args.kind, name=args.name, profile=args.profile,
+                                         auth=args.auth, timeout=args.timeout))
+    except RedfishProbeError as exc:
+        raise ProbeError(str(exc)) from None
+
+
 PROBES["modbus"] = (_modbus_args, _probe_modbus)
 PROBES["snmp"] = (_snmp_args, _probe_snmp)
+PROBES["redfish"] = (_redfish_args, _probe_redfish)
 
 
 def add_probe_parsers(parser: argparse.ArgumentParser) -> None:

@@ -56,10 +56,14 @@ DETECTOR_CLASS: Mapping[str, str] = {
     "leak": "node",  # the tray whose cold-plate manifold leaked
     "pdu_outlet_off": "pdu_outlet",
 }
-NOT_FAILURES = ("condensation_risk", "rack_power_over_budget")  # the room's dew point; the load
+NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
+                "tray_leak_rack")  # trays leaking at once: each tray is already its own node's leak
 # A reading that is not ok (sensor_fault) is a failure of the device whose sensor it is.
 SENSOR_PREFIX_CLASS = (("supernode_cdu_", "cdu"), ("supernode_gpu_", "gpu"), ("supernode_nvlink_", "nvlink"),
-                       ("supernode_optic_", "optic"), ("supernode_pdu_outlet_", "pdu_outlet"))
+                       ("supernode_optic_", "optic"), ("supernode_pdu_outlet_", "pdu_outlet"),
+                       # Redfish: a tray's or a Redfish CDU's leak detector, its coolant connectors and pumps.
+                       ("supernode_leak_detector_", "leak_sensor"), ("supernode_coolant_pump_", "pump"),
+                       ("supernode_coolant_connector_", "cdu"))
 
 COMPONENTS = gauge("supernode_components", "Components of each class this agent watches, from the inventory and "
                    "the device profiles (count); shared rack devices are counted by every agent polling them.",

@@ -20,7 +20,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from agent.config import SourceSettings
 from agent.snapshot import SnapshotStore
-from exporters.base import EventStream, Source
+from exporters.base import EventStream, PollTrigger, Source
 from exporters.model import SourceError
 
 log = logging.getLogger("supernode.runtime")
@@ -46,6 +46,7 @@ class SourceRunner:
         self.running = False
         self.stale_after_intervals = stale_after_intervals
         self.closed = False
+        self.again = False  # a poll was asked for while one ran: run one more right after it
         self.stream: EventStream | None = getattr(source, "event_stream", None)
 
     def _attach_stream(self) -> None:
@@ -94,6 +95,10 @@ class SourceRunner:
             await self._poll()
         finally:
             self.running = False
+        if self.again and not self.closed:
+            # An event arrived during that poll: what it announced may have come after the read.
+            self.again = False
+            await self.run_once()
 
     async def _poll(self) -> None:
         start = time.perf_counter()
@@ -146,16 +151,28 @@ class SourceScheduler:
 
     def _add(self, runner: SourceRunner) -> None:
         self.runners[runner.job_id] = runner
+        self._attach_trigger(runner)
         self.scheduler.add_job(runner.run_once, "interval", seconds=runner.settings.interval, id=runner.job_id,
                                next_run_time=dt.datetime.now(dt.timezone.utc), replace_existing=True)
 
-    def poll_now(self, job_id: str) -> bool:
-        """Poll a source at once, off its timer (a leak confirmation); False if it is busy or unknown."""
+    def poll_now(self, job_id: str, queue: bool = False) -> bool:
+        """Poll a source at once, off its timer (a leak confirmation, an event); False if it is unknown, or busy
+        and not `queue` (with `queue`, a busy source polls once more as soon as its poll ends)."""
         runner = self.runners.get(job_id)
-        if runner is None or runner.running:
+        if runner is None:
             return False
+        if runner.running:
+            runner.again = runner.again or queue
+            return queue
         asyncio.ensure_future(runner.run_once())
         return True
+
+    def _attach_trigger(self, runner: SourceRunner) -> None:
+        """A source that hears events (a Redfish SSE stream) asks for its own poll through its trigger."""
+        trigger = getattr(runner.source, "poll_trigger", None)
+        if isinstance(trigger, PollTrigger):
+            job_id = runner.job_id
+            trigger.attach(lambda: self.poll_now(job_id, queue=True))
 
     async def replace(self, sources: list[ScheduledSource], stale_after_intervals: float) -> None:
         old = self.runners

@@ -113,7 +113,49 @@ def _pdus(loaded: LoadedConfig) -> list[ScheduledSource]:
     return out
 
 
-BUILDERS: list[Callable[[LoadedConfig], list[ScheduledSource]]] = [_nvml, _links, _pdus]
+def redfish_client(loaded: LoadedConfig, ep: Any, max_connections: int | None = None) -> Any:
+    """A client for one inventory Redfish service: its TLS trust, its account, the source settings' bounds."""
+    from exporters.redfish.client import RedfishClient
+
+    s = loaded.config.sources.redfish
+    password = loaded.secret(ep.password_secret).get_secret_value() if ep.password_secret else None
+    return RedfishClient(ep.url, user=ep.user, password=password, ca_file=ep.ca_file, pinned_sha256=ep.pinned_sha256,
+                         auth=ep.auth, request_timeout=s.request_timeout,
+                         max_connections=max_connections or s.max_connections, login_retry_s=s.login_retry_seconds)
+
+
+def polled_redfish(loaded: LoadedConfig) -> list[Any]:
+    """The Redfish services this agent reads: its own tray, the rack's CDUs, every tray if it watches the rack."""
+    cfg = loaded.config
+    me = cfg.agent.node
+    watch = cfg.sources.redfish.watch_rack_trays and rack_leader(cfg) == me
+    return [ep for ep in cfg.inventory.redfish if ep.kind == "cdu" or ep.node == me or watch]
+
+
+def rack_leader(cfg: Any) -> str:
+    """The node whose agent drives shared rack devices: remediation.rack_leader, else the first inventory node."""
+    return cfg.remediation.rack_leader or (cfg.inventory.nodes[0] if cfg.inventory.nodes else cfg.agent.node)
+
+
+def _redfish(loaded: LoadedConfig) -> list[ScheduledSource]:
+    cfg = loaded.config
+    s = cfg.sources.redfish
+    if not (cfg.inventory.redfish and s.enabled):
+        return []
+    from exporters.redfish.source import RedfishSource
+
+    token = loaded.secret(s.event_token_secret).get_secret_value() if s.event_token_secret else None
+    out: list[ScheduledSource] = []
+    for ep in polled_redfish(loaded):
+        dest = f"{s.event_destination.rstrip('/')}/api/v1/redfish/events/{ep.name}" if s.event_destination else None
+        src = RedfishSource(ep.name, redfish_client(loaded, ep), kind=ep.kind, profile=ep.profile,
+                            zone=cfg.inventory.redfish_zone(ep), rediscover_s=s.rediscover_seconds, events=s.events,
+                            push_destination=dest, push_token=token, event_retry_s=s.event_retry_seconds)
+        out.append(ScheduledSource(src, s))
+    return out
+
+
+BUILDERS: list[Callable[[LoadedConfig], list[ScheduledSource]]] = [_nvml, _links, _pdus, _redfish]
 
 
 def build_sources(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | None = None) -> list[ScheduledSource]:
@@ -125,4 +167,4 @@ def build_sources(loaded: LoadedConfig, rack_power_w: Callable[[], float | None]
     return sources
 
 
-__all__ = ["build_sources", "nvml_library", "Source", "BUILDERS"]
+__all__ = ["build_sources", "nvml_library", "Source", "BUILDERS", "redfish_client", "polled_redfish", "rack_leader"]

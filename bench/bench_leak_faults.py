@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,24 +32,11 @@ from agent.sim.slurm_cluster import SlurmCluster  # noqa: E402
 from agentproc import running_agent  # noqa: E402
 from helpers import fill_filesystem, free_port  # noqa: E402
 from simrack import sim_rack  # noqa: E402
+from timing import percentiles, until  # noqa: E402
 
 POLL = 0.5
 RUNS = int(os.environ.get("BENCH_RUNS", "30"))
 TOKEN = "bench-token"
-
-
-def until(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.01)
-    return value
-
-
-def percentiles(lat: list[float]) -> tuple[float, float]:
-    lat = sorted(lat)
-    return statistics.median(lat), lat[min(len(lat) - 1, int(0.99 * len(lat)))]
 
 
 def run_case(case: str, work: Path, cluster: SlurmCluster) -> tuple[list[float], list[float]]:

@@ -1,4 +1,4 @@
-"""The one timing loop of the benchmarks: median wall and CPU time of repeated calls."""
+"""The timing helpers of the benchmarks: median wall and CPU time of repeated calls, latency percentiles, waits."""
 
 from __future__ import annotations
 
@@ -16,3 +16,19 @@ def median_wall_cpu(fn: Callable[[], object], runs: int) -> tuple[float, float]:
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
     return statistics.median(walls), statistics.median(cpus)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    """(p50, p99) of latency samples (p99: the sample at the 99th rank, the largest of fewer than 100)."""
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def until(cond: Callable[[], object], timeout: float, what: str, step: float = 0.01):
+    """The first truthy value of `cond`, polled every `step` s; TimeoutError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(step)
+    return value

@@ -68,6 +68,7 @@ def stat(title: str, unit: str, queries: list[tuple[str, str]], steps: list[tupl
 
 UP_STEPS = [(RED, None), (GREEN, 1)]     # 1 = up / running: green; 0: red
 ALARM_STEPS = [(GREEN, None), (RED, 1)]  # 1 = wet / open: red
+HEALTH_STEPS = [(GREEN, None), (ORANGE, 1), (RED, 2)]  # Redfish Health / DetectorState: OK, Warning, Critical
 
 
 def _steps(steps: list[tuple[str, float | None]]) -> list[dict]:
@@ -222,6 +223,7 @@ def links() -> Dashboard:
 
 def cooling() -> Dashboard:
     cdu = "{{rack}} {{cdu}}"
+    conn = "{{rack}} {{bmc}} {{loop}} {{connector}}"
     return dashboard("supernode-cooling", "Supernode / Cooling", [
         ts("Supply and return", "celsius", [
             (f"max by (rack, cdu, loop, point) (supernode_cdu_temperature_celsius{{{RACK}}})",
@@ -249,6 +251,35 @@ def cooling() -> Dashboard:
             (f"max by (rack, cdu) (supernode_cdu_reservoir_level_ratio{{{RACK}}})", cdu)]),
         ts("Heat removed", "watt", [
             (f"max by (rack, cdu) (supernode_cdu_heat_removed_watts{{{RACK}}})", cdu)]),
+        # Redfish services (a CDU's CoolingUnit, a tray's ThermalSubsystem): their own connectors, pumps, detectors.
+        ts("Redfish coolant connectors: supply and return", "celsius", [
+            (f"max by (rack, bmc, connector, loop, point) (supernode_coolant_connector_temperature_celsius{{{RACK}}})",
+             conn + " {{point}}")]),
+        ts("Redfish coolant connectors: flow", "flowlpm", [
+            (f"max by (rack, bmc, connector, loop) "
+             f"(supernode_coolant_connector_flow_cubic_meters_per_second{{{RACK}}}) * 60000", conn)],
+           "Exported in m³/s, shown in L/min (× 60000)."),
+        ts("Redfish coolant connectors: pressures", "pressurepa", [
+            (f"max by (rack, bmc, connector, loop, point) (supernode_coolant_connector_pressure_pascals{{{RACK}}})",
+             conn + " {{point}}")]),
+        ts("Redfish coolant connectors: heat removed", "watt", [
+            (f"max by (rack, bmc, connector, loop) (supernode_coolant_connector_heat_removed_watts{{{RACK}}})", conn)]),
+        ts("Redfish pump speed", "percentunit", [
+            (f"max by (rack, bmc, equipment, pump) (supernode_coolant_pump_speed_ratio{{{RACK}}})",
+             "{{rack}} {{bmc}} {{equipment}} pump {{pump}}")]),
+        states("Redfish component health", "short", [
+            (f"max by (rack, bmc, kind, resource) (supernode_redfish_health{{{RACK}, kind!=\"leak_detector\"}})",
+             "{{rack}} {{bmc}} {{kind}} {{resource}}")],
+               "0 OK, 1 Warning, 2 Critical (Status.Health of pumps, filters, connectors, reservoirs).", HEALTH_STEPS),
+        states("Tray and CDU leak detectors (Redfish)", "short", [
+            (f"max by (rack, bmc, detector) (supernode_leak_detector_state{{{RACK}}})",
+             "{{rack}} {{bmc}} {{detector}}")],
+               "DetectorState: 0 OK (dry), 1 Warning, 2 Critical (a leak). A tray leak drains and caps its node at "
+               "once; more than two leaking trays in a rack ask for rack isolation.", HEALTH_STEPS),
+        states("Redfish event stream", "bool_yes_no", [
+            (f"max by (rack, node, bmc) (supernode_redfish_event_stream_up{{{NODE}}})", "{{node}} {{bmc}}")],
+               "Yes = events (SSE or push) arrive: a tray leak is read at once. No = polling alone carries the "
+               "detectors (one poll interval later)."),
     ])
 
 

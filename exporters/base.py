@@ -147,3 +147,28 @@ async def off_loop(fn: Callable[[], Any], timeout: float, name: str) -> bool:
     except asyncio.TimeoutError:
         return False
     return True
+
+
+class PollTrigger:
+    """Lets a source ask for a poll of itself now, outside its timer (an event said something changed).
+
+    Why a holder and not a callback argument: the source is built before the
+    runtime schedules it. The runtime attaches a function that polls the source
+    at once, or right after the poll in progress; until then (a probe, a bare
+    test) `fire` returns False and the timer alone polls.
+    """
+
+    def __init__(self) -> None:
+        self._fn: Callable[[], Any] | None = None
+
+    def attach(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+
+    def detach(self) -> None:
+        self._fn = None
+
+    def fire(self) -> bool:
+        if self._fn is None:
+            return False
+        self._fn()
+        return True

@@ -27,7 +27,7 @@ AM_EXAMPLE = REPO / "examples" / "alertmanager.yml"
 RUNBOOK_BASE = "https://github.com/supernode-agent/supernode-agent/blob/main/"
 DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
              "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
-             "rack_power_over_budget", "pdu_outlet_off"}
+             "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"}
 
 
 def _rules(kind: str) -> list[dict]:
@@ -96,6 +96,7 @@ SHARED_THRESHOLDS = {
     "SupernodeOpticDegraded": {"optic_rx_margin_db", "optic_symbol_error_rate_per_second", "optic_flaps",
                                "optic_flap_window_seconds"},
     "SupernodeRackPowerOverBudget": {"rack_power_over_ratio"},
+    "SupernodeRackTrayLeaks": {"rack_tray_leaks"},
 }
 
 

@@ -160,6 +160,7 @@ def test_every_query_parses_with_promtool(tmp_path):
 # --- a synthetic rack: every metric the dashboards read, counters growing ---
 
 GPU = {"gpu": "0", "uuid": "GPU-0"}
+RF_CONN = {"bmc": "cdu-r", "equipment": "CDUs/1", "connector": "1", "loop": "secondary"}
 SERIES: list[tuple[str, dict, float, float]] = [
     # (name, labels, value at start, growth per second: counters grow)
     ("supernode_agent_info", {"role": "node", "version": "0.1.0", "mode": "observe"}, 1, 0),
@@ -227,6 +228,15 @@ SERIES: list[tuple[str, dict, float, float]] = [
     ("supernode_component_observed_seconds_total", {"class": "gpu"}, 0, 4),
     ("supernode_component_repair_duration_seconds_sum", {"class": "gpu"}, 0, 6),
     ("supernode_component_repair_duration_seconds_count", {"class": "gpu"}, 0, 0.1),
+    ("supernode_coolant_connector_temperature_celsius", {**RF_CONN, "point": "supply"}, 30, 0),
+    ("supernode_coolant_connector_flow_cubic_meters_per_second", RF_CONN, 0.0007, 0),
+    ("supernode_coolant_connector_pressure_pascals", {**RF_CONN, "point": "supply"}, 827000, 0),
+    ("supernode_coolant_connector_heat_removed_watts", RF_CONN, 25480, 0),
+    ("supernode_coolant_pump_speed_ratio", {"bmc": "cdu-r", "equipment": "CDUs/1", "pump": "1"}, 0.385, 0),
+    ("supernode_redfish_health", {"bmc": "cdu-r", "equipment": "CDUs/1", "kind": "pump", "resource": "1"}, 0, 0),
+    ("supernode_leak_detector_state", {"bmc": "n01-bmc", "chassis": "Chassis_0", "detector": "LD_0",
+                                       "type": "Moisture"}, 0, 0),
+    ("supernode_redfish_event_stream_up", {"bmc": "n01-bmc", "transport": "sse"}, 1, 0),
 ]
 
 

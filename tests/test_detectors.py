@@ -198,7 +198,7 @@ def test_each_detector_declares_exactly_the_families_it_reads():
         return found
 
     assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_gpu_thermal", "_gpu_xid", "_gpu_lost", "_nvlink",
-                                     "_optic", "_rack_power", "_outlets"}
+                                     "_optic", "_rack_power", "_outlets", "_tray_rack"}
     for name, declared in Detectors.INPUTS.items():
         read = families(functions[name], {name})
         assert read, textwrap.dedent(f"{name}: found no family; the check would pass vacuously")
@@ -265,3 +265,57 @@ def test_flow_low_says_which_pumps_the_cdu_reports_stopped():
     ev = [e for e in d.evaluate(snap(flow, *pumps, at=1.0)) if e.detector == "coolant_flow_low"]
     assert [(e.kind, e.detail.get("pumps_stopped"), e.detail.get("pump_alarms")) for e in ev] == [
         ("fire", ["2"], ["pump_fail"])]
+
+
+def _trays(t: float, states: dict[str, float], faulty: set[str] = frozenset()) -> Snapshot:
+    """Tray BMCs (kind tray) and a CDU (kind cdu) with one detector each, in the Redfish source's families."""
+    from exporters.redfish import metrics as rm
+
+    rs = []
+    for bmc, state in states.items():
+        kind = "cdu" if bmc.startswith("cdu") else "tray"
+        rs.append(Reading(rm.SERVICE_INFO, 1.0, {"bmc": bmc, "kind": kind, "redfish_version": "1.17.0",
+                                                 "vendor": "x", "model": "y", "firmware": "z", "profile": "dmtf"},
+                          Quality.OK, t))
+        rs.append(Reading(rm.DETECTOR_STATE, state, {"bmc": bmc, "chassis": "Chassis_0", "detector": "LD_0",
+                                                     "type": "Moisture"},
+                          Quality.SENSOR_FAULT if bmc in faulty else Quality.OK, t))
+    return snap(*rs, at=t)
+
+
+def _rack_events(d: Detectors, s) -> list[tuple[str, dict]]:
+    return [(e.kind, e.targets) for e in d.evaluate(s) if e.detector == "tray_leak_rack"]
+
+
+def test_more_than_n_leaking_trays_is_a_rack_incident_and_faults_or_cdus_never_count():
+    d = Detectors(DetectorSettings(tray_leak_rack=FAST), Context("n1", "r01"))
+    dry = {"n1-bmc": 0.0, "n2-bmc": 0.0, "n3-bmc": 0.0, "cdu-r": 0.0}
+    assert _rack_events(d, _trays(1.0, dry)) == []
+    # Two trays and the CDU leak: not more than 2 trays.
+    assert _rack_events(d, _trays(2.0, {**dry, "n1-bmc": 2.0, "n2-bmc": 1.0, "cdu-r": 2.0})) == []
+    # A third tray reads a leak, but its detector is a sensor fault: it does not count.
+    three = {**dry, "n1-bmc": 2.0, "n2-bmc": 1.0, "n3-bmc": 2.0}
+    assert _rack_events(d, _trays(3.0, three, faulty={"n3-bmc"})) == []
+    assert _rack_events(d, _trays(4.0, three)) == [("fire", {"rack": "r01"})]
+    assert _rack_events(d, _trays(5.0, dry)) == [("clear", {"rack": "r01"})]
+    # The threshold is the setting.
+    d1 = Detectors(DetectorSettings(tray_leak_rack=FAST, rack_tray_leaks=1), Context("n1", "r01"))
+    assert _rack_events(d1, _trays(1.0, {**dry, "n1-bmc": 2.0, "n2-bmc": 2.0})) == [("fire", {"rack": "r01"})]
+
+
+def test_consecutive_wet_polls_are_the_wet_sensors_own_not_another_source_of_the_zone():
+    """A tray BMC and the zone's leak rope share zone-a: the rope's polls neither hide the tray's first wet
+    reading (its poll started earlier, published later) nor count as the tray's second one."""
+    d = Detectors(DetectorSettings(leak=FAST), Context("n1", "r01"))
+
+    def at(t: float, rope_ts: float, tray: float | None = None, tray_ts: float = 0.0):
+        rs = [reading("supernode_leak_detected", 0, rope_ts, zone="zone-a", sensor="rope1")]
+        if tray is not None:
+            rs.append(reading("supernode_leak_detected", tray, tray_ts, zone="zone-a", sensor="bmc-n1/Chassis_0/LD_0"))
+        return [e.kind for e in d.evaluate(snap(*rs, at=t)) if e.detector == "leak"]
+
+    assert at(1.5, rope_ts=1.5, tray=0.0, tray_ts=1.0) == []
+    assert at(1.6, rope_ts=1.5, tray=1.0, tray_ts=1.2) == []  # the tray's first wet poll: counted, not yet two
+    assert d.leak_awaiting_confirmation()
+    assert at(2.0, rope_ts=2.0, tray=1.0, tray_ts=1.2) == []  # the rope polled again: not the tray's second poll
+    assert at(2.1, rope_ts=2.0, tray=1.0, tray_ts=2.1) == ["fire"]  # the tray's re-read

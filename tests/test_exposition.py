@@ -48,6 +48,8 @@ async def frozen_store(tmp_path: Path):
         (tmp_path / "webhook.token").write_text("t")
         cfg = agent_config(sim, "node01", 0, tmp_path, mode="observe")
         cfg["sources"]["dom"]["module_timeout"] = 2.0
+        # One poll each: the Redfish SSE stream would open (or not yet) during it, a race in a golden file.
+        cfg["sources"]["redfish"]["events"] = "off"
         loaded = parse_config(cfg)
         store = SnapshotStore(clock=lambda: FROZEN_TIME)
         sources = build_sources(loaded)

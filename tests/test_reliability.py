@@ -199,3 +199,25 @@ def test_report_cli_reads_the_journal_with_the_agent_down(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "agent.cli", "report", "--db", str(tmp_path), "--since", "soon"],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert bad.returncode != 0 and "--since 'soon'" in bad.stderr
+
+
+def test_every_detector_is_a_class_or_said_not_to_be_a_failure():
+    """A new detector must be placed: a component class, or named as no component's failure."""
+    from agent.reliability import DETECTOR_CLASS, NOT_FAILURES
+    from agent.remediation.detectors import Detectors
+    from agent.remediation.settings import DetectorSettings
+
+    from agent.remediation.detectors import Context
+
+    names = set(Detectors(DetectorSettings(), Context("n1", "r01")).trackers) - {"sensor_fault"}
+    placed = set(DETECTOR_CLASS) | set(NOT_FAILURES)
+    assert names - placed == set(), f"detectors with no reliability class: {sorted(names - placed)}"
+
+
+def test_a_redfish_leak_detector_fault_is_a_leak_sensor_failure():
+    from agent.reliability import classify
+
+    f = classify("sensor_fault", {"reading": "supernode_leak_detector_state,bmc=n1-bmc,detector=LD_0"},
+                 {"metric": "supernode_leak_detector_state"}, "n1", {})
+    assert f is not None and f.cls == "leak_sensor"
+    assert classify("tray_leak_rack", {"rack": "r01"}, {}, "n1", {}) is None

@@ -2,51 +2,20 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import json
 import ssl
 import subprocess
 import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 from tests.agentproc import AgentProcess, base_config
 from tests.helpers import REPO, wait_for
+from tests.pki import make_cert, new_key, write_pair
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> tuple[Path, Path]:
-    key_path, cert_path = path.with_suffix(".key"), path.with_suffix(".crt")
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return cert_path, key_path
-
-
-def _cert(subject: str, key, issuer_key, issuer_name: x509.Name | None, ca: bool, server: bool) -> x509.Certificate:
-    now = dt.datetime.now(dt.timezone.utc)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    b = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name or name)
-         .public_key(key.public_key()).serial_number(x509.random_serial_number())
-         .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(days=1))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if server:
-        b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-        b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
-    elif not ca:
-        b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
-    return b.sign(issuer_key, hashes.SHA256())
+_key, _write, _cert = new_key, write_pair, make_cert
 
 
 @pytest.fixture

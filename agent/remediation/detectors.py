@@ -162,7 +162,7 @@ class Detectors:
         self.trackers: dict[str, Tracker] = {}
         for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
                      "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
-                     "rack_power_over_budget", "pdu_outlet_off"):
+                     "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"):
             hold: Hold = getattr(settings, name)
             self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
         self.trackers["sensor_fault"] = Tracker(Hold(fire_seconds=0.0, clear_seconds=10.0))
@@ -185,6 +185,7 @@ class Detectors:
                              "supernode_optic_rx_power_dbm", "supernode_optic_threshold_dbm"}),
         "_rack_power": frozenset({"supernode_rack_power_watts", "supernode_rack_power_budget_watts"}),
         "_outlets": frozenset({"supernode_pdu_outlet_on"}),
+        "_tray_rack": frozenset({"supernode_leak_detector_state", "supernode_redfish_service_info"}),
     }
 
     def evaluate(self, snap: Snapshot, families: frozenset[str] | None = None) -> list[Event]:
@@ -206,7 +207,7 @@ class Detectors:
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
-                   self._optic, self._rack_power, self._outlets):
+                   self._optic, self._rack_power, self._outlets, self._tray_rack):
             if families is None or self.INPUTS[fn.__name__] & families:
                 yield from fn(snap)
 
@@ -237,9 +238,13 @@ class Detectors:
                 continue
             zones.setdefault(item.label("zone"), []).append(item)
         for zone, rs in zones.items():
-            wet = any(r.value >= 0.5 for r in rs)
-            yield Observation("leak", targets_of(zone=zone), "critical", wet, sample_ts=max(r.timestamp for r in rs),
-                              detail={"sensors": sorted(r.label("sensor") for r in rs if r.value >= 0.5)})
+            wet_rs = [r for r in rs if r.value >= 0.5]
+            # Consecutive polls are counted on the wet sensors' own readings: another source of the same zone
+            # (a tray BMC and the rack's leak rope) publishing in between is not a second poll of the wet one,
+            # nor does its newer timestamp hide that wet one's first reading.
+            yield Observation("leak", targets_of(zone=zone), "critical", bool(wet_rs),
+                              sample_ts=max(r.timestamp for r in (wet_rs or rs)),
+                              detail={"sensors": sorted(r.label("sensor") for r in wet_rs)})
         faults: dict[Targets, bool] = {}
         unknown: dict[str, list[str]] = {}
         for r in snap.select("supernode_leak_sensor_fault"):
@@ -493,6 +498,21 @@ class Detectors:
                 continue
             yield Observation("pdu_outlet_off", targets_of(pdu=pdu, outlet=outlet), "warning", item.value < 0.5,
                               detail={"feeds": node})
+
+    def _tray_rack(self, snap: Snapshot) -> Iterator[Observation]:
+        """More than `rack_tray_leaks` trays (Redfish services of kind tray) with a wet detector: the rack.
+
+        Counted on what this agent reads: its own tray, and every tray when it is the rack leader with
+        `sources.redfish.watch_rack_trays` (else the alert SupernodeRackTrayLeaks carries the count, rack-wide,
+        through the webhook). A detector that is not ok (a sensor fault) never counts.
+        """
+        trays = {r.label("bmc") for r in snap.select("supernode_redfish_service_info", kind="tray") if r.ok}
+        if not trays:
+            return
+        wet = sorted({r.label("bmc") for r in snap.select("supernode_leak_detector_state")
+                      if r.ok and r.value >= 1 and r.label("bmc") in trays})
+        yield Observation("tray_leak_rack", targets_of(rack=self.ctx.rack), "critical",
+                          len(wet) > self.s.rack_tray_leaks, detail={"trays": wet, "watched": len(trays)})
 
 
 def _pump_evidence(snap: Snapshot, cdu: str) -> dict[str, Any]:

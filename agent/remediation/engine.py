@@ -40,6 +40,7 @@ from .steps import outcome, run_graph
 log = logging.getLogger("supernode.remediation")
 UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is read again
 MODES = ("observe", "dry-run", "enforce")
+LEAK_SOURCES = ("leak", "redfish")  # source kinds whose first wet reading is re-read at once
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Executors:
     cdu_read: Any = None
     pdu_set: Any = None
     pdu_get: Any = None
+    tray_power_set: Any = None  # (bmc, on) -> None: Redfish ComputerSystem.Reset of a tray
+    tray_power_get: Any = None  # bmc -> bool (powered)
 
 
 @dataclass
@@ -133,7 +136,7 @@ class RemediationEngine:
     # -- construction ------------------------------------------------------------
 
     def _build_actions(self) -> dict[str, Any]:
-        from .actions.device_adapters import CduWriteAction, IsolateLinkAction, PduOutletAction
+        from .actions.device_adapters import CduWriteAction, IsolateLinkAction, PduOutletAction, TrayPowerAction
         from .actions.drain import DrainAction
         from .actions.exec import ExecAction
         from .actions.gpu_power_cap import GpuPowerCapAction
@@ -155,6 +158,8 @@ class RemediationEngine:
             acts["cdu_write"] = CduWriteAction(ex.cdu_write, ex.cdu_read)
         if ex.pdu_set and ex.pdu_get:
             acts["pdu_outlet"] = PduOutletAction(ex.pdu_set, ex.pdu_get)
+        if ex.tray_power_set and ex.tray_power_get:
+            acts["tray_power"] = TrayPowerAction(ex.tray_power_set, ex.tray_power_get)
         return acts
 
     # -- lifecycle ---------------------------------------------------------------
@@ -314,7 +319,9 @@ class RemediationEngine:
                 self.clear(ev.detector, ev.targets)
         # A first wet reading is confirmed by an immediate re-read of the same source rather than
         # a whole poll interval later: two consecutive polls, within one interval plus a few ms.
-        if self.repoll is not None and origin.startswith("leak/") and self.detectors.leak_awaiting_confirmation():
+        # Any source of leak inputs (a Modbus leak controller, a Redfish tray BMC) is confirmed the same way.
+        if self.repoll is not None and origin.split("/", 1)[0] in LEAK_SOURCES \
+                and self.detectors.leak_awaiting_confirmation():
             self.repoll(origin)
 
     def fire(self, detector: str, targets: Mapping[str, str], severity: str, source: str = "local",
@@ -405,11 +412,14 @@ class RemediationEngine:
             return [{"node": n} for n in nodes]
         if kind == "port":
             return [{"port": t["port"]}] if "port" in t else []
-        if kind in ("valve", "outlets") and not self.is_rack_leader:
+        if kind == "leaking_trays":
+            return self._leaking_trays(inc)
+        if kind in ("valve", "rack_valve", "outlets") and not self.is_rack_leader:
             return []  # shared rack devices are driven by one agent only: the rack leader
-        if kind == "valve":
-            if zone is not None and zone.valve and ":" in zone.valve:
-                cdu, point = zone.valve.split(":", 1)
+        if kind in ("valve", "rack_valve"):
+            ref = getattr(inv, "rack_valve", None) if kind == "rack_valve" else (zone.valve if zone else None)
+            if ref and ":" in ref:
+                cdu, point = ref.split(":", 1)
                 return [{"cdu": cdu, "point": point}]
             return []
         if kind == "outlets":
@@ -434,6 +444,16 @@ class RemediationEngine:
                 out += [{"node": node, "gpu": str(i)} for i in indices]
             return out
         return []
+
+    def _leaking_trays(self, inc: Incident) -> list[dict[str, str]]:
+        """The trays whose own BMC detectors are wet in this leak (their sensor label starts with the BMC's
+        inventory name); a local incident acts only on this agent's own node's tray."""
+        sensors = inc.detail.get("sensors") or ([inc.targets["sensor"]] if "sensor" in inc.targets else [])
+        bmcs = {s.split("/", 1)[0] for s in sensors if isinstance(s, str)}
+        trays = [e for e in getattr(self.inventory, "redfish", []) if e.kind == "tray" and e.name in bmcs]
+        if inc.source == "local":
+            trays = [e for e in trays if e.node == self.identity.node]
+        return [{"bmc": e.name, "node": e.node} for e in trays]
 
     async def _gpu_count(self, lib: Any) -> int:
         """nvmlDeviceGetCount with a timeout on NVML's own pool: a hung driver fails the step, not the loop."""

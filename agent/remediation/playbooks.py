@@ -24,9 +24,11 @@ from exporters.validation import error_lines
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 MODES = ("observe", "dry-run", "enforce")
 
-TargetKind = Literal["gpus", "rack_gpus", "nodes", "port", "valve", "outlets", "none"]
-ActionName = Literal["gpu_power_cap", "drain", "isolate_link", "cdu_write", "pdu_outlet", "notify", "exec"]
-ApprovalKey = Literal["pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "resume_after_check", "always"]
+TargetKind = Literal["gpus", "rack_gpus", "nodes", "port", "valve", "rack_valve", "outlets", "leaking_trays", "none"]
+ActionName = Literal["gpu_power_cap", "drain", "isolate_link", "cdu_write", "pdu_outlet", "tray_power", "notify",
+                     "exec"]
+ApprovalKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check",
+                      "always"]
 
 
 class PlaybookError(Exception):

@@ -13,11 +13,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_write", "pdu_outlet", "notify", "exec"]
+ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_write", "pdu_outlet", "tray_power",
+                     "notify", "exec"]
 
 # Approval keys a playbook step may carry (approval:, undo_approval:, and resume_after_check for a resume whose
 # health check did not pass) that `guardrails.automatic` may waive; "always" can never be waived.
-AutomaticKey = Literal["pdu_outlet_off", "cdu_write_valve", "resume_after_leak", "resume_after_check"]
+AutomaticKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check"]
 
 CRITICAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140, 144, 145, 146, 147, 148, 149, 150, 154]
 
@@ -41,6 +42,10 @@ class DetectorSettings(_Strict):
     leak: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     leak_sensor_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     leak_source_down: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    rack_tray_leaks: int = Field(default=2, ge=1, description=(
+        "More than this many compute trays of the rack leaking at once (their BMCs' own detectors) asks for "
+        "rack isolation: NVIDIA's tier for an NVL72 rack is more than 2."))
+    tray_leak_rack: Hold = Hold(fire_seconds=0.0, clear_seconds=30.0)
     nominal_flow_cubic_meters_per_second: float | None = Field(
         default=None, gt=0, description=(
             "Secondary nominal flow; default: a rolling baseline (highest healthy flow over "
@@ -104,8 +109,8 @@ class Guardrails(_Strict):
     retry_backoff_seconds: float = Field(default=0.5, ge=0, description="First retry delay; doubles each try.")
     approval_expiry_seconds: float = Field(default=3600.0, gt=0, description="A pending approval lapses after this.")
     automatic: list[AutomaticKey] = Field(default_factory=list, description=(
-        "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, resume_after_leak, "
-        "resume_after_check."))
+        "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, tray_power_off, "
+        "resume_after_leak, resume_after_check (a tray is powered on again only with a person's approval)."))
     scheduler_retry_max_seconds: float = Field(default=60.0, gt=0, description=(
         "A step blocked by scheduler_unreachable is retried with doubling delays up to this one."))
 

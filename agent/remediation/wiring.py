@@ -94,7 +94,35 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
             return await controls[pdu].outlet_on(outlet)
 
         ex.pdu_set, ex.pdu_get = pdu_set, pdu_get
+    # This node's own tray only: a leak powers off the tray that leaks, from that tray's own agent.
+    trays = {e.name: e for e in cfg.inventory.redfish if e.kind == "tray" and e.node == cfg.agent.node}
+    if trays:
+        ex.tray_power_set, ex.tray_power_get = _tray_power(loaded, trays)
     return ex
+
+
+def _tray_power(loaded: "LoadedConfig", trays: dict[str, Any]) -> tuple[Any, Any]:
+    """Power set/get of this node's tray(s) over Redfish: a client of one connection per call (actions are rare,
+    and nothing stays open between them), so the poller's bound of connections is exceeded by one at most."""
+    from agent.sources import redfish_client
+    from exporters.redfish.control import TrayPower
+
+    async def run(bmc: str, fn: Any) -> Any:
+        ep = trays[bmc]
+        power = TrayPower(redfish_client(loaded, ep, max_connections=1), ep.profile,
+                          settle_s=loaded.config.remediation.device_timeout_seconds / 2)
+        try:
+            return await fn(power)
+        finally:
+            await power.close()
+
+    async def tray_set(bmc: str, on: bool) -> None:
+        await run(bmc, lambda p: p.set(on))
+
+    async def tray_get(bmc: str) -> bool:
+        return bool(await run(bmc, lambda p: p.is_on()))
+
+    return tray_set, tray_get
 
 
 def _token(loaded: "LoadedConfig", configured: str | None, default: str) -> Any:
@@ -111,7 +139,10 @@ def build_engine(loaded: "LoadedConfig") -> RemediationEngine:
 
 def attach(agent: "Agent") -> None:
     """Run remediation in this agent: one engine at a time behind a hook, so a reload can swap it."""
-    hook = RemediationHook(agent.loaded, build_engine(agent.loaded), agent.scheduler.poll_now)
+    # A confirmation re-read asked for while the source is mid-poll (a timed poll, an event's) runs right after
+    # that poll instead of being dropped: else the second wet reading waits a whole interval.
+    hook = RemediationHook(agent.loaded, build_engine(agent.loaded),
+                           lambda job_id: agent.scheduler.poll_now(job_id, queue=True))
     agent.remediation = hook
     agent.store.add_listener(hook.on_snapshot)
     agent.extra_collectors.append(_CurrentCollector(hook))

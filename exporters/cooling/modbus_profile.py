@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from exporters.cooling import modbus_metrics
 from exporters.safe_yaml import InputError, load_yaml_file
+from exporters.units import from_base, known_unit, to_base
 from exporters.validation import error_lines
 from exporters.cooling.modbus_codec import WIDTH
 
@@ -27,15 +28,6 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "modbus"
 
 Table = Literal["coil", "discrete", "input", "holding"]
 
-# Device unit -> (factor, offset) to base units: base = device * factor + offset.
-UNITS: dict[str, tuple[float, float]] = {
-    "celsius": (1.0, 0.0), "fahrenheit": (5.0 / 9.0, -32.0 * 5.0 / 9.0),
-    "lpm": (1.0 / 60000.0, 0.0), "m3h": (1.0 / 3600.0, 0.0), "m3s": (1.0, 0.0),
-    "pa": (1.0, 0.0), "kpa": (1e3, 0.0), "bar": (1e5, 0.0), "psi": (6894.757, 0.0),
-    "percent": (0.01, 0.0), "ratio": (1.0, 0.0), "rpm": (1.0, 0.0), "hz": (1.0, 0.0),
-    "meters": (1.0, 0.0), "feet": (0.3048, 0.0), "us_per_cm": (1e-4, 0.0), "ph": (1.0, 0.0),
-    "bool": (1.0, 0.0), "count": (1.0, 0.0), "none": (1.0, 0.0),
-}
 # Function codes used to read each table.
 READ_FC = {"coil": 1, "discrete": 2, "holding": 3, "input": 4}
 MODICON_BASE = {"coil": 0, "discrete": 10000, "input": 30000, "holding": 40000}
@@ -101,9 +93,7 @@ class Point(_Strict):
     @field_validator("unit")
     @classmethod
     def _unit(cls, v: str) -> str:
-        if v not in UNITS:
-            raise ValueError(f"unknown unit {v!r} (known: {', '.join(sorted(UNITS))})")
-        return v
+        return known_unit(v)
 
     @field_validator("invalid")
     @classmethod
@@ -149,12 +139,10 @@ class Point(_Strict):
         return isinstance(raw, float) and (math.isnan(raw) or math.isinf(raw))
 
     def to_base(self, device_value: float) -> float:
-        f, o = UNITS[self.unit]
-        return device_value * f + o
+        return to_base(device_value, self.unit)
 
     def from_base(self, base_value: float) -> float:
-        f, o = UNITS[self.unit]
-        return (base_value - o) / f
+        return from_base(base_value, self.unit)
 
 
 class DeviceSettings(_Strict):

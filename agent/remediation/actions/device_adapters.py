@@ -107,41 +107,74 @@ class CduWriteAction:
         return "applied" if float(now) == float(plan["value"]) else "not_applied"
 
 
-class PduOutletAction:
-    """Switch an outlet (off by default); undo switches it back on if we turned it off."""
+class PowerSwitchAction:
+    """Switch something's power (off by default) and read it back; undo switches it back on if we turned it off.
 
-    kind = "pdu_outlet"
+    One shape for a PDU outlet (SNMP) and a tray's power (Redfish ComputerSystem.Reset): `keys` are the
+    target labels the device functions take, `what` names it in messages.
+    """
 
-    def __init__(self, set_outlet: Callable[[str, str, bool], Any], get_outlet: Callable[[str, str], Any]):
-        self.set_outlet = set_outlet
-        self.get_outlet = get_outlet
+    kind = "power_switch"
+    keys: tuple[str, ...] = ()
+    what = "power"
+
+    def __init__(self, set_power: Callable[..., Any], get_power: Callable[..., Any]):
+        self.set_power = set_power
+        self.get_power = get_power
+
+    def _name(self, target: Mapping[str, str]) -> str:
+        return f"{self.what} {' '.join(target[k] for k in self.keys)}"
+
+    async def _get(self, target: Mapping[str, str]) -> bool:
+        return bool(await _call(self.get_power, *(target[k] for k in self.keys)))
 
     async def plan(self, target, params, ctx) -> dict:
-        on = bool(await _call(self.get_outlet, target["pdu"], target["outlet"]))
+        on = await self._get(target)
         want = params.get("state", "off") == "on"
         return {"before": {"on": on, "owned": on != want}, "on": want}
 
     async def apply(self, target, params, ctx, plan) -> ActionResult:
         if not plan["before"]["owned"]:
-            return ActionResult(True, "outlet already in state", before=dict(plan["before"]), skipped=True)
-        await _call(self.set_outlet, target["pdu"], target["outlet"], plan["on"])
-        now = bool(await _call(self.get_outlet, target["pdu"], target["outlet"]))
+            return ActionResult(True, f"{self._name(target)} already in state", before=dict(plan["before"]),
+                                skipped=True)
+        await _call(self.set_power, *(target[k] for k in self.keys), plan["on"])
+        now = await self._get(target)
         if now != plan["on"]:
-            raise ActionError(f"read-back: outlet {target['outlet']} on={now}")
-        return ActionResult(True, f"outlet {target['outlet']} {'on' if now else 'off'}", before=dict(plan["before"]),
+            raise ActionError(f"read-back: {self._name(target)} on={now}")
+        return ActionResult(True, f"{self._name(target)} {'on' if now else 'off'}", before=dict(plan["before"]),
                             after={"on": now})
 
     async def undo(self, target, before, after, params) -> ActionResult:
         if not before.get("owned"):
-            return ActionResult(True, "outlet not switched by us", skipped=True)
-        await _call(self.set_outlet, target["pdu"], target["outlet"], before["on"])
-        return ActionResult(True, f"outlet {target['outlet']} restored", after={"on": before["on"]})
+            return ActionResult(True, f"{self._name(target)} not switched by us", skipped=True)
+        await _call(self.set_power, *(target[k] for k in self.keys), before["on"])
+        return ActionResult(True, f"{self._name(target)} restored", after={"on": before["on"]})
 
     async def reconcile(self, target, params, plan) -> str:
         try:
-            now = bool(await _call(self.get_outlet, target["pdu"], target["outlet"]))
+            now = await self._get(target)
         except Exception:
             return "unknown"
         return "applied" if now == plan["on"] else "not_applied"
+
+
+class PduOutletAction(PowerSwitchAction):
+    """Switch a PDU outlet over SNMP; undo switches it back."""
+
+    kind = "pdu_outlet"
+    keys = ("pdu", "outlet")
+    what = "outlet"
+
+
+class TrayPowerAction(PowerSwitchAction):
+    """Power a leaking tray off through its BMC (Redfish ComputerSystem.Reset ForceOff); undo powers it On.
+
+    The undo is the playbook's `undo_approval: always`: a tray that leaked is powered on only once a
+    person approves, whatever `guardrails.automatic` says.
+    """
+
+    kind = "tray_power"
+    keys = ("bmc",)
+    what = "tray"
 
 

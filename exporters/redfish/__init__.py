@@ -1,0 +1,1 @@
+"""Redfish: tray BMCs' leak detectors and Redfish CDUs, discovered from the service root, polled and pushed."""

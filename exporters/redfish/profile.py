@@ -1,0 +1,191 @@
+"""Redfish profiles: where resources are (chains of links from the service root) and how fields decode.
+
+Device knowledge lives in `exporters/profiles/redfish/<name>.yaml`; this module
+only knows the format. A profile is validated in full when loaded (every metric
+name and label checked against exporters/redfish/metrics.py), so a vendor's
+deviation is a data change that fails early, with the file and field named.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from exporters.redfish import metrics as rm
+from exporters.safe_yaml import InputError, load_yaml_file
+from exporters.units import known_unit, to_base
+from exporters.validation import error_lines
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "redfish"
+
+Chain = list[str]  # property names followed from a resource, a collection expanded on the way
+ResourceKind = Literal["leak_detector", "connector", "pump", "filter", "reservoir"]
+
+
+class ProfileError(Exception):
+    """A profile that cannot be used; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _chains(v: list[Chain]) -> list[Chain]:
+    for chain in v:
+        if not chain or any(not isinstance(p, str) or not p or "/" in p for p in chain):
+            raise ValueError(f"chain {chain!r}: property names only (no paths, none empty)")
+    return v
+
+
+class Walk(_Strict):
+    """Chains from the service root to the collections the agent needs."""
+
+    chassis: list[Chain] = Field(min_length=1)
+    equipment: dict[str, list[Chain]] = Field(default_factory=dict, description="Equipment kind -> chains.")
+    systems: list[Chain] = Field(default_factory=list)
+    sessions: list[Chain] = Field(default_factory=list)
+    event_service: list[Chain] = Field(default_factory=list)
+
+    @field_validator("chassis", "systems", "sessions", "event_service")
+    @classmethod
+    def _ok(cls, v: list[Chain]) -> list[Chain]:
+        return _chains(v)
+
+    @field_validator("equipment")
+    @classmethod
+    def _ok_equipment(cls, v: dict[str, list[Chain]]) -> dict[str, list[Chain]]:
+        for chains in v.values():
+            _chains(chains)
+        return v
+
+
+class ResourceRule(_Strict):
+    kind: ResourceKind
+    under: Literal["chassis", "equipment"]
+    path: Chain = Field(min_length=1)
+    loop: str | None = Field(default=None, description="Coolant loop label of connectors found here.")
+
+    @field_validator("path")
+    @classmethod
+    def _ok(cls, v: Chain) -> Chain:
+        return _chains([v])[0]
+
+    @model_validator(mode="after")
+    def _loop_for_connectors(self) -> "ResourceRule":
+        if (self.kind == "connector") != (self.loop is not None):
+            raise ValueError("loop: required for connector rules, and only for them")
+        return self
+
+
+class StatusRules(_Strict):
+    health: dict[str, int] = Field(min_length=1, description="Status.Health value -> exported number.")
+    unsupported_states: list[str] = Field(default_factory=list)
+    fault_states: list[str] = Field(default_factory=list)
+
+
+class DetectorRules(_Strict):
+    state_field: str = "DetectorState"
+    states: dict[str, int] = Field(min_length=1)
+    wet_from: str
+
+    @model_validator(mode="after")
+    def _wet_known(self) -> "DetectorRules":
+        if self.wet_from not in self.states:
+            raise ValueError(f"wet_from: {self.wet_from!r} is not one of states ({', '.join(self.states)})")
+        return self
+
+    def wet(self, value: int) -> bool:
+        return value >= self.states[self.wet_from]
+
+
+class FieldRule(_Strict):
+    metric: str
+    unit: str = "none"
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("unit")
+    @classmethod
+    def _unit(cls, v: str) -> str:
+        return known_unit(v)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        if v not in rm.ALL:
+            raise ValueError(f"unknown metric {v!r}")
+        return v
+
+    def to_base(self, value: float) -> float:
+        return to_base(value, self.unit)
+
+
+class EventRules(_Strict):
+    event_types: list[str] = Field(default_factory=lambda: ["Alert"])
+    message_keys: list[str] = Field(default_factory=list)
+
+
+class PowerRules(_Strict):
+    action: str = "#ComputerSystem.Reset"
+    off_type: str = "ForceOff"
+    on_type: str = "On"
+
+
+class Profile(_Strict):
+    name: str = Field(min_length=1)
+    vendor: str
+    description: str = ""
+    sources: list[str] = Field(min_length=1, description="Where the facts came from (schema, mockup, commit).")
+    walk: Walk
+    resources: list[ResourceRule] = Field(min_length=1)
+    status: StatusRules
+    leak_detector: DetectorRules
+    fields: dict[ResourceKind, dict[str, FieldRule]] = Field(default_factory=dict)
+    events: EventRules = EventRules()
+    power: PowerRules = PowerRules()
+
+    @model_validator(mode="after")
+    def _labels_fit(self) -> "Profile":
+        for kind, rules in self.fields.items():
+            for fname, rule in rules.items():
+                spec = rm.ALL[rule.metric]
+                own = set(spec.labels) - rm.AUTO_LABELS
+                if set(rule.labels) != own:
+                    raise ValueError(f"fields.{kind}.{fname}: {rule.metric} needs labels {sorted(own)}, "
+                                     f"got {sorted(rule.labels)}")
+        return self
+
+    def rules(self, under: str, kind: str | None = None) -> list[ResourceRule]:
+        return [r for r in self.resources if r.under == under and (kind is None or r.kind == kind)]
+
+
+def parse_profile(data: Any, source: str) -> Profile:
+    if not isinstance(data, dict):
+        raise ProfileError(f"{source}: expected a mapping at the top level")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(error_lines(err, f"{source}: invalid Redfish profile")) from None
+
+
+def list_profiles(directory: Path = PROFILE_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml"))
+
+
+@lru_cache(maxsize=16)
+def load_profile(name: str, directory: Path = PROFILE_DIR) -> Profile:
+    """Load and validate `<directory>/<name>.yaml` (cached: profiles are read-only data)."""
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"Redfish profile {name!r} not found in {directory} "
+                           f"(known: {', '.join(list_profiles(directory))})")
+    try:
+        data = load_yaml_file(path, "Redfish profile")
+    except InputError as exc:
+        raise ProfileError(str(exc)) from None
+    profile = parse_profile(data, str(path))
+    if profile.name != name:
+        raise ProfileError(f"{path}: name {profile.name!r} does not match the file name {name!r}")
+    return profile

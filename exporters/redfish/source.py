@@ -1,0 +1,168 @@
+"""The Redfish collector: one service (a tray's BMC, a CDU), walked once, then polled for what the walk found.
+
+A poll reads only the resources the cached tree lists (leak detectors,
+coolant connectors, pumps, filters, reservoirs), in parallel over at most
+`max_connections` connections. The tree is walked again after a 404 on a
+cached resource (the BMC rebuilt its tree) and every `rediscover_s`; a
+periodic walk that fails keeps the old tree (the detectors are still read).
+Tray detectors feed `supernode_leak_detected{zone, sensor}` in the tray's
+zone, so a tray leak is a leak of that node's own zone (the same detector,
+incident and playbook as a Modbus leak input). Events (SSE or push) ask for
+an immediate poll through `poll_trigger`; polling stays the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any, Callable
+
+from exporters.base import PollTrigger
+from exporters.model import PollResult, Reading, SourceError
+from exporters.redfish import metrics as rm
+from exporters.redfish.client import SERVICE_ROOT, NotFound, RedfishClient
+from exporters.redfish.decode import detector_readings, resource_readings, sensor_name
+from exporters.redfish.discovery import Tree, discover
+from exporters.redfish.events import EventWatch
+from exporters.redfish.profile import Profile, load_profile
+
+log = logging.getLogger("supernode.redfish")
+
+
+class RedfishSource:
+    """One Redfish service polled through a profile; `device` is its inventory name (the `bmc` label)."""
+
+    name = "redfish"
+
+    def __init__(self, device: str, client: RedfishClient, *, kind: str = "tray", profile: Profile | str = "dmtf",
+                 zone: str | None = None, rediscover_s: float = 600.0, events: str = "auto",
+                 push_destination: str | None = None, push_token: str | None = None, event_retry_s: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic):
+        self.device = device
+        self.kind = kind
+        self.client = client
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.zone = zone or device
+        self.rediscover_s = rediscover_s
+        self.clock = clock
+        self.poll_trigger = PollTrigger()
+        self.events = EventWatch(client, self.profile, self.poll_trigger.fire, mode=events,  # type: ignore[arg-type]
+                                 push_destination=push_destination, push_token=push_token, context=device,
+                                 retry_s=event_retry_s, retry_max_s=max(60.0, event_retry_s)) \
+            if events != "off" else None
+        self.tree: Tree | None = None
+        self.discoveries: Counter[str] = Counter()
+        self._walk_lock = asyncio.Lock()
+
+    # -- Source protocol ------------------------------------------------------------
+
+    async def poll(self) -> PollResult:
+        partial: Counter[str] = Counter()
+        tree = await self._tree(partial)
+        now = time.time()
+        readings, missing = await self._read(tree, partial, now)
+        if missing:  # a cached resource is gone: the service rebuilt its tree; walk it again, read again
+            tree = await self._walk("not_found")
+            readings, missing = await self._read(tree, partial, now)
+            partial["not_found"] += len(missing)
+        readings.extend(self._meta(tree, now))
+        return PollResult(readings, dict(partial))
+
+    async def close(self) -> None:
+        self.poll_trigger.detach()
+        if self.events is not None:
+            await self.events.close()
+        await self.client.close()
+
+    # -- discovery ----------------------------------------------------------------------
+
+    async def _tree(self, partial: Counter[str]) -> Tree:
+        tree = self.tree
+        if tree is None:
+            return await self._walk("first")
+        if self.clock() - tree.walked_at >= self.rediscover_s:
+            try:
+                return await self._walk("periodic")
+            except SourceError as exc:  # keep reading what we know; the next poll walks again
+                partial[f"discovery_{exc.kind}"] += 1
+                tree.walked_at = self.clock() - self.rediscover_s + min(self.rediscover_s, 30.0)
+        return tree
+
+    async def _walk(self, why: str) -> Tree:
+        async with self._walk_lock:
+            tree = await discover(self.client, self.profile)
+            self.discoveries[why] += 1
+            tree.walked_at = self.clock()
+            self.tree = tree
+            if self.events is not None:
+                await self.events.update(tree)
+            log.info("redfish tree walked", extra={"device": self.device, "why": why,
+                                                    "resources": len(tree.resources), "requests": tree.requests,
+                                                    "events": self.events.transport if self.events else "off"})
+            return tree
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def _read(self, tree: Tree, partial: Counter[str], now: float) -> tuple[list[Reading], list[str]]:
+        if not tree.resources:  # nothing to read: the root says whether the service is there at all
+            await self.client.get(SERVICE_ROOT, authenticated=False)
+            return [], []
+        got = await asyncio.gather(*(self.client.get(r.uri) for r in tree.resources), return_exceptions=True)
+        readings: list[Reading] = []
+        missing: list[str] = []
+        errors: list[SourceError] = []
+        for found, res in zip(tree.resources, got):
+            if isinstance(res, NotFound):
+                missing.append(found.uri)
+            elif isinstance(res, SourceError):
+                errors.append(res)
+                partial[res.kind] += 1
+            elif isinstance(res, BaseException):
+                raise res
+            elif found.kind == "leak_detector":
+                readings.extend(detector_readings(self.device, self.zone, found, res, self.profile, now))
+            else:
+                readings.extend(resource_readings(self.device, found, res, self.profile, now))
+        if errors and len(errors) + len(missing) == len(tree.resources):
+            raise errors[0]  # nothing answered: the service is down (the kind says how)
+        return readings, missing
+
+    def _meta(self, tree: Tree, now: float) -> list[Reading]:
+        bmc = {"bmc": self.device}
+        eq = next((e for e in tree.equipment if e.kind != "chassis"), None) or \
+            next(iter(tree.equipment), None)
+        vendor = str(tree.root.get("Vendor") or (eq.vendor if eq else "unknown"))
+        out = [Reading(rm.SERVICE_INFO, 1.0, {**bmc, "kind": self.kind, "redfish_version": tree.redfish_version,
+                                              "vendor": vendor, "model": eq.model if eq else "unknown",
+                                              "firmware": eq.firmware if eq else "unknown",
+                                              "profile": self.profile.name}, timestamp=now),
+               Reading(rm.REQUESTS, float(self.client.stats.requests), bmc, timestamp=now),
+               Reading(rm.LOGINS, float(self.client.stats.logins), bmc, timestamp=now)]
+        out += [Reading(rm.DISCOVERIES, float(n), {**bmc, "why": why}, timestamp=now)
+                for why, n in sorted(self.discoveries.items())]
+        if self.events is not None:
+            ev = self.events
+            out.append(Reading(rm.EVENT_STREAM_UP, 1.0 if ev.up else 0.0, {**bmc, "transport": ev.transport},
+                               timestamp=now))
+            out += [Reading(rm.EVENTS, float(n), {**bmc, "triggered": str(hit).lower()}, timestamp=now)
+                    for hit, n in sorted(ev.received.items())]
+        return out
+
+    # -- for the agent ----------------------------------------------------------------------
+
+    def leak_sensors(self) -> list[tuple[str, str]]:
+        """(zone, sensor) of every leak detector the walk found; before a first walk, the service as a whole.
+
+        The leak watch exports these as unknown (fault="source_down") while the service does not answer.
+        """
+        if self.tree is None:
+            return [(self.zone, self.device)]
+        return sorted((self.zone, sensor_name(self.device, d)) for d in self.tree.of("leak_detector"))
+
+    def push_received(self, payload: dict[str, Any]) -> bool:
+        """An event pushed to the agent's endpoint for this service; True when it triggered a re-read."""
+        if self.events is None or not isinstance(payload, dict):
+            return False
+        return self.events.push_received(payload)

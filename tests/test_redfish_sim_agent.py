@@ -1,0 +1,293 @@
+"""The real daemon against the simulator's Redfish tray BMCs and CDU: sessions, SSE, push, faults, tray leaks.
+
+Each test runs the agent exactly as `supernode-agent demo` configures it (agent.demo.agent_config: the
+tray BMC of its own node and the Redfish CDU, over HTTPS with the run's CA and a session login), plus
+what the test changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from agent.demo import agent_config
+from tests.agentproc import running_agent
+from tests.helpers import free_port, wait_for
+from tests.simrack import sim_rack
+from tests.slurm import running_cluster
+
+TOKEN = "token-for-tests"
+BMC = "bmc-node01"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from running_cluster(["node01", "node02"])
+
+
+def _config(rack, tmp_path, mode: str = "enforce", slurm_conf=None, **redfish) -> dict:
+    for name in ("admin.token", "webhook.token"):
+        (tmp_path / name).write_text(TOKEN + "\n")
+    cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode=mode, slurm_conf=slurm_conf)
+    cfg["sources"]["redfish"].update(redfish)
+    # Quick clears, so the undo is part of the story.
+    cfg["remediation"]["detectors"] = {"leak": {"fire_seconds": 0, "clear_seconds": 0.5},
+                                       "leak_sensor_fault": {"fire_seconds": 0, "clear_seconds": 0.5}}
+    return cfg
+
+
+def _metric(agent, name: str, **labels: str) -> float | None:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    m = re.search(rf"^{name}\{{{re.escape(want)}\}} (\S+)$", agent.metrics(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def _value(agent, name: str, **labels: str) -> float:
+    """The series' value, waiting out a moment it is absent (a poll that failed on a loaded host drops it)."""
+    def present() -> tuple[float] | None:
+        value = _metric(agent, name, **labels)
+        return None if value is None else (value,)
+    return wait_for(present, 20, what=f"{name} {labels}")[0]
+
+
+def _incidents(agent) -> dict:
+    status, body = agent.get("/api/v1/incidents", token=TOKEN)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def _open(agent, detector: str) -> list[dict]:
+    return [i for i in _incidents(agent)["open"] if i["detector"] == detector]
+
+
+def _journal(agent) -> list[dict]:
+    status, body = agent.get("/api/v1/journal", token=TOKEN)
+    assert status == 200
+    return json.loads(body)["entries"]
+
+
+def _dry(rack, node: str) -> None:
+    """The tray's detectors read dry again (the simulator raises their events at its next tick)."""
+    model = rack.sim.model
+    with model.lock:
+        model.nodes[node].tray_leaks.clear()
+
+
+def _ready(agent) -> None:
+    wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="every source polled once")
+    wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 1.0, 20,
+             what="the tray BMC polled")
+
+
+def test_a_tray_leak_caps_and_drains_that_node_and_powers_the_tray_off_once_approved(cluster, tmp_path):
+    cluster.scontrol("update", "NodeName=node01", "State=RESUME")
+    wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="node01 idle at the start")
+    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, slurm_conf=cluster.conf), tmp_path) as agent:
+        _ready(agent)
+        rack.inject("tray-leak", node="node01", detector="0")
+        gpus = rack.sim.model.nodes["node01"].gpus
+        wait_for(lambda: cluster.states().get("node01") == "drained", 20, what="node01 drained in Slurm")
+        wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 20, what="node01's GPUs capped")
+        leak = _open(agent, "leak")[0]
+        assert leak["targets"] == {"zone": "zone-a"}  # node01's own zone
+        assert cluster.states().get("node02") == "idle"
+        # The tray power-off waits for a person; the tray is still on meanwhile.
+        pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "tray_power"],
+                           20, what="tray power-off pending approval")
+        assert pending[0]["target"] == f"bmc={BMC},node=node01"
+        assert rack.sim.model.nodes["node01"].host_on is True
+        assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
+        wait_for(lambda: rack.sim.model.nodes["node01"].host_on is False, 20, what="tray powered off")
+        assert [a["reset_type"] for a in rack.sim.model.nodes["node01"].power_actions] == ["ForceOff"]
+        wait_for(lambda: any(r["kind"] == "result" and r["action"] == "tray_power" and r["result"] == "done"
+                             for r in _journal(agent)), 20, what="tray power-off journaled done")
+        assert any(r["kind"] == "intent" and r["action"] == "tray_power" for r in _journal(agent))
+        # The leak dries (the detector only: `sim clear` would also power the tray back on); nothing powers the
+        # tray on by itself, the undo waits for a person ("always").
+        _dry(rack, "node01")
+        wait_for(lambda: not _open(agent, "leak"), 20, what="leak incident resolved")
+        undo = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"]
+                                 if p["action"] == "tray_power" and p["phase"] == "undo"], 20,
+                        what="power-on waiting for approval")
+        assert rack.sim.model.nodes["node01"].host_on is False
+        assert agent.request("POST", f"/api/v1/incidents/{undo[0]['id']}/approve", token=TOKEN)[0] == 200
+        wait_for(lambda: rack.sim.model.nodes["node01"].host_on is True, 20, what="tray powered on after approval")
+    cluster.scontrol("update", "NodeName=node01", "State=RESUME")
+
+
+def test_an_event_brings_a_tray_leak_to_the_detector_long_before_any_poll(tmp_path):
+    """Polls 600 s apart: an incident within seconds can only come from the SSE event and its re-read."""
+    with sim_rack(tmp_path) as rack, \
+            running_agent(_config(rack, tmp_path, mode="observe", interval=600, timeout=2.0), tmp_path) as agent:
+        _ready(agent)
+        wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0, 20,
+                 what="SSE stream open")
+        before = _value(agent, "supernode_redfish_requests_total", bmc=BMC)
+        rack.inject("tray-leak", node="node01", detector="1")
+        wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident from the event")
+        assert _value(agent, "supernode_redfish_events_total", bmc=BMC, triggered="true") >= 1
+        assert _value(agent, "supernode_redfish_requests_total", bmc=BMC) > before  # it read again
+        # The stream, the walk, the polls and the re-reads all shared the service's bound: 2 connections.
+        assert 1 <= rack.sim.devices[BMC].peak_connections <= 2
+
+
+def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp_path):
+    with sim_rack(tmp_path) as rack, running_agent(
+            _config(rack, tmp_path, mode="observe", interval=1.0, timeout=1.0, event_retry_seconds=30), tmp_path) \
+            as agent:
+        _ready(agent)
+        wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0, 20,
+                 what="SSE stream open")
+        logins = _value(agent, "supernode_redfish_logins_total", bmc=BMC)
+        rack.inject("bmc-sessions-expire", node="node01")  # the BMC drops its sessions: the stream ends
+        wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 0.0, 20,
+                 what="stream seen down")
+        rack.inject("tray-leak", node="node01", detector="2")
+        wait_for(lambda: _open(agent, "leak"), 20, what="leak incident from polling alone")
+        assert _value(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 0.0  # still down
+        assert _value(agent, "supernode_redfish_logins_total", bmc=BMC) > logins  # polls logged in again
+        wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 1.0, 20,
+                 what="polling up while the stream is down")
+        # 30 s later the stream is opened again (re-subscribed) by itself.
+        wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0, 60,
+                 what="stream re-opened")
+
+
+@pytest.mark.parametrize("fault, params, kind", [
+    ("bmc-offline", {}, "connection"),
+    ("bmc-slow", {"ms": 3000}, "timeout"),
+    ("bmc-auth-fail", {}, "auth"),
+])
+def test_a_failing_bmc_is_a_down_source_with_its_kind_and_an_unknown_zone(tmp_path, fault, params, kind):
+    with sim_rack(tmp_path) as rack, running_agent(
+            _config(rack, tmp_path, mode="observe", interval=0.5, timeout=1.0, request_timeout=0.8,
+                    login_retry_seconds=0.5), tmp_path) as agent:
+        _ready(agent)
+        sensor = "bmc-node01/Chassis_0/Chassis_0_LeakDetector_0_ColdPlate"
+        wait_for(lambda: _metric(agent, "supernode_leak_sensor_fault", fault="source_down", sensor=sensor,
+                                 zone="zone-a") == 0.0, 20, what="the leak watch covering the tray")
+        rack.inject(fault, node="node01", **params)
+        wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 0.0, 20,
+                 what="tray BMC source down")
+        wait_for(lambda: (_metric(agent, "supernode_source_errors_total", source="redfish", device=BMC, kind=kind)
+                          or 0) >= 1, 20, what=f"errors counted as {kind}")
+        # Its detectors cannot be read: the zone is unknown (a critical notify-only incident), never a leak.
+        wait_for(lambda: _metric(agent, "supernode_leak_sensor_fault", fault="source_down", sensor=sensor,
+                                 zone="zone-a") == 1.0, 20, what="tray's detectors unknown")
+        wait_for(lambda: _open(agent, "leak_source_down"), 20, what="leak_source_down incident")
+        assert not _open(agent, "leak")
+        assert _metric(agent, "supernode_source_up", source="redfish", device="rfcdu1") == 1.0  # the CDU is fine
+        rack.clear()
+        wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 1.0, 30,
+                 what="tray BMC back by itself")
+
+
+def test_a_tray_detector_fault_raises_its_own_incident_and_never_acts(tmp_path):
+    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, interval=0.5, timeout=1.0), tmp_path) as agent:
+        _ready(agent)
+        rack.inject("tray-leak-sensor-fault", node="node01", detector="3")
+        wait_for(lambda: _open(agent, "leak_sensor_fault"), 20, what="leak_sensor_fault incident")
+        sensor = "bmc-node01/Chassis_0/Chassis_0_LeakDetector_1_Manifold"
+        assert _metric(agent, "supernode_leak_sensor_fault", fault="detector", sensor=sensor, zone="zone-a") == 1.0
+        assert _metric(agent, "supernode_leak_detected", sensor=sensor, zone="zone-a") is None  # not a value
+        assert re.search(r'^supernode_reading_quality\{device="bmc-node01",quality="sensor_fault",'
+                         r'reading="leak_detected,sensor=bmc-node01/Chassis_0/Chassis_0_LeakDetector_1_Manifold,'
+                         r'zone=zone-a",source="redfish"\} 1', agent.metrics(), re.M)
+        # Several polls later: no leak incident, no action intent, the node's GPUs untouched.
+        polls = _value(agent, "supernode_redfish_requests_total", bmc=BMC)
+        wait_for(lambda: (_metric(agent, "supernode_redfish_requests_total", bmc=BMC) or 0) >= polls + 20, 20,
+                 what="more polls")
+        assert not _open(agent, "leak")
+        assert not [r for r in _journal(agent) if r["kind"] == "intent"]
+        gpus = rack.sim.model.nodes["node01"].gpus
+        assert all(g.power_limit_mw == g.default_limit_mw for g in gpus)
+
+
+def test_a_push_subscription_delivers_to_the_agents_own_endpoint_and_triggers_the_read(tmp_path):
+    """events: push (as where the BMC has no SSE): the BMC POSTs to the agent, which re-reads at once."""
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path, mode="observe", interval=600, timeout=2.0, events="push")
+        (tmp_path / "rf-events.token").write_text("push-token-for-tests\n")
+        cfg["secrets"]["rf_events"] = {"file": str(tmp_path / "rf-events.token")}
+        cfg["sources"]["redfish"].update(event_destination=f"http://127.0.0.1:{cfg['listen']['port']}",
+                                         event_token_secret="rf_events")
+        events = rack.sim.devices[BMC].events
+        with running_agent(cfg, tmp_path) as agent:
+            _ready(agent)
+            wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="push") == 1.0,
+                     20, what="push subscription made")
+            subs = list(events.subscriptions.values())
+            assert [s.destination for s in subs] == [f"{agent.url}/api/v1/redfish/events/{BMC}"]
+            assert not events.streams  # no SSE stream besides
+            rack.inject("tray-leak", node="node01", detector="0")
+            wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident from the pushed event")
+            assert subs[0].delivered >= 1
+            record = {"Events": [{"MessageId": "Environmental.1.1.LeakDetectedCritical"}]}
+            assert agent.request("POST", f"/api/v1/redfish/events/{BMC}", record, token="wrong")[0] == 401
+            assert agent.request("POST", f"/api/v1/redfish/events/{BMC}", record)[0] == 401
+            assert agent.request("POST", "/api/v1/redfish/events/bmc-node09", record,
+                                 token="push-token-for-tests")[0] == 404
+            assert agent.request("POST", f"/api/v1/redfish/events/{BMC}", raw=b"[1, 2",
+                                 token="push-token-for-tests")[0] == 400
+        wait_for(lambda: not events.subscriptions, 10, what="subscription removed when the agent stopped")
+
+
+def test_more_than_n_leaking_trays_ask_the_rack_leader_to_isolate_the_rack(tmp_path):
+    """The leader (node01) watches every tray; two of them leak, more than rack_tray_leaks=1: rack isolation."""
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path, interval=0.5, timeout=1.0, watch_rack_trays=True)
+        cfg["remediation"]["detectors"]["rack_tray_leaks"] = 1
+        for zone in cfg["inventory"]["leak_zones"]:  # the rack valve is the only valve of this story
+            zone.pop("valve", None)
+        cfg["inventory"]["rack_valve"] = "cdu1:zone_valve_2"
+        with running_agent(cfg, tmp_path) as agent:
+            _ready(agent)
+            wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device="bmc-node02") == 1.0,
+                     20, what="the leader reading node02's tray too")
+            rack.inject("tray-leak", node="node01", detector="0")
+            wait_for(lambda: _open(agent, "leak"), 20, what="node01's tray leak")
+            assert not _open(agent, "tray_leak_rack")  # one tray: the tray's own response only
+            rack.inject("tray-leak", node="node02", detector="1")
+            inc = wait_for(lambda: _open(agent, "tray_leak_rack"), 20, what="rack incident")[0]
+            assert inc["targets"] == {"rack": "r01"}
+            assert sorted(inc["detail"]["trays"]) == ["bmc-node01", "bmc-node02"]
+            pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"]
+                                        if p["incident_id"] == inc["id"]], 20, what="rack valve close pending")
+            assert pending[0]["action"] == "cdu_write" and pending[0]["target"] == "cdu=cdu1,point=zone_valve_2"
+            assert rack.sim.model.coolant.valve_open["zone-b"] is True  # nothing closes without a person
+            assert agent.request("POST", f"/api/v1/incidents/{inc['id']}/approve", token=TOKEN)[0] == 200
+            wait_for(lambda: rack.sim.model.coolant.valve_open["zone-b"] is False, 20, what="rack valve closed")
+            # The leader drains and powers off only its own node: node02's tray leak is node02's agent's.
+            rows = [r for r in _journal(agent) if r["kind"] == "intent"]
+            assert {r["target"] for r in rows if r["action"] in ("drain", "tray_power")} <= \
+                {"node=node01", f"bmc={BMC},node=node01"}
+
+
+def test_probe_logs_in_with_a_session_and_says_when_the_login_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    def probe(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agent.cli", "probe", "redfish", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+
+    with sim_rack(tmp_path) as rack:
+        rf = rack.sim.redfish()
+        url = rf["bmcs"]["node01"]
+        ok = probe("--target", url, "--ca-file", rf["ca_file"], "--user", rf["username"],
+                   "--password-file", rf["password_file"], "--name", BMC)
+        assert ok.returncode == 0, ok.stderr
+        assert re.search(r'^supernode_leak_detector_state\{bmc="bmc-node01",chassis="Chassis_0",'
+                         r'detector="Chassis_0_LeakDetector_0_ColdPlate",type="Moisture"\} 0.0$', ok.stdout, re.M)
+        assert 'supernode_redfish_logins_total{bmc="bmc-node01"} 1.0' in ok.stdout  # a session, not Basic
+        wrong = tmp_path / "wrong.pw"
+        wrong.write_text("not-the-password\n")
+        refused = probe("--target", url, "--ca-file", rf["ca_file"], "--user", rf["username"],
+                        "--password-file", str(wrong))
+        assert refused.returncode != 0 and "auth:" in refused.stderr and "--user" in refused.stderr, refused.stderr
+        anonymous = probe("--target", url, "--ca-file", rf["ca_file"])
+        assert anonymous.returncode != 0 and "no credentials configured" in anonymous.stderr, anonymous.stderr
