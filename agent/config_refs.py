@@ -42,6 +42,14 @@ def reference_errors(config: "Config") -> list[str]:
             problem = _valve_problem(config, zone.valve)
             if problem:
                 errors.append(f"inventory.leak_zones.{zone.name}.valve: {problem}")
+    coord = config.coordination
+    shared = {d.name for d in (*inv.cdus, *inv.leak_controllers, *inv.pdus)}
+    for device, pollers in (coord.pollers if coord is not None else {}).items():
+        if device not in shared:
+            errors.append(f"coordination.pollers.{device}: not a shared device of the inventory ({_known(shared)})")
+        for node in pollers:
+            if nodes and node not in nodes:
+                errors.append(f"coordination.pollers.{device}: node {node!r} not in inventory.nodes ({_known(nodes)})")
     for pdu in inv.pdus:
         for outlet, node in pdu.outlets.items():
             if nodes and node not in nodes:

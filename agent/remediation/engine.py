@@ -11,6 +11,7 @@ failed, undone) lands in the journal before it is counted in metrics.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import time
@@ -37,6 +38,10 @@ from .ownership import carry_ownership, flip_for_undo, planned_after, rebuild_ef
 from .steps import outcome, run_graph
 
 log = logging.getLogger("supernode.remediation")
+SHARED_TARGETS = ("valve", "outlets")  # step targets on shared rack devices: the rack leader drives them
+COORDINATION_LOST = "coordination_lost"  # guardrail and approval key of a shared step queued while degraded
+# Set while a person approved a queued shared step in degraded mode: its write goes out without a leader's fence.
+UNFENCED: contextvars.ContextVar[bool] = contextvars.ContextVar("supernode_unfenced", default=False)
 UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is read again
 MODES = ("observe", "dry-run", "enforce")
 
@@ -104,6 +109,9 @@ class RemediationEngine:
         self.maintenance = Maintenance(self.journal, clock)
         self.retries: dict[str, int] = {}  # action id -> scheduler_unreachable retries so far
         self.executors = executors or Executors()
+        from agent.coordination.static import LocalRack  # the rack as the config alone says (no coordination)
+        leader = settings.rack_leader or (inventory.nodes[0] if inventory.nodes else identity.node)
+        self.rack: Any = LocalRack(leader, identity.node)
         self.playbooks: list[Playbook] = load_playbooks(settings.playbook_dir)
         self.detectors = Detectors(settings.detectors, Context(
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
@@ -332,6 +340,7 @@ class RemediationEngine:
 
     def _close(self, inc: Incident, undo: bool) -> None:
         self.incidents.transition(inc, "resolved")
+        self.rack.incident_closed(inc)
         for p in list(self.pending.values()):
             if p.incident_id == inc.id and (p.phase == "apply" or not undo) and not p.future.done():
                 p.future.set_result(False)
@@ -364,9 +373,33 @@ class RemediationEngine:
 
     @property
     def is_rack_leader(self) -> bool:
-        """The agent that drives shared rack devices (CDU valves, PDU outlets): the first inventory node."""
-        leader = self.settings.rack_leader or (self.inventory.nodes[0] if self.inventory.nodes else self.identity.node)
-        return leader == self.identity.node
+        """The agent that drives shared rack devices (CDU valves, PDU outlets): static, `rack_leader` or the first
+        inventory node; etcd, the elected one (agent.coordination)."""
+        return self.rack.is_leader()
+
+    def use_rack(self, rack: Any) -> None:
+        """Answer rack questions (leader, rack-wide guardrails, approvals) through coordination."""
+        self.rack = rack
+        rack.bind(self)  # one engine at a time (a reload binds its new one)
+
+    def carry_on_as_leader(self) -> None:
+        """Just elected: run the shared steps (valves, outlets) of open incidents that the old leader may have
+        left half done; action ids and the rack's approval records keep each from running twice."""
+        if not self.started or self.loop is None:
+            return
+        for inc in self.incidents.open_incidents():
+            book = self._playbook_for(inc)
+            if book is None:
+                continue
+            for idx, step in enumerate(book.steps):
+                if step.targets in SHARED_TARGETS:
+                    self._spawn(self._run_step_targets(inc, book, idx, step))
+
+    def coordination_back(self) -> None:
+        """Coordination returned: steps queued while degraded go to whoever leads now (its carry-on)."""
+        for p in list(self.pending.values()):
+            if p.approval == COORDINATION_LOST and not p.future.done():
+                p.future.set_result(False)
 
     def _playbook_for(self, inc: Incident) -> Playbook | None:
         return next((b for b in self.playbooks if b.name == inc.playbook), None)
@@ -380,15 +413,20 @@ class RemediationEngine:
             return [{}]
         if kind == "nodes":
             nodes = list(zone.nodes) if zone is not None else ([t["node"]] if "node" in t else [])
-            if inc.source == "local":
+            if inc.source == "local" or self.rack.role() == "degraded":
                 # Every agent sees a rack-wide fault (a leak, the CDU); each drains only its own
-                # node, so no two agents act on one node for one fault.
+                # node, so no two agents act on one node for one fault. Degraded (coordination lost),
+                # an agent acts on its own node only, whatever the trigger.
                 nodes = [n for n in nodes if n == self.identity.node]
             return [{"node": n} for n in nodes]
         if kind == "port":
             return [{"port": t["port"]}] if "port" in t else []
-        if kind in ("valve", "outlets") and not self.is_rack_leader:
-            return []  # shared rack devices are driven by one agent only: the rack leader
+        if kind in SHARED_TARGETS:
+            role = self.rack.role()
+            if role == "follower":
+                return []  # shared rack devices are driven by one agent only: the rack leader
+            if role == "degraded" and self.identity.node not in (zone.nodes if zone is not None else [t.get("node")]):
+                return []  # degraded: only the endangered nodes' agents queue the shared step (for a person)
         if kind == "valve":
             if zone is not None and zone.valve and ":" in zone.valve:
                 cdu, point = zone.valve.split(":", 1)
@@ -475,8 +513,10 @@ class RemediationEngine:
         if self.maintenance.active(node):
             return "maintenance", self.maintenance.why(node)
         if step.action == "drain" and self.executors.scheduler is not None:
-            return await check_drain(self.executors.scheduler, g, self.inventory.nodes, target["node"])
-        return None
+            blocked = await check_drain(self.executors.scheduler, g, self.inventory.nodes, target["node"], self.rack)
+            if blocked:
+                return blocked
+        return await self.rack.reserve_action(step.action, g)  # rack-wide breaker and rates (etcd)
 
     def _retry_later(self, inc: Incident, book: Playbook, idx: int, step: Step, target: Mapping[str, str]) -> float:
         """Run a step blocked by an unreachable scheduler again after a doubling delay, until it runs or the
@@ -507,6 +547,9 @@ class RemediationEngine:
         self.pending[aid] = p
         self.journal.append("approval", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
                             target=tgt, result="pending", detail={"approval": key, "phase": phase})
+        ok = False
+        if key != COORDINATION_LOST:
+            self.rack.pending_added(p, inc)  # etcd: rack state, so any agent can approve and a new leader carries on
         try:
             ok = await asyncio.wait_for(fut, self.settings.guardrails.approval_expiry_seconds)
         except asyncio.TimeoutError:
@@ -514,7 +557,16 @@ class RemediationEngine:
             self.journal.append("approval", action_id=aid, incident_id=inc.id, result="expired")
         finally:
             self.pending.pop(aid, None)
+            self.rack.pending_removed(p, bool(ok))
         return bool(ok)
+
+    async def approve_anywhere(self, ident: str, who: str = "api") -> list[str]:
+        """Approve here, and in the rack's state (etcd) for a step the leader waits on, wherever it runs."""
+        done = self.approve(ident, who)
+        for rid in await self.rack.approve(ident, who, list(self.incidents.all())):
+            self.journal.append("approval", action_id=rid, result="approved", detail={"by": who, "rack": True})
+            done.append(rid)
+        return done
 
     def approve(self, ident: str, who: str = "api") -> list[str]:
         """Approve one pending step (by action id) or all of an incident's; returns what was approved."""
@@ -529,6 +581,8 @@ class RemediationEngine:
 
     def reset_breaker(self, who: str = "api") -> bool:
         was = self.guard.reset_breaker()
+        if self.rack.shared and self.loop is not None:
+            self._spawn(self.rack.reset_breaker(who))
         self.journal.append("breaker", result="reset", detail={"by": who, "was_open": was})
         return was
 
@@ -561,7 +615,16 @@ class RemediationEngine:
         blocked = await self._check(inc, book, step, target)
         if blocked:
             return self._blocked_step(inc, book, idx, step, aid, target, *blocked)
-        if self.guard.needs_approval(step.approval) and mode == "enforce":
+        person_took_it = False
+        if step.targets in SHARED_TARGETS and self.rack.role() == "degraded" and mode == "enforce":
+            # Coordination lost: no agent can prove it leads. Queue the shared step: it runs here if a
+            # person approves it, or goes to the leader when coordination returns.
+            if not await self._approve(inc, book, step, aid, tgt, "apply", COORDINATION_LOST):
+                self._block(inc, book, step, aid, tgt, COORDINATION_LOST,
+                            "coordination lost: queued for a person or the rack leader; not approved here")
+                return "blocked"
+            person_took_it = True
+        if self.guard.needs_approval(step.approval) and mode == "enforce" and not person_took_it:
             if not await self._approve(inc, book, step, aid, tgt, "apply", step.approval or ""):
                 self._block(inc, book, step, aid, tgt, "approval", "not approved (expired or resolved)")
                 return "blocked"
@@ -580,7 +643,15 @@ class RemediationEngine:
                             target=tgt, detail={"plan": plan, "params": step.params, "phase": "apply"})
         if self.first_action_at is None:
             self.first_action_at = self.clock()
-        res = await self._attempt(lambda: act.apply(target, step.params, ctx, plan))
+        token = UNFENCED.set(person_took_it)
+        try:
+            res = await self._attempt(lambda: act.apply(target, step.params, ctx, plan))
+        except ActionError as exc:  # a guardrail only the write itself can check: the leader's fence
+            self.blocked_total[(book.name, exc.guardrail or "")] = self.blocked_total.get((book.name, exc.guardrail or ""), 0) + 1
+            return self._result(inc, book, step, aid, tgt, "blocked", {"phase": "apply", "guardrail": exc.guardrail,
+                                                                       "why": str(exc), "not_applied": True})
+        finally:
+            UNFENCED.reset(token)
         self.guard.record(step.action, tgt)
         if isinstance(res, ActionResult):
             if not res.skipped or res.before.get("owned") is False:
@@ -614,6 +685,8 @@ class RemediationEngine:
             try:
                 return await call()
             except ActionError as exc:
+                if exc.guardrail is not None:
+                    raise  # refused by a rule of ours at the write (fencing): a block, never retried
                 error = str(exc)
                 if exc.permanent:
                     break
@@ -701,9 +774,16 @@ class RemediationEngine:
         now = self.clock()
         return {"open": [i.as_dict(now) for i in self.incidents.open_incidents()],
                 "recent": [i.as_dict(now) for i in self.incidents.recent()][-50:],
-                "pending_approvals": [p.as_dict() for p in self.pending.values()],
-                "breaker_open": self.guard.breaker_open, "mode": self.mode,
+                "pending_approvals": self._pending_view(),
+                "breaker_open": self.guard.breaker_open or self.rack.breaker_open(), "mode": self.mode,
                 "maintenance": self.maintenance.view()}
+
+    def _pending_view(self) -> list[dict[str, Any]]:
+        """This agent's pending steps, then the rack's (etcd) that the leader waits on elsewhere."""
+        local = [dict(p.as_dict(), **({"rack_id": p.rack_id} if getattr(p, "rack_id", None) else {}))
+                 for p in self.pending.values()]
+        mine = {p.get("rack_id") for p in local}
+        return local + [r for r in self.rack.pending_view() if r["id"] not in mine]
 
     def count_webhook(self, result: str) -> None:
         self.webhook_total[result] = self.webhook_total.get(result, 0) + 1
