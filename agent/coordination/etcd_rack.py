@@ -258,7 +258,7 @@ class EtcdCoordinator(RackState):
         kvs, rev = await c.get_prefix(self.root + "/")
         self.mirror = {}
         for kv in kvs:
-            self._apply(Event("PUT", kv), initial=True)
+            self._apply(Event("PUT", kv))
         self.connected = True
         self.sessions += 1
         self.last_error = None
@@ -307,13 +307,13 @@ class EtcdCoordinator(RackState):
                 kvs, now = await self.client.get_prefix(self.root + "/")
                 self.mirror = {}
                 for kv in kvs:
-                    self._apply(Event("PUT", kv), initial=True)
+                    self._apply(Event("PUT", kv))
                 rev = now + 1
             except EtcdError as exc:
                 self._note_error(exc)
                 await asyncio.sleep(0.1)
 
-    def _apply(self, ev: Event, initial: bool = False) -> None:
+    def _apply(self, ev: Event) -> None:
         key = ev.kv.key
         if key.startswith(f"{self.root}/facts/"):
             self._fact(ev)
@@ -322,8 +322,7 @@ class EtcdCoordinator(RackState):
             self.mirror.pop(key, None)
         else:
             self.mirror[key] = ev.kv
-        if not initial:
-            self.on_rack_change(key)
+        self.on_rack_change(key)  # also on a fresh session's first read: an approval given while we were away
 
     # -- facts from the other pollers -----------------------------------------------------------------------
 
