@@ -106,7 +106,6 @@ def build_executors(loaded: "LoadedConfig", rack: Any = None) -> Executors:
         ex.link_read = link_read
     cdus = {d.name: d for d in cfg.inventory.cdus}
     if cdus:
-        from agent.remediation.calls import DEVICES
         from exporters.cooling.modbus_control import read_control_point, write_control_point
 
         ex.cdu_write = lambda cdu, point, value: write_control_point(cdus[cdu], point, float(value))
@@ -118,10 +117,8 @@ def build_executors(loaded: "LoadedConfig", rack: Any = None) -> Executors:
                 check, last_check = _fence(rack, f"cdu_write {cdu}:{point}")
                 await check()
 
-                def write() -> Any:
-                    last_check()  # on the device thread, nothing between this and the Modbus write
-                    return plain_write(cdu, point, value)
-                return await DEVICES(write, timeout=cfg.remediation.device_timeout_seconds)
+                last_check()  # the lease still proven alive: no await of ours between this and the write
+                return await plain_write(cdu, point, value)
             ex.cdu_write = fenced_cdu_write
     if cfg.inventory.pdus:
         from agent.sources import _pdus
