@@ -631,7 +631,7 @@ class RemediationEngine:
             if inc.state == "resolved":
                 return "blocked"
         try:
-            plan = await act.plan(target, step.params, ctx)
+            plan = await self._plan(act, target, step.params, ctx)
         except ActionError as exc:
             if exc.guardrail:
                 return self._blocked_step(inc, book, idx, step, aid, target, exc.guardrail, str(exc))
@@ -676,6 +676,20 @@ class RemediationEngine:
             eff = self.effects[(kind, tgt)] = {"before": res.before, "after": res.after, "params": dict(params),
                                                "holders": {}}
         eff["holders"][incident_id] = aid
+
+    async def _plan(self, act: Any, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
+        """The step's plan (a read of the device's state), tried like the action itself: a dropped connection
+        or one unanswered read before a valve close is retried within the attempt budget, not the end."""
+        delay = self.settings.guardrails.retry_backoff_seconds
+        for attempt in range(self.settings.guardrails.attempts_per_incident):
+            try:
+                return await act.plan(target, params, ctx)
+            except ActionError as exc:
+                if exc.permanent or attempt + 1 >= self.settings.guardrails.attempts_per_incident:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise ActionError("plan: no attempt left")
 
     async def _attempt(self, call) -> ActionResult | str:
         """Run with retries and backoff inside the attempt budget; returns the result or the last error."""
@@ -754,7 +768,14 @@ class RemediationEngine:
                                     # the apply's plan: reconcile asks "is the apply still in effect?"
                                     "plan": {"before": eff["before"], "want_watts": eff["after"].get("limit_watts"),
                                              "reason": eff["after"].get("reason", "")}})
-        res = await self._attempt(lambda: act.undo(target, eff["before"], eff["after"], eff["params"]))
+        try:
+            res = await self._attempt(lambda: act.undo(target, eff["before"], eff["after"], eff["params"]))
+        except ActionError as exc:  # refused at the write (fencing): kept, for the leader or a person
+            self.blocked_total[(book.name, exc.guardrail or "")] = self.blocked_total.get((book.name, exc.guardrail or ""), 0) + 1
+            self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
+                                target=tgt, result="blocked", detail={"phase": "undo", "apply_action_id": apply_id,
+                                                                      "guardrail": exc.guardrail, "why": str(exc)})
+            return "blocked"
         if isinstance(res, ActionResult):
             self.effects.pop((kind, tgt), None)  # a failed undo keeps it: a restart undoes it again
             self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
