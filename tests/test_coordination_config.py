@@ -27,7 +27,7 @@ def test_no_section_is_static_with_every_node_polling_and_the_first_node_leading
 
 
 def test_static_pollers_from_the_config(tmp_path):
-    loaded = parse_config(_cfg(tmp_path, pollers={"leak1": ["n2", "n3"]}))
+    loaded = parse_config(_cfg(tmp_path, pollers={"leak1": ["n2", "n3"]}, peers={"n2": "http://127.0.0.1:9877"}))
     c = build_coordinator(loaded)
     assert c.polling() == {"leak1": False, "pdu-a": True}
     assert c.hidden() == frozenset({("leak", "leak1")})
@@ -38,6 +38,9 @@ def test_static_pollers_from_the_config(tmp_path):
     ({"pollers": {"leak1": ["n1", "n2", "n3"]}}, "coordination"),
     ({"pollers": {"nope": ["n1"]}}, "coordination.pollers.nope"),
     ({"pollers": {"leak1": ["n9"]}}, "coordination.pollers.leak1"),
+    ({"pollers": {"leak1": ["n2"]}}, "n1 would never see it"),
+    ({"pollers": {"leak1": ["n2"]}, "peers": {"n2": "127.0.0.1:9877"}}, "coordination: Value error, peers.n2"),
+    ({"pollers": {"leak1": ["n2"]}, "peers": {"n2": "http://x:1", "n7": "http://y:1"}}, "coordination.peers.n7"),
     ({"backend": "etcd", "etcd": {"endpoints": ["127.0.0.1:2379"]}}, "coordination.etcd.endpoints"),
     ({"backend": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379"]}, "pollers": {"leak1": ["n1"]}},
      "coordination"),

@@ -72,6 +72,10 @@ class Coordination(_Strict):
     pollers: dict[str, list[str]] = Field(default_factory=dict, description=(
         "static: shared device name -> the nodes that poll it (default: every node that lists it, as "
         "without coordination). A node not listed for a device does not poll it."))
+    peers: dict[str, str] = Field(default_factory=dict, description=(
+        "static: node -> its agent's base URL (http(s)://host:port). A node that does not poll a device reads "
+        "the device's pollers' polls from their /api/v1/coordination/facts stream."))
+    peers_ca_file: Path | None = Field(default=None, description="static: CA of the peers' https listeners.")
     degraded_poll_interval_seconds: float = Field(default=2.0, gt=0, le=60, description=(
         "etcd unreachable: each agent polls the rack's leak inputs itself, at most this often."))
     drain_reservation_seconds: float = Field(default=30.0, gt=0, le=600, description=(
@@ -84,6 +88,11 @@ class Coordination(_Strict):
             raise ValueError("backend etcd needs an etcd section (endpoints)")
         if self.backend == "etcd" and self.pollers:
             raise ValueError("pollers is for the static backend; etcd assigns pollers among live agents")
+        if self.backend == "etcd" and self.peers:
+            raise ValueError("peers is for the static backend; etcd carries the facts")
+        for node, url in self.peers.items():
+            if not (url.startswith("http://") or url.startswith("https://")) or len(url) > 200:
+                raise ValueError(f"peers.{node}: expected http(s)://host:port, got {url[:80]!r}")
         for device, nodes in self.pollers.items():
             if len(nodes) > self.pollers_per_device:
                 raise ValueError(f"pollers.{device}: {len(nodes)} nodes, more than pollers_per_device "
