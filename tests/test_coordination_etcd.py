@@ -140,7 +140,8 @@ def test_sigkill_of_the_leader_during_a_leak_a_new_leader_drives_the_valve_after
     zone = "zone-b"  # cdu1:zone_valve_2
     rack.sim.inject("leak", zone=zone)
     try:
-        wait_for(lambda: any(p["action"] == "cdu_write" for p in incidents(leader).get("pending_approvals", [])), 30,
+        wait_for(lambda: any(p["action"] == "cdu_write" and p["phase"] == "apply"
+                             for p in incidents(leader).get("pending_approvals", [])), 30,
                  what="the valve close waiting for approval on the leader")
         os.kill(leader.proc.pid, signal.SIGKILL)
         leader.proc.wait(10)
@@ -151,8 +152,8 @@ def test_sigkill_of_the_leader_during_a_leak_a_new_leader_drives_the_valve_after
         # A person approves on an agent that is not the leader, by that agent's own incident id.
         inc = wait_for(lambda: next((i for i in incidents(other).get("open", []) if i["detector"] == "leak"
                                      and i["targets"]["zone"] == zone), None), 30, what="the leak open on another agent")
-        wait_for(lambda: any(p.get("rack") for p in incidents(other)["pending_approvals"]), 30,
-                 what="the new leader's rack approval visible everywhere")
+        wait_for(lambda: any(p.get("rack") and p["phase"] == "apply" for p in incidents(other)["pending_approvals"]),
+                 30, what="the new leader's rack approval visible everywhere")
         assert approve(other, inc["id"]), "nothing approved"
         wait_for(lambda: rack.sim.sim.model.coolant.valve_open[zone] is False, 30, what="zone valve closed")
         wait_for(lambda: results(new, "cdu_write", result="done"), 30, what="the new leader's valve close journaled")
@@ -202,10 +203,11 @@ def test_sigstop_of_the_leader_past_its_ttl_its_late_write_is_fenced(rack, tmp_p
     zone = "zone-b"
     rack.sim.inject("leak", zone=zone)
     try:
-        wait_for(lambda: any(p["action"] == "cdu_write" for p in incidents(leader).get("pending_approvals", [])), 30,
+        wait_for(lambda: any(p["action"] == "cdu_write" and p["phase"] == "apply"
+                             for p in incidents(leader).get("pending_approvals", [])), 30,
                  what="the valve close waiting for approval on the leader")
-        wait_for(lambda: any(p.get("rack") for p in incidents(others[0])["pending_approvals"]), 30,
-                 what="the rack approval visible on another agent")
+        wait_for(lambda: any(p.get("rack") and p["phase"] == "apply" for p in incidents(others[0])["pending_approvals"]),
+                 30, what="the rack approval visible on another agent")
         inc = wait_for(lambda: next((i for i in incidents(others[0]).get("open", []) if i["detector"] == "leak"
                                      and i["targets"]["zone"] == zone), None), 30, what="the leak open on another agent")
         leader.signal(signal.SIGSTOP)
@@ -217,7 +219,12 @@ def test_sigstop_of_the_leader_past_its_ttl_its_late_write_is_fenced(rack, tmp_p
         def fenced() -> list:
             return [e for e in results(leader, "cdu_write", result="blocked") if e["seq"] > seq_before
                     and e["detail"].get("guardrail") == "fenced"]
-        blocked = wait_for(fenced, 40, what="the late write fenced")[-1]
+        try:
+            blocked = wait_for(fenced, 40, what="the late write fenced")[-1]
+        except AssertionError as exc:
+            said = [line for line in leader.log().splitlines()
+                    if "cdu_write" in line or "coordination" in line or "approval" in line or "Error" in line]
+            raise AssertionError(f"{exc}\n" + "\n".join(said[-30:])) from None
         assert "leader" in blocked["detail"]["why"] or "lease" in blocked["detail"]["why"], blocked
         assert len(cdu.writes) == writes_before, cdu.writes[writes_before:]
         assert rack.sim.sim.model.coolant.valve_open[zone] is True

@@ -243,12 +243,20 @@ async def _read_or_moved(resp: aiohttp.ClientResponse, moved: asyncio.Event) -> 
     """The next chunk of a streamed response, or None once `moved` is set (the watch must follow)."""
     read = asyncio.ensure_future(resp.content.readany())
     flag = asyncio.ensure_future(moved.wait())
-    done, _ = await asyncio.wait({read, flag}, return_when=asyncio.FIRST_COMPLETED)
-    if read in done:
-        flag.cancel()
-        return read.result()
-    read.cancel()
-    return None
+    try:
+        done, _ = await asyncio.wait({read, flag}, return_when=asyncio.FIRST_COMPLETED)
+        return read.result() if read in done else None
+    finally:
+        for f in (read, flag):
+            if not f.done():
+                f.cancel()
+            f.add_done_callback(_retrieved)
+
+
+def _retrieved(f: asyncio.Future) -> None:
+    """Mark a side future's outcome seen (a stream closed while the watch stopped is no error to report)."""
+    if not f.cancelled():
+        f.exception()
 
 
 def _watch_events(line: bytes, url: str) -> list[Event]:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
                                      cmp_mod, cmp_value, op_put)
-from agent.coordination.facts import Decoder, Fact, encode
+from agent.coordination.facts import FactExchange, encode
 from agent.coordination.rack_state import RackState
 from agent.coordination.shared import SharedDevices, ranked, shared_devices
 
@@ -66,13 +66,9 @@ class EtcdCoordinator(RackState):
         self.mirror: dict[str, KV] = {}
         self.token = 0  # the leader key's mod revision while we lead
         self.slots: dict[str, str] = {}  # device -> slot key we hold
-        self.local: dict[str, bool] = {}  # job id -> its store entry holds our own poll (not a fact)
-        self.fact_status: dict[str, dict[str, tuple[bool, float]]] = {}  # job -> poller -> (up, when)
-        self.decoder = Decoder()
-        self.store: Any = None
+        self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, clock)
         self.poll_now: Callable[[str], bool] | None = None
         self.runners: dict[str, Any] = {}
-        self._ingesting = False
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.engine: Any = None
@@ -81,8 +77,6 @@ class EtcdCoordinator(RackState):
         self._puts: dict[str, bytes] = {}  # job -> the next fact to put (one put in flight per job)
         self._putting: set[str] = set()
         self.fenced_total = 0
-        self.facts_published = 0
-        self.facts_received = 0
         self.sessions = 0
         self.last_error: str | None = None
         RackState.__init__(self, loaded)
@@ -128,11 +122,35 @@ class EtcdCoordinator(RackState):
 
     # -- hooks into the runtime -----------------------------------------------------------------------------
 
+    @property
+    def facts_published(self) -> int:
+        return self.facts.published
+
+    @property
+    def facts_received(self) -> int:
+        return self.facts.received
+
     def gate_runners(self, runners: dict[str, Any]) -> None:
-        self.runners = runners
+        self.runners = self.facts.runners = runners
         for job_id, runner in runners.items():
             if job_id in self.shared.jobs:
                 runner.gate = (lambda j=job_id: self._gate(j))
+
+    def _safety_intervals(self, degraded: bool) -> None:
+        """Degraded, a leak input is polled here every degraded_poll_interval_seconds: its readings stay fresh
+        for that long (else the leak watch would call the zone unknown between two bounded polls)."""
+        store = self.facts.store
+        if store is None:
+            return
+        for job in self.shared.safety:
+            runner = self.runners.get(job)
+            if runner is None:
+                continue
+            source, _, device = job.partition("/")
+            interval = runner.settings.interval
+            if degraded:
+                interval = max(interval, self.settings.degraded_poll_interval_seconds)
+            store.register(source, device, interval, self.stale_after)
 
     def _gate(self, job_id: str) -> bool:
         """May this agent poll this shared source now? Its slot's holder yes; degraded: safety inputs, bounded."""
@@ -149,21 +167,14 @@ class EtcdCoordinator(RackState):
 
     def hidden(self) -> frozenset[tuple[str, str]]:
         """Shared sources whose store entry holds another agent's facts: not exported here (exported once)."""
-        return frozenset(tuple(j.split("/", 1)) for j in self.shared.jobs if not self.local.get(j, False))
+        return self.facts.hidden()
 
     def on_publish(self, snap: Any, origin: str) -> None:
         """Store listener: after our own poll of a device we hold, publish it as that device's fact."""
-        if self._ingesting or origin not in self.shared.jobs:
+        device = self.shared.jobs.get(origin)
+        fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
+        if fact is None:
             return
-        self.local[origin] = True
-        if not self.polls(self.shared.jobs[origin]):
-            return
-        source, _, device = origin.partition("/")
-        st = next((s for s in snap.sources if s.source == source and s.device == device), None)
-        if st is None:
-            return
-        fact = Fact(self.node, source, device, st.up, list(st.readings) if st.up else [], st.last_duration or 0.0,
-                    "poll" if not st.up else "", st.last_error or "", {}, self.clock())
         self._puts[origin] = encode(fact)
         if origin not in self._putting:
             self._putting.add(origin)
@@ -177,7 +188,7 @@ class EtcdCoordinator(RackState):
                     return
                 try:
                     await self.client.put(f"{self.root}/facts/{job}/{self.node}", value, self.lease)
-                    self.facts_published += 1
+                    self.facts.published += 1
                 except EtcdError as exc:
                     self._note_error(exc)
         finally:
@@ -186,7 +197,7 @@ class EtcdCoordinator(RackState):
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     async def start(self, agent: Any) -> None:
-        self.store = agent.store
+        self.facts.store = agent.store
         self.poll_now = agent.scheduler.poll_now
         agent.store.add_listener(self.on_publish)
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -236,6 +247,7 @@ class EtcdCoordinator(RackState):
         self.token = 0
         self.slots.clear()
         self._was_leader = False
+        self._safety_intervals(degraded=True)
         if was:
             log.warning("coordination lost: degraded (own node only; leak inputs polled here, bounded)",
                         extra={"error": self.last_error})
@@ -260,6 +272,7 @@ class EtcdCoordinator(RackState):
         for kv in kvs:
             self._apply(Event("PUT", kv))
         self.connected = True
+        self._safety_intervals(degraded=False)
         self.sessions += 1
         self.last_error = None
         log.info("coordination up", extra={"lease": f"{self.lease:x}", "reused": reused,
@@ -329,38 +342,12 @@ class EtcdCoordinator(RackState):
     def _fact(self, ev: Event) -> None:
         rest = ev.kv.key[len(f"{self.root}/facts/"):]
         job, _, poller = rest.rpartition("/")
-        if poller == self.node or job not in self.shared.jobs or self.store is None:
-            return
-        status = self.fact_status.setdefault(job, {})
         if ev.type == "DELETE":
-            status.pop(poller, None)
+            self.facts.forget(job, poller)
             return
-        if self.polls(self.shared.jobs[job]) and self.local.get(job):
-            return  # we read this device ourselves
-        try:
-            fact = self.decoder.decode(ev.kv.value)
-        except ValueError as exc:
-            self._note_error(exc)
-            return
-        now = MONOTONIC()
-        status[poller] = (fact.up, now)
-        self.facts_received += 1
-        runner = self.runners.get(job)
-        interval = runner.settings.interval if runner is not None else 1.0
-        if not fact.up and any(ok and now - at <= interval * self.stale_after
-                               for p, (ok, at) in status.items() if p != poller):
-            return  # another poller reads it fine: one poller's trouble is not the device's
-        self._ingesting = True
-        try:
-            if fact.up:
-                self.store.publish(fact.source, fact.device, fact.readings, fact.duration, fact.partial_errors)
-            else:
-                self.store.fail(fact.source, fact.device, "remote", f"{poller}: {fact.error}", fact.duration)
-            self.local[job] = False
-        except KeyError:  # a device this agent's config does not list
-            pass
-        finally:
-            self._ingesting = False
+        problem = self.facts.ingest(job, poller, ev.kv.value, self.polls)
+        if problem and problem.startswith("unreadable"):
+            self._note_error(ValueError(problem))
 
     # -- decisions from the mirror ---------------------------------------------------------------------------
 

@@ -233,14 +233,16 @@ class RackState:
                     pass
 
     async def approve(self, ident: str, who: str, incidents: list[Any]) -> list[str]:
-        """Approve rack-wide: by its rack id, or by this agent's own incident of the same fault."""
-        keys = {i.key for i in incidents if i.id == ident}
+        """Approve rack-wide: by its rack id, or by this agent's own incident of the same fault (an open incident
+        approves the steps that act on it, a resolved one the steps that undo it: an earlier episode's
+        pending undo is not approved by approving this episode)."""
+        mine = {(i.key, "apply" if i.state != "resolved" else "undo") for i in incidents if i.id == ident}
         done = []
         now = self.clock()
         for rid, (kv, doc) in self._approvals().items():
             if doc.get("state") != "pending" or doc.get("expires_at", 0) <= now:
                 continue
-            if ident != rid and doc.get("incident_key") not in keys:
+            if ident != rid and (doc.get("incident_key"), doc.get("phase")) not in mine:
                 continue
             doc = dict(doc, state="approved", approved_by=who, approved_at=now, approved_on=self.node)
             try:
