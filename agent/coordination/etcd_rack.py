@@ -53,6 +53,7 @@ class EtcdCoordinator(RackState):
         self.node = cfg.agent.node
         self.rack_name = cfg.agent.rack
         self.root = f"{coord.etcd.prefix}/{cfg.agent.rack}"
+        self._facts_prefix = f"{self.root}/facts/"
         self.ttl = coord.lease_ttl_seconds
         self.shared: SharedDevices = shared_devices(cfg.inventory)
         self.stale_after = cfg.sources.stale_after_intervals
@@ -74,6 +75,7 @@ class EtcdCoordinator(RackState):
         self.engine: Any = None
         self._was_leader = False
         self._degraded_last: dict[str, float] = {}
+        self._seen: dict[str, dict[str, float]] = {}  # job -> poller -> when its last fact arrived
         self._puts: dict[str, bytes] = {}  # job -> the next fact to put (one put in flight per job)
         self._putting: set[str] = set()
         self.fenced_total = 0
@@ -173,12 +175,22 @@ class EtcdCoordinator(RackState):
         """Store listener: after our own poll of a device we hold, publish it as that device's fact."""
         device = self.shared.jobs.get(origin)
         fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
-        if fact is None:
+        if fact is None or not self._publishes(origin, device):
             return
         self._puts[origin] = encode(fact)
         if origin not in self._putting:
             self._putting.add(origin)
             asyncio.get_running_loop().create_task(self._put_facts(origin))
+
+    def _publishes(self, job: str, device: str) -> bool:
+        """The first slot's poller publishes; the second is a hot standby that publishes only while the first's
+        facts are missing (one copy of each poll in etcd and at every agent, and no gap when the first dies)."""
+        first = self.mirror.get(f"{self.root}/pollers/{device}/0")
+        if first is None or first.lease == self.lease:
+            return True
+        runner = self.runners.get(job)
+        window = (runner.settings.interval if runner is not None else 1.0) * self.stale_after
+        return MONOTONIC() - self._seen.get(job, {}).get(first.value.decode(), -1e9) > window
 
     async def _put_facts(self, job: str) -> None:
         try:
@@ -312,10 +324,12 @@ class EtcdCoordinator(RackState):
         while True:
             try:
                 async for events in self.client.watch(self.root + "/", rev):
+                    decide = False
                     for ev in events:
                         rev = max(rev, ev.kv.mod_revision + 1)
-                        self._apply(ev)
-                    self._changed.set()
+                        decide |= self._apply(ev)
+                    if decide:  # membership, leader or slots moved: decide again (a fact changes no decision)
+                        self._changed.set()
             except WatchCompacted:
                 kvs, now = await self.client.get_prefix(self.root + "/")
                 self.mirror = {}
@@ -326,16 +340,18 @@ class EtcdCoordinator(RackState):
                 self._note_error(exc)
                 await asyncio.sleep(0.1)
 
-    def _apply(self, ev: Event) -> None:
+    def _apply(self, ev: Event) -> bool:
+        """Mirror one event; True when it may change a decision (anything but a fact)."""
         key = ev.kv.key
-        if key.startswith(f"{self.root}/facts/"):
+        if key.startswith(self._facts_prefix):
             self._fact(ev)
-            return
+            return False
         if ev.type == "DELETE":
             self.mirror.pop(key, None)
         else:
             self.mirror[key] = ev.kv
         self.on_rack_change(key)  # also on a fresh session's first read: an approval given while we were away
+        return True
 
     # -- facts from the other pollers -----------------------------------------------------------------------
 
@@ -345,6 +361,7 @@ class EtcdCoordinator(RackState):
         if ev.type == "DELETE":
             self.facts.forget(job, poller)
             return
+        self._seen.setdefault(job, {})[poller] = MONOTONIC()
         problem = self.facts.ingest(job, poller, ev.kv.value, self.polls)
         if problem and problem.startswith("unreadable"):
             self._note_error(ValueError(problem))

@@ -152,9 +152,11 @@ class FactExchange:
         self.received += 1
         runner = self.runners.get(job)
         interval = runner.settings.interval if runner is not None else 1.0
-        if not fact.up and any(ok and now - at <= interval * self.stale_after
-                               for p, (ok, at) in status.items() if p != poller):
-            return None
+        window = interval * self.stale_after
+        if not fact.up and any(ok and now - at <= window for p, (ok, at) in status.items() if p != poller):
+            return None  # another poller reads it fine: one poller's trouble is not the device's
+        if fact.up and any(ok and p < poller and now - at <= window for p, (ok, at) in status.items()):
+            return None  # the device's first poller answers: one copy of each poll is enough (half the work)
         self.ingesting = True
         try:
             if fact.up:
