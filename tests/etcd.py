@@ -10,8 +10,11 @@ from tests.helpers import require_binary
 
 
 def running_etcd(base: Path, members: int = 3) -> Iterator[EtcdCluster]:
-    """An etcd cluster for a module's tests (`yield from` it in a fixture); a missing etcd fails (or skips)."""
-    c = EtcdCluster(base, members, binary=require_binary("etcd")).start()
+    """An etcd cluster for a module's tests (`yield from` it in a fixture); a missing etcd fails (or skips).
+
+    Its data lives on tmpfs: the suite shares a disk with other work, and etcd's WAL fsyncs there would
+    time the tests, not etcd."""
+    c = EtcdCluster(base, members, binary=require_binary("etcd"), memory=True).start()
     try:
         yield c
     finally:

@@ -53,7 +53,7 @@ def test_racing_agents_never_pass_the_rack_hourly_rate(tmp_path, etcd):
         coords = await _rack(tmp_path, etcd, "/rate", rate_per_hour={"drain": 4, "default": 60})
         try:
             guard = Guardrails(coords[0].guardrails)
-            asks = [c.reserve_action("drain", guard) for c in coords for _ in range(4)]
+            asks = [c.reserve_action("drain", guard) for c in coords for _ in range(3)]
             return await asyncio.gather(*asks)
         finally:
             await _stop(coords)
@@ -67,7 +67,7 @@ def test_the_rack_breaker_trips_for_every_agent_and_a_person_resets_it_anywhere(
         coords = await _rack(tmp_path, etcd, "/breaker", breaker_max_actions=3, breaker_window_seconds=600)
         try:
             guard = Guardrails(coords[0].guardrails)
-            first = await asyncio.gather(*(c.reserve_action("cdu_write", guard) for c in coords for _ in range(3)))
+            first = await asyncio.gather(*(c.reserve_action("cdu_write", guard) for c in coords for _ in range(2)))
             await await_for(lambda: all(c.breaker_open() for c in coords), 10, what="every agent sees the breaker")
             was = await coords[2].reset_breaker("person")
             await await_for(lambda: not any(c.breaker_open() for c in coords), 10, what="breaker closed everywhere")

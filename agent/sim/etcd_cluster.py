@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 import shutil
 import socket
+import tempfile
 import time
 
 
@@ -39,6 +40,7 @@ class EtcdMember:
         self.binary = binary
         self.proc: subprocess.Popen | None = None
         self.started_once = False
+        self.data_dir = self.dir / "data"
 
     @property
     def url(self) -> str:
@@ -46,7 +48,7 @@ class EtcdMember:
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        argv = [self.binary, "--name", self.name, "--data-dir", str(self.dir / "data"),
+        argv = [self.binary, "--name", self.name, "--data-dir", str(self.data_dir),
                 "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                 "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
@@ -83,7 +85,9 @@ class EtcdMember:
 
 
 class EtcdCluster:
-    def __init__(self, base: Path, members: int = 3, binary: str | None = None):
+    def __init__(self, base: Path, members: int = 3, binary: str | None = None, memory: bool = False):
+        """`memory`: data dirs on tmpfs (/dev/shm), removed at stop: etcd fsyncs its WAL on every write, and on a
+        disk shared with other work those fsyncs, not etcd, would set every request's latency."""
         binary = binary or etcd_binary()
         if binary is None:
             raise FileNotFoundError("etcd is not installed (Debian: apt-get install etcd-server)")
@@ -91,6 +95,11 @@ class EtcdCluster:
         names = [f"m{i + 1}" for i in range(members)]
         cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, (_, p) in zip(names, ports))
         self.members = [EtcdMember(n, base, c, p, cluster, binary) for n, (c, p) in zip(names, ports)]
+        self._shm: Path | None = None
+        if memory and Path("/dev/shm").is_dir():
+            self._shm = Path(tempfile.mkdtemp(prefix="supernode-etcd-", dir="/dev/shm"))
+            for m in self.members:
+                m.data_dir = self._shm / m.name
 
     @property
     def endpoints(self) -> list[str]:
@@ -122,3 +131,5 @@ class EtcdCluster:
     def stop(self) -> None:
         for m in self.members:
             m.stop()
+        if self._shm is not None:
+            shutil.rmtree(self._shm, ignore_errors=True)
