@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEB_PACKAGES := snmp prometheus prometheus-alertmanager prometheus-snmp-exporter slurm-wlm munge \
-                iproute2 mbpoll ethtool systemd python3-venv chromium chromium-driver
+                iproute2 mbpoll ethtool systemd python3-venv chromium chromium-driver etcd-server etcd-client
 PYTEST_ARGS ?=
 
 .PHONY: demo test fuzz venv peers dashboards bench clean lint deb screenshot

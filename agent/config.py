@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from agent.config_refs import reference_errors, secret_warnings
+from agent.coordination.settings import Coordination
 from agent.rack_file import RackFileError, with_rack_file
 from agent.remediation.settings import RemediationSettings
 from exporters.safe_yaml import InputError, parse_yaml, read_text_file
@@ -456,6 +457,8 @@ class Config(Strict):
     status: StatusPage = StatusPage()
     remediation: RemediationSettings = Field(default_factory=RemediationSettings,
                                              description="Detectors, playbooks and guardrails.")
+    coordination: Coordination | None = Field(default=None, description=(
+        "How the rack's agents share devices, leader and guardrails; none: a lone agent (static)."))
 
     @model_validator(mode="after")
     def _pdu_retries_fit_the_poll(self) -> "Config":

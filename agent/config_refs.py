@@ -48,6 +48,21 @@ def reference_errors(config: "Config") -> list[str]:
         problem = _valve_problem(config, inv.rack_valve)
         if problem:
             errors.append(f"inventory.rack_valve: {problem}")
+    coord = config.coordination
+    shared = {d.name for d in (*inv.cdus, *inv.leak_controllers, *inv.pdus)}
+    for device, pollers in (coord.pollers if coord is not None else {}).items():
+        if device not in shared:
+            errors.append(f"coordination.pollers.{device}: not a shared device of the inventory ({_known(shared)})")
+        for node in pollers:
+            if nodes and node not in nodes:
+                errors.append(f"coordination.pollers.{device}: node {node!r} not in inventory.nodes ({_known(nodes)})")
+        if config.agent.node not in pollers and not any(p in coord.peers for p in pollers):
+            errors.append(f"coordination.pollers.{device}: {config.agent.node} does not poll it and coordination.peers "
+                          f"has no URL of its pollers ({', '.join(pollers) or 'none'}): {config.agent.node} would "
+                          "never see it")
+    for node in (coord.peers if coord is not None else {}):
+        if nodes and node not in nodes:
+            errors.append(f"coordination.peers.{node}: not in inventory.nodes ({_known(nodes)})")
     for pdu in inv.pdus:
         for outlet, node in pdu.outlets.items():
             if nodes and node not in nodes:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from agent import __version__
 from agent.config import ConfigError, LoadedConfig, load_config
+from agent.coordination import CoordinationCollector, build_coordinator
 from agent.exposition import build_registry, inventory_readings, render_metrics
 from agent.self_metrics import ReloadStats, self_collectors
 from agent.http import RouteMount, build_app, start_server
@@ -52,6 +53,7 @@ class Agent:
         # A state_dir that cannot exist is a configuration error (exit 2, named); anything that goes
         # wrong inside remediation after that only degrades remediation.
         loaded.config.agent.state_dir.mkdir(parents=True, exist_ok=True)
+        self.coordination = build_coordinator(loaded)  # before remediation: the engine asks it who leads
         self._setup_remediation()
         from agent import redfish_events
 
@@ -59,7 +61,8 @@ class Agent:
         self.reloads = ReloadStats()
         self.registry = build_registry(self.store, self.identity,
                                        [*self.extra_collectors, RemediationHealth(self.remediation_degraded),
-                                        *self_collectors(self.reloads)])
+                                        CoordinationCollector(self.coordination), *self_collectors(self.reloads)],
+                                       self.coordination.hidden)
 
     # -- identity and state ------------------------------------------------------
 
@@ -78,14 +81,17 @@ class Agent:
 
     def render_metrics(self) -> bytes:
         """What /metrics serves: memory only, never a device."""
-        return render_metrics(self.registry, self.store, inventory_readings(self.loaded.config.inventory))
+        return render_metrics(self.registry, self.store, inventory_readings(self.loaded.config.inventory),
+                              self.coordination.hidden())
 
     def rack_power_w(self) -> float | None:
         """The rack power the PDUs reported last (None until they have): feeds the CDU's flow per kW."""
         return self.store.snapshot().value("supernode_rack_power_watts")
 
     def sources_not_polled(self) -> list[str]:
-        return [job_id for job_id, r in self.scheduler.runners.items() if r.polls == 0]
+        """Sources without a first poll; a shared one that coordination gates (another agent may poll it) never
+        holds readiness back."""
+        return [job_id for job_id, r in self.scheduler.runners.items() if r.polls == 0 and r.gate is None]
 
     def state_dict(self) -> dict[str, Any]:
         snap = self.store.snapshot()
@@ -129,6 +135,8 @@ class Agent:
         sources = self._with_derived(self.loaded, self.source_factory(self.loaded, self.rack_power_w))
         self.scheduler.start()
         await self.scheduler.replace(sources, self.loaded.config.sources.stale_after_intervals)
+        self.coordination.gate_runners(self.scheduler.runners)  # before any poll runs: the loop has not yielded
+        await self.coordination.start(self)
         self._runner, self.port = await start_server(build_app(self), self.loaded.config.listen)
         log.info("agent started", extra={"listen": f"{self.loaded.config.listen.address}:{self.port}",
                                          "sources": len(sources), "mode": self.identity()["mode"],
@@ -157,6 +165,9 @@ class Agent:
         try:
             # Parsed on a worker thread: whatever the file holds, /metrics and the watchdog keep answering.
             new = await asyncio.to_thread(load_config, path)
+            if new.config.coordination != self.loaded.config.coordination:
+                raise ConfigError("coordination: a change of this section needs a restart (the agent's rack "
+                                  "membership, leadership and poller slots are held under the running one)")
             sources = self._with_derived(new, self.source_factory(new, self.rack_power_w))
             # Remediation is built too before anything running changes: a playbook that does not
             # load refuses the whole reload.
@@ -170,6 +181,7 @@ class Agent:
             return False, f"{type(exc).__name__}: {exc}"
         self.loaded = new
         await self.scheduler.replace(sources, new.config.sources.stale_after_intervals)
+        self.coordination.gate_runners(self.scheduler.runners)
         if self.remediation is not None:
             await self.remediation.swap(prepared)
         log.info("config reloaded", extra={"path": str(path), "sources": len(sources)})
@@ -185,6 +197,10 @@ class Agent:
         await self.scheduler.shutdown()
         if self.remediation is not None and hasattr(self.remediation, "stop"):
             await asyncio.wait_for(self.remediation.stop(), 3.0)
+        try:
+            await asyncio.wait_for(self.coordination.stop(), 1.5)  # hands leadership and slots over at once
+        except asyncio.TimeoutError:
+            log.warning("coordination stop took too long")
         if self._runner is not None:
             await self._runner.cleanup()
         log.info("agent stopped")

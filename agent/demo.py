@@ -25,9 +25,13 @@ from agent.sim.server import Simulator
 
 
 def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str = "enforce",
-                 slurm_conf: Path | None = None, agent_urls: dict[str, str] | None = None) -> dict[str, Any]:
+                 slurm_conf: Path | None = None, agent_urls: dict[str, str] | None = None,
+                 etcd_endpoints: list[str] | None = None) -> dict[str, Any]:
     """The config of one demo agent: its identity, the rack inventory and the simulator's endpoints;
-    `agent_urls` (node -> URL) lets its status page show the other nodes from their agents."""
+    `agent_urls` (node -> URL) lets its status page show the other nodes from their agents.
+
+    With `etcd_endpoints` the agents coordinate (leader, two pollers per shared device, rack-wide
+    guardrails); a large rack polls its own GPUs and ports less often, so 18 agents fit on 2 cores."""
     model = sim.model
     gpus = len(model.nodes[node].gpus)
     cfg: dict[str, Any] = {
@@ -45,14 +49,24 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
     demo_inventory(sim, node, cfg)
     if agent_urls:
         cfg["inventory"]["agent_urls"] = dict(agent_urls)
+    from exporters.cooling.modbus_profile import load_profile
+
+    valves = {p.name for p in load_profile("reference-cdu").expanded() if p.name.startswith("zone_valve_")}
     for i, zone in enumerate(cfg["inventory"].get("leak_zones", [])):
-        zone["valve"] = f"cdu1:zone_valve_{i + 1}"
+        if f"zone_valve_{i + 1}" in valves:  # the reference CDU isolates two zones; a larger rack's others have none
+            zone["valve"] = f"cdu1:zone_valve_{i + 1}"
     redfish_inventory(sim, cfg)
     cfg["remediation"] = {
         "slurm": ({"backend": "slurm", "slurm_conf": str(slurm_conf)} if slurm_conf else {"backend": "simulated"}),
         # A demo rack of two nodes: let a leak drain either; act quickly so the story is visible.
         "guardrails": {"max_drained_fraction": 1.0, "max_drained_nodes": len(model.nodes), "cooldown_seconds": 5},
     }
+    if etcd_endpoints:
+        cfg["coordination"] = {"backend": "etcd", "etcd": {"endpoints": list(etcd_endpoints)}}
+    if len(model.nodes) > 4:  # an NVL72-class rack on one small machine: the node-local sources slower
+        cfg["sources"]["nvml"].update(interval=3.0, timeout=2.0)
+        cfg["sources"]["links"] = {"interval": 5.0, "timeout": 2.0}
+        cfg["sources"]["dom"] = dict(cfg["sources"].get("dom", {}), interval=60.0, timeout=20.0)
     tree_root = cfg["sources"].get("sysfs_root")
     if tree_root:  # the simulator's stand-in for `ip` and `ibportstate` acts on its link tree
         shim = [sys.executable, "-m", "agent.sim.link_shim", str(tree_root)]
@@ -111,6 +125,15 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         except Exception as exc:  # the demo still runs, with the simulated scheduler, and says so
             print(f"slurm: could not start a demo Slurm ({exc}); using the simulated scheduler", file=sys.stderr)
             slurm = None
+    etcd = None
+    from agent.sim.etcd_cluster import EtcdCluster, etcd_binary
+
+    if etcd_binary():
+        try:
+            etcd = await asyncio.to_thread(EtcdCluster(workdir / "etcd", 1).start)
+        except Exception as exc:  # the demo still runs, each agent alone (static), and says so
+            print(f"etcd: could not start a demo etcd ({exc}); agents run without coordination", file=sys.stderr)
+            etcd = None
     procs: list[tuple[str, subprocess.Popen, int]] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -122,13 +145,14 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         for node, port in ports.items():
             cfg_path = workdir / node / "agent.yaml"
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
-            cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None, agent_urls=urls)
+            cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None, agent_urls=urls,
+                               etcd_endpoints=etcd.endpoints if etcd else None)
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             log = open(workdir / node / "agent.log", "ab")
             proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(cfg_path), "run"],
                                     stdout=log, stderr=log, start_new_session=True)
             procs.append((node, proc, port))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 20 + 3 * len(procs)  # 18 agents starting at once on 2 cores take a while
         for node, proc, port in procs:
             ok = await asyncio.to_thread(_wait_ready, f"http://127.0.0.1:{port}/healthz", deadline)
             if not ok:
@@ -146,6 +170,10 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             print(f"redfish-cdu: {cdu}/redfish/v1/   ({name})")
         if rf:
             print(f"redfish-login: user {rf['username']}, password file {rf['password_file']}, CA file {rf['ca_file']}")
+        if etcd:
+            print(f"etcd: {etcd.endpoints[0]}   (rack coordination: one leader, two pollers per shared device)")
+        else:
+            print("etcd: not installed; every agent polls the shared devices and node01 leads (static)")
         if slurm:
             print(f"slurm: SLURM_CONF={slurm.conf}   (sinfo -N, scontrol show node)")
         else:
@@ -175,6 +203,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
                 print(f"agent for {node} did not stop in time; killing it", file=sys.stderr)
                 proc.kill()
         await sim.stop()
+        if etcd is not None:
+            await asyncio.to_thread(etcd.stop)
         if slurm is not None:
             await asyncio.to_thread(slurm.cleanup)
         print("demo stopped", flush=True)

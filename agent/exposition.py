@@ -38,9 +38,11 @@ LEAK_ZONE_INFO = info("supernode_leak_zone_info", "Which nodes a leak zone endan
 
 
 class SnapshotCollector(Collector):
-    def __init__(self, store: SnapshotStore, agent_info: Callable[[], dict[str, str]]):
+    def __init__(self, store: SnapshotStore, agent_info: Callable[[], dict[str, str]],
+                 hidden: Callable[[], frozenset[tuple[str, str]]] = frozenset):
         self._store = store
         self._agent_info = agent_info
+        self._hidden = hidden  # (source, device) whose entry holds another agent's polls (coordination)
 
     def collect(self) -> Iterator[Metric]:
         snap = self._store.snapshot()
@@ -57,7 +59,10 @@ class SnapshotCollector(Collector):
         quality = GaugeMetricFamily(READING_QUALITY.name, READING_QUALITY.help,
                                     labels=["source", "device", "reading", "quality"])
         quality_seen: set[tuple[str, str, str, str]] = set()
+        hidden = self._hidden()
         for st in sorted(snap.sources, key=lambda s: (s.source, s.device)):
+            if hidden and (st.source, st.device) in hidden:
+                continue
             ids = [st.source, st.device]
             fresh = st.fresh(snap.taken_at)
             up.add_metric(ids, 1.0 if st.up and fresh else 0.0)
@@ -83,10 +88,11 @@ class SnapshotCollector(Collector):
 
 
 def build_registry(store: SnapshotStore, agent_info: Callable[[], dict[str, str]],
-                   extra: Iterable[Collector] = ()) -> CollectorRegistry:
+                   extra: Iterable[Collector] = (),
+                   hidden: Callable[[], frozenset[tuple[str, str]]] = frozenset) -> CollectorRegistry:
     """The agent's own families (identity, per-source health, remediation); readings are added by render_metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(store, agent_info))
+    registry.register(SnapshotCollector(store, agent_info, hidden))
     for collector in extra:
         registry.register(collector)
     return registry
@@ -100,6 +106,15 @@ def inventory_readings(inventory: "Inventory") -> list[Reading]:
     return [Reading(LEAK_ZONE_INFO, 1.0, {"zone": z.name, "nodes": ",".join(z.nodes)}) for z in inventory.leak_zones]
 
 
-def render_metrics(registry: CollectorRegistry, store: SnapshotStore, static: Iterable[Reading] = ()) -> bytes:
-    """The whole /metrics body: the registry's families, then every fresh reading and the static facts."""
-    return generate_latest(registry) + render_text(list(store.snapshot().readings) + list(static)).encode()
+def render_metrics(registry: CollectorRegistry, store: SnapshotStore, static: Iterable[Reading] = (),
+                   hidden: frozenset[tuple[str, str]] = frozenset()) -> bytes:
+    """The whole /metrics body: the registry's families, then every fresh reading and the static facts.
+
+    `hidden`: shared sources whose readings here are another agent's polls (rack coordination): the
+    agent that polled the device exports them, so a rack's dashboards see each device once per poller."""
+    snap = store.snapshot()
+    readings = list(snap.readings)
+    if hidden:
+        readings = [r for st in snap.sources if (st.source, st.device) not in hidden and st.fresh(snap.taken_at)
+                    for r in st.readings]
+    return generate_latest(registry) + render_text(readings + list(static)).encode()

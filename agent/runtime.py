@@ -15,6 +15,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -48,6 +49,8 @@ class SourceRunner:
         self.closed = False
         self.again = False  # a poll was asked for while one ran: run one more right after it
         self.stream: EventStream | None = getattr(source, "event_stream", None)
+        # Set by rack coordination for a shared device: poll only while it says so (None: always).
+        self.gate: Callable[[], bool] | None = None
 
     def _attach_stream(self) -> None:
         """Give the source's event stream (if any) a store entry of its own and a thread-safe way into it."""
@@ -87,7 +90,7 @@ class SourceRunner:
 
     async def run_once(self) -> None:
         now = time.monotonic()
-        if now < self.next_allowed or self.running:
+        if now < self.next_allowed or self.running or (self.gate is not None and not self.gate()):
             return
         self._attach_stream()
         self.running = True

@@ -310,7 +310,8 @@ def power() -> Dashboard:
              "{{feeds}} ({{pdu}}/{{outlet}})")]),
         ts("GPU power by node", "watt", [(f"node:supernode_gpu_power_watts:sum{{{NODE}}}", "{{node}}")]),
         ts("Energy used per hour (kWh)", "kwatth", [
-            (f"sum by (rack) (increase(supernode_pdu_inlet_energy_joules_total{{{RACK}}}[1h])) / 3.6e6", "{{rack}}")],
+            (f"sum by (rack) (max by (rack, pdu, inlet) (increase(supernode_pdu_inlet_energy_joules_total{{{RACK}}}[1h])))"
+             " / 3.6e6", "{{rack}}")],
            "Exported in joules, shown in kWh (÷ 3.6e6)."),
     ])
 

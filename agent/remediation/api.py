@@ -78,7 +78,7 @@ def add_remediation_routes(app: web.Application, engine, admin_token: TokenSourc
 
     @admin
     async def approve(request: web.Request, who: str) -> web.Response:
-        done = engine.approve(request.match_info["id"], who=who)
+        done = await engine.approve_anywhere(request.match_info["id"], who=who)
         if not done:
             return web.json_response({"error": "nothing pending under that id"}, status=404)
         return web.json_response({"approved": done, "by": who})

@@ -18,8 +18,12 @@ from .guardrails import Guardrails
 SCHEDULER_UNREACHABLE = "scheduler_unreachable"
 
 
-async def check_drain(scheduler: Any, guard: Guardrails, rack_nodes: Sequence[str], node: str) -> tuple[str, str] | None:
-    """(guardrail, why) if draining `node` is blocked; None if allowed (or the node is already out)."""
+async def check_drain(scheduler: Any, guard: Guardrails, rack_nodes: Sequence[str], node: str,
+                      rack: Any = None) -> tuple[str, str] | None:
+    """(guardrail, why) if draining `node` is blocked; None if allowed (or the node is already out).
+
+    `rack` (agent.coordination): with etcd, the count also holds the drains other agents are making at
+    this moment, and the decision is reserved atomically, so racing agents never pass the limit together."""
     try:
         states = await scheduler.list(list(rack_nodes) or None)
     except SchedulerError as exc:
@@ -28,4 +32,6 @@ async def check_drain(scheduler: Any, guard: Guardrails, rack_nodes: Sequence[st
         return None  # already out: draining it again changes nothing
     drained = [n for n, st in states.items() if st.drained and n != node]
     # Without an inventory node list the scheduler's whole answer is the "rack" (documented fallback).
+    if rack is not None:
+        return await rack.check_drain(node, drained, len(rack_nodes) or len(states), guard)
     return guard.check_blast_radius(drained, len(rack_nodes) or len(states), node)

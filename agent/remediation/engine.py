@@ -11,6 +11,7 @@ failed, undone) lands in the journal before it is counted in metrics.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import time
@@ -38,6 +39,11 @@ from .ownership import carry_ownership, flip_for_undo, planned_after, rebuild_ef
 from .steps import outcome, run_graph
 
 log = logging.getLogger("supernode.remediation")
+# Step targets on shared rack devices: the rack leader drives them.
+SHARED_TARGETS = ("valve", "rack_valve", "outlets")
+COORDINATION_LOST = "coordination_lost"  # guardrail and approval key of a shared step queued while degraded
+# Set while a person approved a queued shared step in degraded mode: its write goes out without a leader's fence.
+UNFENCED: contextvars.ContextVar[bool] = contextvars.ContextVar("supernode_unfenced", default=False)
 UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is read again
 MODES = ("observe", "dry-run", "enforce")
 LEAK_SOURCES = ("leak", "redfish")  # source kinds whose first wet reading is re-read at once
@@ -108,6 +114,9 @@ class RemediationEngine:
         self.maintenance = Maintenance(self.journal, clock)
         self.retries: dict[str, int] = {}  # action id -> scheduler_unreachable retries so far
         self.executors = executors or Executors()
+        from agent.coordination.static import LocalRack  # the rack as the config alone says (no coordination)
+        leader = settings.rack_leader or (inventory.nodes[0] if inventory.nodes else identity.node)
+        self.rack: Any = LocalRack(leader, identity.node)
         self.playbooks: list[Playbook] = load_playbooks(settings.playbook_dir)
         self.detectors = Detectors(settings.detectors, Context(
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
@@ -357,6 +366,7 @@ class RemediationEngine:
         component = inc.detail.get("component")
         if was_open and inc.state == "resolved" and isinstance(component, dict) and component.get("class"):
             self._count_repair(str(component["class"]), inc.duration())
+        self.rack.incident_closed(inc)
         for p in list(self.pending.values()):
             if p.incident_id == inc.id and (p.phase == "apply" or not undo) and not p.future.done():
                 p.future.set_result(False)
@@ -389,9 +399,33 @@ class RemediationEngine:
 
     @property
     def is_rack_leader(self) -> bool:
-        """The agent that drives shared rack devices (CDU valves, PDU outlets): the first inventory node."""
-        leader = self.settings.rack_leader or (self.inventory.nodes[0] if self.inventory.nodes else self.identity.node)
-        return leader == self.identity.node
+        """The agent that drives shared rack devices (CDU valves, PDU outlets): static, `rack_leader` or the first
+        inventory node; etcd, the elected one (agent.coordination)."""
+        return self.rack.is_leader()
+
+    def use_rack(self, rack: Any) -> None:
+        """Answer rack questions (leader, rack-wide guardrails, approvals) through coordination."""
+        self.rack = rack
+        rack.bind(self)  # one engine at a time (a reload binds its new one)
+
+    def carry_on_as_leader(self) -> None:
+        """Just elected: run the shared steps (valves, outlets) of open incidents that the old leader may have
+        left half done; action ids and the rack's approval records keep each from running twice."""
+        if not self.started or self.loop is None:
+            return
+        for inc in self.incidents.open_incidents():
+            book = self._playbook_for(inc)
+            if book is None:
+                continue
+            for idx, step in enumerate(book.steps):
+                if step.targets in SHARED_TARGETS:
+                    self._spawn(self._run_step_targets(inc, book, idx, step))
+
+    def coordination_back(self) -> None:
+        """Coordination returned: steps queued while degraded go to whoever leads now (its carry-on)."""
+        for p in list(self.pending.values()):
+            if p.approval == COORDINATION_LOST and not p.future.done():
+                p.future.set_result(False)
 
     def _playbook_for(self, inc: Incident) -> Playbook | None:
         return next((b for b in self.playbooks if b.name == inc.playbook), None)
@@ -405,17 +439,22 @@ class RemediationEngine:
             return [{}]
         if kind == "nodes":
             nodes = list(zone.nodes) if zone is not None else ([t["node"]] if "node" in t else [])
-            if inc.source == "local":
+            if inc.source == "local" or self.rack.role() == "degraded":
                 # Every agent sees a rack-wide fault (a leak, the CDU); each drains only its own
-                # node, so no two agents act on one node for one fault.
+                # node, so no two agents act on one node for one fault. Degraded (coordination lost),
+                # an agent acts on its own node only, whatever the trigger.
                 nodes = [n for n in nodes if n == self.identity.node]
             return [{"node": n} for n in nodes]
         if kind == "port":
             return [{"port": t["port"]}] if "port" in t else []
         if kind == "leaking_trays":
             return self._leaking_trays(inc)
-        if kind in ("valve", "rack_valve", "outlets") and not self.is_rack_leader:
-            return []  # shared rack devices are driven by one agent only: the rack leader
+        if kind in SHARED_TARGETS:
+            role = self.rack.role()
+            if role == "follower":
+                return []  # shared rack devices are driven by one agent only: the rack leader
+            if role == "degraded" and self.identity.node not in (zone.nodes if zone is not None else [t.get("node")]):
+                return []  # degraded: only the endangered nodes' agents queue the shared step (for a person)
         if kind in ("valve", "rack_valve"):
             ref = getattr(inv, "rack_valve", None) if kind == "rack_valve" else (zone.valve if zone else None)
             if ref and ":" in ref:
@@ -447,11 +486,11 @@ class RemediationEngine:
 
     def _leaking_trays(self, inc: Incident) -> list[dict[str, str]]:
         """The trays whose own BMC detectors are wet in this leak (their sensor label starts with the BMC's
-        inventory name); a local incident acts only on this agent's own node's tray."""
+        inventory name); a local incident, or any while coordination is lost, acts only on this agent's own tray."""
         sensors = inc.detail.get("sensors") or ([inc.targets["sensor"]] if "sensor" in inc.targets else [])
         bmcs = {s.split("/", 1)[0] for s in sensors if isinstance(s, str)}
         trays = [e for e in getattr(self.inventory, "redfish", []) if e.kind == "tray" and e.name in bmcs]
-        if inc.source == "local":
+        if inc.source == "local" or self.rack.role() == "degraded":
             trays = [e for e in trays if e.node == self.identity.node]
         return [{"bmc": e.name, "node": e.node} for e in trays]
 
@@ -520,8 +559,10 @@ class RemediationEngine:
         if self.maintenance.active(node):
             return "maintenance", self.maintenance.why(node)
         if step.action == "drain" and self.executors.scheduler is not None:
-            return await check_drain(self.executors.scheduler, g, self.inventory.nodes, target["node"])
-        return None
+            blocked = await check_drain(self.executors.scheduler, g, self.inventory.nodes, target["node"], self.rack)
+            if blocked:
+                return blocked
+        return await self.rack.reserve_action(step.action, g)  # rack-wide breaker and rates (etcd)
 
     def _retry_later(self, inc: Incident, book: Playbook, idx: int, step: Step, target: Mapping[str, str]) -> float:
         """Run a step blocked by an unreachable scheduler again after a doubling delay, until it runs or the
@@ -552,6 +593,9 @@ class RemediationEngine:
         self.pending[aid] = p
         self.journal.append("approval", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
                             target=tgt, result="pending", detail={"approval": key, "phase": phase})
+        ok = False
+        if key != COORDINATION_LOST:
+            self.rack.pending_added(p, inc)  # etcd: rack state, so any agent can approve and a new leader carries on
         try:
             ok = await asyncio.wait_for(fut, self.settings.guardrails.approval_expiry_seconds)
         except asyncio.TimeoutError:
@@ -559,7 +603,16 @@ class RemediationEngine:
             self.journal.append("approval", action_id=aid, incident_id=inc.id, result="expired")
         finally:
             self.pending.pop(aid, None)
+            self.rack.pending_removed(p, bool(ok))
         return bool(ok)
+
+    async def approve_anywhere(self, ident: str, who: str = "api") -> list[str]:
+        """Approve here, and in the rack's state (etcd) for a step the leader waits on, wherever it runs."""
+        done = self.approve(ident, who)
+        for rid in await self.rack.approve(ident, who, list(self.incidents.all())):
+            self.journal.append("approval", action_id=rid, result="approved", detail={"by": who, "rack": True})
+            done.append(rid)
+        return done
 
     def approve(self, ident: str, who: str = "api") -> list[str]:
         """Approve one pending step (by action id) or all of an incident's; returns what was approved."""
@@ -574,6 +627,8 @@ class RemediationEngine:
 
     def reset_breaker(self, who: str = "api") -> bool:
         was = self.guard.reset_breaker()
+        if self.rack.shared and self.loop is not None:
+            self._spawn(self.rack.reset_breaker(who))
         self.journal.append("breaker", result="reset", detail={"by": who, "was_open": was})
         return was
 
@@ -606,14 +661,23 @@ class RemediationEngine:
         blocked = await self._check(inc, book, step, target)
         if blocked:
             return self._blocked_step(inc, book, idx, step, aid, target, *blocked)
-        if self.guard.needs_approval(step.approval) and mode == "enforce":
+        person_took_it = False
+        if step.targets in SHARED_TARGETS and self.rack.role() == "degraded" and mode == "enforce":
+            # Coordination lost: no agent can prove it leads. Queue the shared step: it runs here if a
+            # person approves it, or goes to the leader when coordination returns.
+            if not await self._approve(inc, book, step, aid, tgt, "apply", COORDINATION_LOST):
+                self._block(inc, book, step, aid, tgt, COORDINATION_LOST,
+                            "coordination lost: queued for a person or the rack leader; not approved here")
+                return "blocked"
+            person_took_it = True
+        if self.guard.needs_approval(step.approval) and mode == "enforce" and not person_took_it:
             if not await self._approve(inc, book, step, aid, tgt, "apply", step.approval or ""):
                 self._block(inc, book, step, aid, tgt, "approval", "not approved (expired or resolved)")
                 return "blocked"
             if inc.state == "resolved":
                 return "blocked"
         try:
-            plan = await act.plan(target, step.params, ctx)
+            plan = await self._plan(act, target, step.params, ctx)
         except ActionError as exc:
             if exc.guardrail:
                 return self._blocked_step(inc, book, idx, step, aid, target, exc.guardrail, str(exc))
@@ -625,7 +689,15 @@ class RemediationEngine:
                             target=tgt, detail={"plan": plan, "params": step.params, "phase": "apply"})
         if self.first_action_at is None:
             self.first_action_at = self.clock()
-        res = await self._attempt(lambda: act.apply(target, step.params, ctx, plan))
+        token = UNFENCED.set(person_took_it)
+        try:
+            res = await self._attempt(lambda: act.apply(target, step.params, ctx, plan))
+        except ActionError as exc:  # a guardrail only the write itself can check: the leader's fence
+            self.blocked_total[(book.name, exc.guardrail or "")] = self.blocked_total.get((book.name, exc.guardrail or ""), 0) + 1
+            return self._result(inc, book, step, aid, tgt, "blocked", {"phase": "apply", "guardrail": exc.guardrail,
+                                                                       "why": str(exc), "not_applied": True})
+        finally:
+            UNFENCED.reset(token)
         self.guard.record(step.action, tgt)
         if isinstance(res, ActionResult):
             if not res.skipped or res.before.get("owned") is False:
@@ -651,6 +723,20 @@ class RemediationEngine:
                                                "holders": {}}
         eff["holders"][incident_id] = aid
 
+    async def _plan(self, act: Any, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
+        """The step's plan (a read of the device's state), tried like the action itself: a dropped connection
+        or one unanswered read before a valve close is retried within the attempt budget, not the end."""
+        delay = self.settings.guardrails.retry_backoff_seconds
+        for attempt in range(self.settings.guardrails.attempts_per_incident):
+            try:
+                return await act.plan(target, params, ctx)
+            except ActionError as exc:
+                if exc.permanent or attempt + 1 >= self.settings.guardrails.attempts_per_incident:
+                    raise
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise ActionError("plan: no attempt left")
+
     async def _attempt(self, call) -> ActionResult | str:
         """Run with retries and backoff inside the attempt budget; returns the result or the last error."""
         delay = self.settings.guardrails.retry_backoff_seconds
@@ -659,6 +745,8 @@ class RemediationEngine:
             try:
                 return await call()
             except ActionError as exc:
+                if exc.guardrail is not None:
+                    raise  # refused by a rule of ours at the write (fencing): a block, never retried
                 error = str(exc)
                 if exc.permanent:
                     break
@@ -726,7 +814,14 @@ class RemediationEngine:
                                     # the apply's plan: reconcile asks "is the apply still in effect?"
                                     "plan": {"before": eff["before"], "want_watts": eff["after"].get("limit_watts"),
                                              "reason": eff["after"].get("reason", "")}})
-        res = await self._attempt(lambda: act.undo(target, eff["before"], eff["after"], eff["params"]))
+        try:
+            res = await self._attempt(lambda: act.undo(target, eff["before"], eff["after"], eff["params"]))
+        except ActionError as exc:  # refused at the write (fencing): kept, for the leader or a person
+            self.blocked_total[(book.name, exc.guardrail or "")] = self.blocked_total.get((book.name, exc.guardrail or ""), 0) + 1
+            self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
+                                target=tgt, result="blocked", detail={"phase": "undo", "apply_action_id": apply_id,
+                                                                      "guardrail": exc.guardrail, "why": str(exc)})
+            return "blocked"
         if isinstance(res, ActionResult):
             self.effects.pop((kind, tgt), None)  # a failed undo keeps it: a restart undoes it again
             self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
@@ -746,9 +841,16 @@ class RemediationEngine:
         now = self.clock()
         return {"open": [i.as_dict(now) for i in self.incidents.open_incidents()],
                 "recent": [i.as_dict(now) for i in self.incidents.recent()][-50:],
-                "pending_approvals": [p.as_dict() for p in self.pending.values()],
-                "breaker_open": self.guard.breaker_open, "mode": self.mode,
+                "pending_approvals": self._pending_view(),
+                "breaker_open": self.guard.breaker_open or self.rack.breaker_open(), "mode": self.mode,
                 "maintenance": self.maintenance.view()}
+
+    def _pending_view(self) -> list[dict[str, Any]]:
+        """This agent's pending steps, then the rack's (etcd) that the leader waits on elsewhere."""
+        local = [dict(p.as_dict(), **({"rack_id": p.rack_id} if getattr(p, "rack_id", None) else {}))
+                 for p in self.pending.values()]
+        mine = {p.get("rack_id") for p in local}
+        return local + [r for r in self.rack.pending_view() if r["id"] not in mine]
 
     def count_webhook(self, result: str) -> None:
         self.webhook_total[result] = self.webhook_total.get(result, 0) + 1

@@ -136,7 +136,7 @@ class RemediationCollector:
         for m in MODES:
             mode.add_metric([m], 1 if m == e.mode else 0)
         yield mode
-        yield _family(BREAKER, 1 if e.guard.breaker_open else 0)
+        yield _family(BREAKER, 1 if e.guard.breaker_open or e.rack.breaker_open() else 0)
         j = e.journal
         yield _family(JOURNAL_WRITABLE, 1 if j.writable else 0)
         yield _family(JOURNAL_ERRORS, j.errors_total)

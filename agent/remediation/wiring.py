@@ -48,7 +48,36 @@ def _gpu_lib(loaded: "LoadedConfig") -> Any:
     return InitOnFirstUse(nvml_library(loaded), loaded.config.sources.nvml.timeout)
 
 
-def build_executors(loaded: "LoadedConfig") -> Executors:
+def _fence(rack: Any, what: str) -> Any:
+    """The leader's proof before a shared actuator write (agent.coordination); a refusal is a `fenced` block."""
+    from agent.coordination.etcd_rack import Fenced
+    from agent.remediation.actions import ActionError
+    from agent.remediation.engine import UNFENCED
+
+    async def check() -> None:
+        if UNFENCED.get():  # a person approved this queued step while coordination was lost
+            return
+        try:
+            await rack.fence(what)
+        except Fenced as exc:
+            raise ActionError(f"fenced: {exc}", guardrail="fenced") from None
+
+    unfenced = UNFENCED.get()  # read on the loop: the write's thread does not carry the task's context
+
+    def last_check() -> None:
+        if unfenced:
+            return
+        try:
+            rack.fence_now()
+        except Fenced as exc:
+            raise ActionError(f"fenced: {exc}", guardrail="fenced") from None
+    return check, last_check
+
+
+def build_executors(loaded: "LoadedConfig", rack: Any = None) -> Executors:
+    """Device functions from the inventory; with `rack`, every shared actuator write (zone valves, outlets)
+    first proves this agent leads the rack (a txn on the leader key's revision, then the lease deadline
+    right before the write itself), so a deposed leader's late write never reaches the device."""
     cfg = loaded.config
     ex = Executors(scheduler=_scheduler(loaded))
     lib = _gpu_lib(loaded)
@@ -82,12 +111,26 @@ def build_executors(loaded: "LoadedConfig") -> Executors:
 
         ex.cdu_write = lambda cdu, point, value: write_control_point(cdus[cdu], point, float(value))
         ex.cdu_read = lambda cdu, point: read_control_point(cdus[cdu], point)
+        if rack is not None and rack.shared:
+            plain_write = ex.cdu_write
+
+            async def fenced_cdu_write(cdu: str, point: str, value: Any) -> Any:
+                check, last_check = _fence(rack, f"cdu_write {cdu}:{point}")
+                await check()
+
+                last_check()  # the lease still proven alive: no await of ours between this and the write
+                return await plain_write(cdu, point, value)
+            ex.cdu_write = fenced_cdu_write
     if cfg.inventory.pdus:
         from agent.sources import _pdus
 
         controls = {s.source.device: s.source for s in _pdus(loaded)}
 
         async def pdu_set(pdu: str, outlet: str, on: bool) -> bool:
+            if rack is not None and rack.shared:
+                check, last_check = _fence(rack, f"pdu_outlet {pdu}:{outlet}")
+                await check()
+                last_check()
             return await controls[pdu].set_outlet(outlet, on)
 
         async def pdu_get(pdu: str, outlet: str) -> bool:
@@ -130,19 +173,25 @@ def _token(loaded: "LoadedConfig", configured: str | None, default: str) -> Any:
     return loaded.secrets.get(name)
 
 
-def build_engine(loaded: "LoadedConfig") -> RemediationEngine:
+def build_engine(loaded: "LoadedConfig", coordination: Any = None) -> RemediationEngine:
     """The engine an agent runs for this config: its executors, journal in state_dir (not started)."""
     cfg = loaded.config
-    return RemediationEngine(cfg.remediation, cfg.agent.mode, cfg.agent, cfg.inventory,
-                             cfg.agent.state_dir / "journal.db", build_executors(loaded))
+    rack = coordination.rack if coordination is not None else None
+    engine = RemediationEngine(cfg.remediation, cfg.agent.mode, cfg.agent, cfg.inventory,
+                               cfg.agent.state_dir / "journal.db", build_executors(loaded, rack))
+    if rack is not None:
+        engine.use_rack(rack)
+    return engine
 
 
 def attach(agent: "Agent") -> None:
     """Run remediation in this agent: one engine at a time behind a hook, so a reload can swap it."""
+    coordination = getattr(agent, "coordination", None)
     # A confirmation re-read asked for while the source is mid-poll (a timed poll, an event's) runs right after
     # that poll instead of being dropped: else the second wet reading waits a whole interval.
-    hook = RemediationHook(agent.loaded, build_engine(agent.loaded),
+    hook = RemediationHook(agent.loaded, build_engine(agent.loaded, coordination),
                            lambda job_id: agent.scheduler.poll_now(job_id, queue=True))
+    hook.coordination = coordination
     agent.remediation = hook
     agent.store.add_listener(hook.on_snapshot)
     agent.extra_collectors.append(_CurrentCollector(hook))
@@ -205,6 +254,7 @@ class RemediationHook:
         return _token(self.loaded, self.loaded.config.remediation.webhook_token_secret, "webhook_token")
 
     degraded: str | None = None  # why remediation is not running (observation goes on without it)
+    coordination: Any = None  # the agent's rack coordinator (engines of later reloads use it too)
 
     async def start(self) -> None:
         """Start the engine; a failure (journal unopenable, a device call) degrades remediation, never the agent."""
@@ -222,7 +272,7 @@ class RemediationHook:
 
     def prepare(self, loaded: "LoadedConfig") -> tuple["LoadedConfig", RemediationEngine]:
         """The engine for a new config, built but not started (raises if the config cannot run)."""
-        return loaded, build_engine(loaded)
+        return loaded, build_engine(loaded, self.coordination)
 
     async def swap(self, prepared: tuple["LoadedConfig", RemediationEngine]) -> None:
         loaded, engine = prepared

@@ -18,7 +18,9 @@ Pump, flow, supply and leak faults are model changes (RackModel.coolant).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,6 +29,7 @@ import yaml
 
 from pymodbus.constants import ExcCodes
 from pymodbus.server import ModbusTcpServer
+from pymodbus.server.requesthandler import ServerRequestHandler
 from pymodbus.simulator import DataType, SimData, SimDevice
 
 from agent.sim.quantities import READERS
@@ -98,11 +101,26 @@ class _Context:
         return res if isinstance(res, ExcCodes) else None
 
 
+# The client connection a request came on, so the device can count its clients (tests and benches of
+# rack coordination read them: how many agents poll this device).
+_PEER: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("sim_modbus_peer", default=None)
+
+
+class _Handler(ServerRequestHandler):
+    async def handle_request(self):
+        transport = getattr(self, "transport", None)
+        _PEER.set(transport.get_extra_info("peername") if transport is not None else None)
+        await super().handle_request()
+
+
 class _Server(ModbusTcpServer):
     def __init__(self, device: "SimModbusDevice", port: int):
         placeholder = SimDevice(device.unit, simdata=[SimData(0, values=0, datatype=DataType.REGISTERS)])
         super().__init__(placeholder, address=("127.0.0.1", port), ignore_missing_devices=False)
         self.context = _Context(device)  # type: ignore[assignment]
+
+    def callback_new_connection(self):
+        return _Handler(self, self.trace_packet, self.trace_pdu, self.trace_connect)
 
 
 TABLE_OF_FC = {1: "coil", 5: "coil", 15: "coil", 2: "discrete", 3: "holding", 6: "holding", 16: "holding",
@@ -140,6 +158,8 @@ class SimModbusDevice:
         self.stuck: set[str] = set()
         self.sentinel: set[str] = set()
         self.requests = 0
+        self.peers: dict[tuple | None, float] = {}  # client connection -> monotonic time of its last request
+        self.writes: list[tuple[tuple | None, str, int, list]] = []  # (client, table, address, values) of every write
         for p in self.points:  # every mapped address exists from the start
             for k in range(p.width):
                 self._tables[p.table][p.address + k] = 0
@@ -271,8 +291,16 @@ class SimModbusDevice:
         raw = (p.from_base(base) - p.offset) / p.scale
         return encode(clamp_raw(raw, p.type), p.type, p.order)
 
+    def clients(self, within: float) -> int:
+        """Client connections that sent a request in the last `within` seconds."""
+        now = time.monotonic()
+        return sum(1 for t in list(self.peers.values()) if now - t <= within)
+
     async def _serve(self, unit: int, fc: int, address: int, count: int, values: list | None):
         self.requests += 1
+        self.peers[_PEER.get()] = time.monotonic()
+        if values is not None:
+            self.writes.append((_PEER.get(), TABLE_OF_FC.get(fc, "?"), address, list(values)))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.exception_code is not None:

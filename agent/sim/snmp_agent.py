@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 from typing import Any, Callable
 
 from pyasn1.codec.ber import decoder, encoder
@@ -53,6 +54,7 @@ class SnmpAgent(asyncio.DatagramProtocol):
         self.on_set = on_set
         self.offline = False
         self.requests = 0
+        self.peers: dict[tuple, float] = {}  # client address -> monotonic time of its last request
         self._transport: asyncio.DatagramTransport | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
@@ -62,6 +64,11 @@ class SnmpAgent(asyncio.DatagramProtocol):
         self._transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=(host, port))
         return self._transport.get_extra_info("sockname")[:2]
 
+    def clients(self, within: float) -> int:
+        """Client addresses that sent a request in the last `within` seconds."""
+        now = time.monotonic()
+        return sum(1 for t in list(self.peers.values()) if now - t <= within)
+
     def stop(self) -> None:
         if self._transport is not None:
             self._transport.close()
@@ -70,6 +77,7 @@ class SnmpAgent(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         if self.offline:
             return
+        self.peers[addr] = time.monotonic()
         try:
             rsp = self._answer(data)
         except Exception:  # a malformed datagram is dropped, like a real agent would

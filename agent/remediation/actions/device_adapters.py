@@ -18,8 +18,12 @@ async def _call(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
     """Call a sync or async device function with a timeout; a sync one on the devices' own bounded pool."""
     try:
         return await DEVICES(fn, *args, **kw)
+    except ActionError:
+        raise
     except DeviceCallTimeout as exc:
         raise ActionError(str(exc)) from None
+    except Exception as exc:  # the device refused or dropped the connection: a failed try, journaled, retried
+        raise ActionError(f"{type(exc).__name__}: {exc}") from None
 
 
 class IsolateLinkAction:

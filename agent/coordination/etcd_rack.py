@@ -1,0 +1,473 @@
+"""The etcd backend: a leased membership, an elected and fenced leader, leased poller slots, shared facts.
+
+Keys, all under `<prefix>/<rack>/`:
+
+| key | lease | value |
+| --- | --- | --- |
+| `members/<node>` | the agent's | who is alive |
+| `leader` | the leader's | its node; the key's mod revision is the fencing token |
+| `pollers/<device>/<slot>` | the poller's | its node (at most `pollers_per_device` slots) |
+| `facts/<source>/<device>/<node>` | the poller's | its last poll of that device (agent.coordination.facts) |
+| `approvals/<id>`, `guard/...` | none | rack state that outlives any one agent (agent.coordination.rack_state) |
+
+One session = one lease. Everything an agent holds is under that lease, so
+a dead agent's leadership, slots and facts vanish together when it stops
+renewing (`lease_ttl_seconds`). Each agent mirrors the rack's keys (one range,
+then one watch) and decides from the mirror: campaign when there is no
+leader, claim a free slot of a device it ranks high enough for (rendezvous
+order over the live members), publish a fact after each poll of a device it
+holds, put every other poller's fact in its own store.
+
+The agent never trusts a role longer than its lease can be proven alive: a
+keepalive answered at t proves the lease until t + TTL, so past that
+deadline (etcd unreachable, or this process stopped and resumed) it stops
+polling shared devices, stops leading, and degrades (agent.coordination
+docs: each agent polls the leak inputs itself, at a bounded rate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
+                                     cmp_mod, cmp_value, op_put)
+from agent.coordination.facts import FactExchange, encode
+from agent.coordination.rack_state import RackState
+from agent.coordination.shared import SharedDevices, ranked, shared_devices
+
+log = logging.getLogger("supernode.coordination")
+MONOTONIC = time.monotonic
+
+
+class EtcdCoordinator(RackState):
+    backend = "etcd"
+    shared = True
+
+    def __init__(self, loaded, clock: Callable[[], float] = time.time):
+        cfg = loaded.config
+        coord = cfg.coordination
+        self.settings = coord
+        self.node = cfg.agent.node
+        self.rack_name = cfg.agent.rack
+        self.root = f"{coord.etcd.prefix}/{cfg.agent.rack}"
+        self._facts_prefix = f"{self.root}/facts/"
+        self.ttl = coord.lease_ttl_seconds
+        self.shared: SharedDevices = shared_devices(cfg.inventory)
+        self.stale_after = cfg.sources.stale_after_intervals
+        nodes = list(cfg.inventory.nodes) or [self.node]
+        start = nodes.index(self.node) if self.node in nodes else 0
+        self.client = EtcdClient(coord.etcd.endpoints, coord.etcd.request_timeout_seconds, coord.etcd.tls, start)
+        self.clock = clock
+        self.lease = 0
+        self.deadline = 0.0  # monotonic time until which the lease is proven alive
+        self.connected = False
+        self.mirror: dict[str, KV] = {}
+        self.token = 0  # the leader key's mod revision while we lead
+        self.slots: dict[str, str] = {}  # device -> slot key we hold
+        self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, clock)
+        self.poll_now: Callable[[str], bool] | None = None
+        self.runners: dict[str, Any] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.engine: Any = None
+        self._was_leader = False
+        self._degraded_last: dict[str, float] = {}
+        self._seen: dict[str, dict[str, float]] = {}  # job -> poller -> when its last fact arrived
+        self._puts: dict[str, bytes] = {}  # job -> the next fact to put (one put in flight per job)
+        self._putting: set[str] = set()
+        self.fenced_total = 0
+        self.sessions = 0
+        self.last_error: str | None = None
+        RackState.__init__(self, loaded)
+
+    @property
+    def rack(self) -> "EtcdCoordinator":
+        return self
+
+    # -- state the rest of the agent reads ---------------------------------------------------------------
+
+    def up(self) -> bool:
+        return self.connected and MONOTONIC() < self.deadline
+
+    def is_leader(self) -> bool:
+        if not self.up() or not self.token:
+            return False
+        kv = self.mirror.get(f"{self.root}/leader")
+        return kv is not None and kv.lease == self.lease and kv.mod_revision == self.token
+
+    def role(self) -> str:
+        if not self.up():
+            return "degraded"
+        return "leader" if self.is_leader() else "follower"
+
+    def polls(self, device: str) -> bool:
+        return device in self.slots and self.up()
+
+    def polling(self) -> dict[str, bool]:
+        return {d: self.polls(d) for d in self.shared.devices}
+
+    def leader_node(self) -> str | None:
+        kv = self.mirror.get(f"{self.root}/leader")
+        return kv.value.decode() if kv is not None else None
+
+    def members(self) -> list[str]:
+        pre = f"{self.root}/members/"
+        return sorted(k[len(pre):] for k in self.mirror if k.startswith(pre))
+
+    def bind(self, engine: Any) -> None:
+        """The remediation engine running now: told when this agent becomes leader (carry on the shared
+        steps of open incidents) and when coordination returns (steps queued while degraded go to the leader)."""
+        self.engine = engine
+
+    # -- hooks into the runtime -----------------------------------------------------------------------------
+
+    @property
+    def facts_published(self) -> int:
+        return self.facts.published
+
+    @property
+    def facts_received(self) -> int:
+        return self.facts.received
+
+    def gate_runners(self, runners: dict[str, Any]) -> None:
+        self.runners = self.facts.runners = runners
+        for job_id, runner in runners.items():
+            if job_id in self.shared.jobs:
+                runner.gate = (lambda j=job_id: self._gate(j))
+
+    def _safety_intervals(self, degraded: bool) -> None:
+        """Degraded, a leak input is polled here every degraded_poll_interval_seconds: its readings stay fresh
+        for that long (else the leak watch would call the zone unknown between two bounded polls)."""
+        store = self.facts.store
+        if store is None:
+            return
+        for job in self.shared.safety:
+            runner = self.runners.get(job)
+            if runner is None:
+                continue
+            source, _, device = job.partition("/")
+            interval = runner.settings.interval
+            if degraded:
+                interval = max(interval, self.settings.degraded_poll_interval_seconds)
+            store.register(source, device, interval, self.stale_after)
+
+    def _gate(self, job_id: str) -> bool:
+        """May this agent poll this shared source now? Its slot's holder yes; degraded: safety inputs, bounded."""
+        device = self.shared.jobs[job_id]
+        if self.polls(device):
+            return True
+        if self.up() or job_id not in self.shared.safety:
+            return False
+        now = MONOTONIC()
+        if now - self._degraded_last.get(job_id, -1e9) < self.settings.degraded_poll_interval_seconds:
+            return False
+        self._degraded_last[job_id] = now
+        return True
+
+    def hidden(self) -> frozenset[tuple[str, str]]:
+        """Shared sources whose store entry holds another agent's facts: not exported here (exported once)."""
+        return self.facts.hidden()
+
+    def on_publish(self, snap: Any, origin: str) -> None:
+        """Store listener: after our own poll of a device we hold, publish it as that device's fact."""
+        device = self.shared.jobs.get(origin)
+        fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
+        if fact is None or not self._publishes(origin, device):
+            return
+        self._puts[origin] = encode(fact)
+        if origin not in self._putting:
+            self._putting.add(origin)
+            asyncio.get_running_loop().create_task(self._put_facts(origin))
+
+    def _publishes(self, job: str, device: str) -> bool:
+        """The first slot's poller publishes; the second is a hot standby that publishes only while the first's
+        facts are missing (one copy of each poll in etcd and at every agent, and no gap when the first dies)."""
+        first = self.mirror.get(f"{self.root}/pollers/{device}/0")
+        if first is None or first.lease == self.lease:
+            return True
+        runner = self.runners.get(job)
+        window = (runner.settings.interval if runner is not None else 1.0) * self.stale_after
+        return MONOTONIC() - self._seen.get(job, {}).get(first.value.decode(), -1e9) > window
+
+    async def _put_facts(self, job: str) -> None:
+        try:
+            while job in self._puts:
+                value = self._puts.pop(job)
+                if not self.up():
+                    return
+                try:
+                    await self.client.put(f"{self.root}/facts/{job}/{self.node}", value, self.lease)
+                    self.facts.published += 1
+                except EtcdError as exc:
+                    self._note_error(exc)
+        finally:
+            self._putting.discard(job)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self, agent: Any) -> None:
+        self.facts.store = agent.store
+        self.poll_now = agent.scheduler.poll_now
+        agent.store.add_listener(self.on_publish)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.lease and self.up():
+            try:  # hand everything over at once rather than after a TTL
+                await asyncio.wait_for(self.client.lease_revoke(self.lease), 1.0)
+            except (EtcdError, asyncio.TimeoutError):
+                pass
+        await self.client.close()
+
+    async def _run(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except LeaseGone as exc:
+                self._note_error(exc)
+                self.lease = 0
+            except EtcdError as exc:
+                self._note_error(exc)
+            except Exception as exc:  # a bug here must never stop the agent; it degrades instead
+                log.exception("coordination session crashed")
+                self._note_error(exc)
+            self._lost()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.ttl / 2)
+            if self.connected:
+                delay = 0.2
+
+    def _note_error(self, exc: Exception) -> None:
+        msg = f"{type(exc).__name__}: {exc}"[:300]
+        if msg != self.last_error:
+            log.warning("coordination: etcd trouble", extra={"error": msg, "lease_valid": self.up()})
+        self.last_error = msg
+
+    def _lost(self) -> None:
+        """The session ended: nothing held can be proven any more."""
+        was = self.connected
+        self.connected = False
+        self.token = 0
+        self.slots.clear()
+        self._was_leader = False
+        self._safety_intervals(degraded=True)
+        if was:
+            log.warning("coordination lost: degraded (own node only; leak inputs polled here, bounded)",
+                        extra={"error": self.last_error})
+
+    async def _session(self) -> None:
+        c = self.client
+        reused = False
+        if self.lease:
+            t = MONOTONIC()
+            try:
+                await c.lease_keepalive(self.lease)
+                self.deadline, reused = t + self.ttl, True
+            except LeaseGone:
+                self.lease = 0
+        if not self.lease:
+            t = MONOTONIC()
+            self.lease = await c.lease_grant(self.ttl)
+            self.deadline = t + self.ttl
+        await c.put(f"{self.root}/members/{self.node}", self.node, self.lease)
+        kvs, rev = await c.get_prefix(self.root + "/")
+        self.mirror = {}
+        for kv in kvs:
+            self._apply(Event("PUT", kv))
+        self.connected = True
+        self._safety_intervals(degraded=False)
+        self.sessions += 1
+        self.last_error = None
+        log.info("coordination up", extra={"lease": f"{self.lease:x}", "reused": reused,
+                                           "members": len(self.members()), "endpoint": c.endpoint})
+        if self.engine is not None:
+            self.engine.coordination_back()
+        tasks = [asyncio.ensure_future(x) for x in (self._keepalive(), self._watch(rev + 1), self._reconcile())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                t.result()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _keepalive(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            while True:
+                t = MONOTONIC()
+                try:
+                    await self.client.lease_keepalive(self.lease)
+                except LeaseGone:
+                    raise
+                except EtcdError as exc:
+                    self._note_error(exc)
+                    if MONOTONIC() >= self.deadline:
+                        raise EtcdError(f"lease not renewed for {self.ttl:g} s: {exc}") from None
+                    await asyncio.sleep(0.2)
+                    continue
+                self.deadline = t + self.ttl
+                self.last_error = None
+                break
+
+    async def _watch(self, rev: int) -> None:
+        while True:
+            try:
+                async for events in self.client.watch(self.root + "/", rev):
+                    decide = False
+                    for ev in events:
+                        rev = max(rev, ev.kv.mod_revision + 1)
+                        decide |= self._apply(ev)
+                    if decide:  # membership, leader or slots moved: decide again (a fact changes no decision)
+                        self._changed.set()
+            except WatchCompacted:
+                kvs, now = await self.client.get_prefix(self.root + "/")
+                self.mirror = {}
+                for kv in kvs:
+                    self._apply(Event("PUT", kv))
+                rev = now + 1
+            except EtcdError as exc:
+                self._note_error(exc)
+                await asyncio.sleep(0.1)
+
+    def _apply(self, ev: Event) -> bool:
+        """Mirror one event; True when it may change a decision (anything but a fact)."""
+        key = ev.kv.key
+        if key.startswith(self._facts_prefix):
+            self._fact(ev)
+            return False
+        if ev.type == "DELETE":
+            self.mirror.pop(key, None)
+        else:
+            self.mirror[key] = ev.kv
+        self.on_rack_change(key)  # also on a fresh session's first read: an approval given while we were away
+        return True
+
+    # -- facts from the other pollers -----------------------------------------------------------------------
+
+    def _fact(self, ev: Event) -> None:
+        rest = ev.kv.key[len(f"{self.root}/facts/"):]
+        job, _, poller = rest.rpartition("/")
+        if ev.type == "DELETE":
+            self.facts.forget(job, poller)
+            return
+        self._seen.setdefault(job, {})[poller] = MONOTONIC()
+        problem = self.facts.ingest(job, poller, ev.kv.value, self.polls)
+        if problem and problem.startswith("unreadable"):
+            self._note_error(ValueError(problem))
+
+    # -- decisions from the mirror ---------------------------------------------------------------------------
+
+    async def _reconcile(self) -> None:
+        while True:
+            await self._campaign()
+            await self._claim_slots()
+            self._leadership_edges()
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _campaign(self) -> None:
+        key = f"{self.root}/leader"
+        kv = self.mirror.get(key)
+        if kv is not None:
+            if kv.lease == self.lease and kv.value.decode() == self.node:
+                self.token = kv.mod_revision  # ours (a session that reused its lease)
+            elif self.token:
+                self.token = 0
+            return
+        self.token = 0
+        ok, _, rev = await self.client.txn([cmp_create(key, 0)], [op_put(key, self.node, self.lease)])
+        if ok:
+            self.mirror[key] = KV(key, self.node.encode(), rev, rev, self.lease)
+            self.token = rev
+            log.info("rack leader: this agent", extra={"token": rev, "lease": f"{self.lease:x}"})
+
+    def _leadership_edges(self) -> None:
+        now = self.is_leader()
+        if now and not self._was_leader and self.engine is not None:
+            try:
+                self.engine.carry_on_as_leader()
+            except Exception:
+                log.exception("leadership hand-over failed")
+        self._was_leader = now
+
+    async def _claim_slots(self) -> None:
+        k = self.settings.pollers_per_device
+        live = self.members()
+        for device in self.shared.devices:
+            pre = f"{self.root}/pollers/{device}/"
+            holders = {key: kv for key, kv in self.mirror.items() if key.startswith(pre)}
+            mine = next((key for key, kv in holders.items() if kv.lease == self.lease), None)
+            if mine is not None:
+                if device not in self.slots:
+                    self.slots[device] = mine
+                    self._gained(device)
+                continue
+            self.slots.pop(device, None)
+            if len(holders) >= k:
+                continue
+            holding = {kv.value.decode() for kv in holders.values()}
+            candidates = [n for n in ranked(device, live) if n not in holding]
+            if self.node not in candidates[:k - len(holders)]:
+                continue
+            free = next(f"{pre}{i}" for i in range(k) if f"{pre}{i}" not in holders)
+            ok, _, rev = await self.client.txn([cmp_create(free, 0)], [op_put(free, self.node, self.lease)])
+            if ok:
+                self.mirror[free] = KV(free, self.node.encode(), rev, rev, self.lease)
+                self.slots[device] = free
+                log.info("polling shared device", extra={"device": device, "slot": free.rsplit("/", 1)[-1]})
+                self._gained(device)
+
+    def _gained(self, device: str) -> None:
+        for job in self.shared.jobs_of(device):
+            if self.poll_now is not None and job in self.runners:
+                self.poll_now(job)
+
+    # -- fencing ----------------------------------------------------------------------------------------------
+
+    async def fence(self, what: str) -> None:
+        """Prove we still lead, in etcd, right before a shared actuator write; raise Fenced otherwise.
+
+        A txn that holds only while the leader key is still ours at the revision we were elected
+        with: a deposed leader (its lease expired while it was stopped or cut off) is refused here
+        even if it has not noticed yet.
+        """
+        if not self.is_leader():
+            self.fenced_total += 1
+            raise Fenced(f"{what}: this agent is not the rack leader ({self.role()}; leader "
+                         f"{self.leader_node() or 'none'})")
+        key = f"{self.root}/leader"
+        token = self.token
+        try:
+            ok, _, _ = await self.client.txn([cmp_mod(key, token), cmp_value(key, self.node)], [])
+        except EtcdError as exc:
+            self.fenced_total += 1
+            raise Fenced(f"{what}: cannot prove leadership to etcd: {exc}") from None
+        if not ok:
+            self.fenced_total += 1
+            self.token = 0
+            raise Fenced(f"{what}: leadership lost (the leader key moved past revision {token})")
+        self.fence_now()
+
+    def fence_now(self) -> None:
+        """The last check before the write itself: the lease still proven alive (no await after it)."""
+        if MONOTONIC() >= self.deadline:
+            self.fenced_total += 1
+            raise Fenced("leadership lease not proven alive (etcd unreachable, or this process was stopped)")
+
+
+class Fenced(Exception):
+    """A shared actuator write refused: this agent cannot prove it is the rack's leader now."""

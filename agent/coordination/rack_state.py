@@ -1,0 +1,281 @@
+"""Rack state in etcd that outlives any one agent: rack-wide guardrails and pending approvals.
+
+Why transactions: "count, then act" without a lock lets N agents that fire
+at once all see k drained nodes and all pass `max_drained_nodes`. Each
+guardrail here is one key read, decided, and written back with a txn that
+holds only if the key did not change in between (compare on its mod
+revision); a loser reads again and decides again, so racing agents pass one
+at a time and the limit holds.
+
+- `guard/drains`: drains in flight, node -> wall time. The scheduler stays the
+  source of truth for who is drained (a person's drain counts); a reservation
+  only covers the moments between "allowed" and the scheduler showing it,
+  and lapses after `drain_reservation_seconds`.
+- `guard/actions`: rack-wide action times for the circuit breaker and the
+  per-kind hourly rates, and the breaker's own state (a person resets it on
+  any agent).
+- `approvals/<id>`: a destructive shared step waiting for a person, written
+  by the leader that reached it. Approve on any agent; a new leader finds the
+  record and carries on; an approval is consumed by the one step it was for,
+  so a later episode of the same incident asks again.
+
+Times in these keys are wall-clock times (the only clock agents share).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from typing import Any
+
+from agent.coordination.etcd import EtcdError, cmp_create, cmp_mod, op_delete, op_get, op_put
+
+log = logging.getLogger("supernode.coordination")
+CONTENTION_TRIES = 30
+
+
+def rack_approval_id(incident_key: str, action: str, target: str, phase: str) -> str:
+    return "rack-" + hashlib.sha1(f"{incident_key}|{action}|{target}|{phase}".encode()).hexdigest()[:12]
+
+
+class RackState:
+    """Mixed into EtcdCoordinator: needs self.client, self.root, self.up(), self.is_leader(), self.mirror."""
+
+    def __init__(self, loaded):
+        self.guardrails = loaded.config.remediation.guardrails
+        self.reservation_seconds = loaded.config.coordination.drain_reservation_seconds
+        self.local_pending: dict[str, Any] = {}  # rack approval id -> engine Pending
+        self._engine_callbacks: list[Any] = []
+
+    # -- drains -------------------------------------------------------------------------------------------
+
+    async def check_drain(self, node: str, drained: list[str], rack_nodes: int, guard: Any) -> tuple[str, str] | None:
+        """Blast radius counted on the scheduler's drained nodes plus the rack's drains in flight, reserved
+        atomically; degraded (etcd unreachable): this agent's own count, as without coordination."""
+        if not self.up():
+            return guard.check_blast_radius(drained, rack_nodes, node)
+        key = f"{self.root}/guard/drains"
+        try:
+            for _ in range(CONTENTION_TRIES):
+                kv = await self.client.get(key)
+                held = json.loads(kv.value) if kv is not None else {}
+                now = self.clock()
+                held = {n: t for n, t in held.items() if now - float(t) < self.reservation_seconds}
+                in_flight = sorted(set(held) - {node} - set(drained))
+                blocked = guard.check_blast_radius(sorted(set(drained) | set(in_flight)), rack_nodes, node)
+                if blocked:
+                    name, why = blocked
+                    if in_flight:
+                        why += f"; counted rack-wide, in flight on other agents: {', '.join(in_flight)}"
+                    return name, why
+                held[node] = now
+                compare = cmp_mod(key, kv.mod_revision) if kv is not None else cmp_create(key, 0)
+                ok, _, _ = await self.client.txn([compare], [op_put(key, json.dumps(held, sort_keys=True))])
+                if ok:
+                    return None
+                await asyncio.sleep(0.01)
+        except EtcdError as exc:
+            log.warning("rack drain count unavailable; counting alone", extra={"error": str(exc)[:200]})
+            return guard.check_blast_radius(drained, rack_nodes, node)
+        return "rack_contention", f"could not reserve a drain of {node}: {CONTENTION_TRIES} agents raced for it"
+
+    async def release_drain(self, node: str) -> None:
+        return None  # reservations lapse by themselves; the scheduler's state is the truth after that
+
+    # -- breaker and rates --------------------------------------------------------------------------------
+
+    def _actions_doc(self) -> dict[str, Any]:
+        kv = self.mirror.get(f"{self.root}/guard/actions")
+        try:
+            return json.loads(kv.value) if kv is not None else {}
+        except ValueError:
+            return {}
+
+    def breaker_open(self) -> bool:
+        return bool(self._actions_doc().get("breaker", {}).get("open"))
+
+    async def reserve_action(self, kind: str, guard: Any) -> tuple[str, str] | None:
+        """Count one action of `kind` rack-wide (breaker window, hourly rate), or say which limit blocks it."""
+        if not self.up():
+            return None  # degraded: this agent's own guardrails only (checked already)
+        s = self.guardrails
+        key = f"{self.root}/guard/actions"
+        try:
+            for _ in range(CONTENTION_TRIES):
+                kv = await self.client.get(key)
+                doc = json.loads(kv.value) if kv is not None else {}
+                now = self.clock()
+                breaker = doc.get("breaker") or {}
+                if breaker.get("open"):
+                    return "circuit_breaker", (f"rack circuit breaker open since {breaker.get('at')} (opened by "
+                                               f"{breaker.get('by')}): a person resets it on any agent "
+                                               "(POST /api/v1/breaker/reset)")
+                recent = [t for t in doc.get("recent", []) if now - t <= s.breaker_window_seconds]
+                kinds = {k: [t for t in v if now - t <= 3600] for k, v in (doc.get("kinds") or {}).items()}
+                limit = s.rate_per_hour.get(kind, s.rate_per_hour.get("default", 60))
+                if len(kinds.get(kind, [])) >= limit:
+                    return "rate_limit", f"rack-wide rate limit: {limit} {kind} actions per hour already taken"
+                recent.append(now)
+                kinds.setdefault(kind, []).append(now)
+                if len(recent) >= s.breaker_max_actions:
+                    breaker = {"open": True, "at": now, "by": self.node}
+                    log.warning("rack circuit breaker opened", extra={"actions": len(recent)})
+                new = {"recent": recent, "kinds": kinds, "breaker": breaker}
+                compare = cmp_mod(key, kv.mod_revision) if kv is not None else cmp_create(key, 0)
+                ok, _, _ = await self.client.txn([compare], [op_put(key, json.dumps(new))])
+                if ok:
+                    return None
+                await asyncio.sleep(0.01)
+        except EtcdError as exc:
+            log.warning("rack action count unavailable; counting alone", extra={"error": str(exc)[:200]})
+            return None
+        return "rack_contention", f"could not count a {kind} action rack-wide: too many agents raced"
+
+    async def reset_breaker(self, who: str) -> bool:
+        key = f"{self.root}/guard/actions"
+        for _ in range(CONTENTION_TRIES):
+            kv = await self.client.get(key)
+            if kv is None:
+                return False
+            doc = json.loads(kv.value)
+            was = bool((doc.get("breaker") or {}).get("open"))
+            doc.update(recent=[], breaker={"open": False, "reset_by": who, "at": self.clock()})
+            ok, _, _ = await self.client.txn([cmp_mod(key, kv.mod_revision)], [op_put(key, json.dumps(doc))])
+            if ok:
+                return was
+        return False
+
+    # -- approvals ----------------------------------------------------------------------------------------
+
+    def _approvals(self) -> dict[str, tuple[Any, dict[str, Any]]]:
+        pre = f"{self.root}/approvals/"
+        out = {}
+        for key, kv in list(self.mirror.items()):
+            if key.startswith(pre):
+                try:
+                    out[key[len(pre):]] = (kv, json.loads(kv.value))
+                except ValueError:
+                    continue
+        return out
+
+    def pending_added(self, pending: Any, incident: Any) -> None:
+        """The leader reached a destructive shared step: make its approval rack state (or adopt one)."""
+        if not (self.up() and self.is_leader()) or pending.action not in ("cdu_write", "pdu_outlet"):
+            return
+        rid = rack_approval_id(incident.key, pending.action, pending.target, pending.phase)
+        pending.rack_id = rid
+        self.local_pending[rid] = pending
+        asyncio.get_running_loop().create_task(self._publish_pending(rid, pending, incident))
+
+    async def _publish_pending(self, rid: str, p: Any, inc: Any) -> None:
+        key = f"{self.root}/approvals/{rid}"
+        doc = {"id": rid, "incident_key": inc.key, "detector": inc.detector, "targets": inc.targets,
+               "playbook": p.playbook, "action": p.action, "target": p.target, "phase": p.phase,
+               "approval": p.approval, "created_at": p.created_at, "expires_at": p.expires_at, "state": "pending",
+               "requested_by": self.node}
+        try:
+            ok, responses, _ = await self.client.txn([cmp_create(key, 0)], [op_put(key, json.dumps(doc))],
+                                                     [op_get(key)])
+            if ok:
+                return
+            kvs = responses[0]["response_range"].get("kvs", [])
+            if not kvs:
+                return
+            from agent.coordination.etcd import KV
+
+            old = KV.from_json(kvs[0])
+            existing = json.loads(old.value)
+            live = existing.get("expires_at", 0) > self.clock() and existing.get("state") in ("pending", "approved")
+            if live:
+                self.mirror[key] = old
+                self._resolve_if_approved(rid, existing)
+                return
+            # a consumed or lapsed record of an earlier episode: this step asks again
+            await self.client.txn([cmp_mod(key, old.mod_revision)], [op_put(key, json.dumps(doc))])
+        except (EtcdError, KeyError, IndexError, ValueError) as exc:
+            log.warning("rack approval not recorded; approve on this agent", extra={"error": str(exc)[:200]})
+
+    def pending_removed(self, pending: Any, approved: bool) -> None:
+        rid = getattr(pending, "rack_id", None)
+        if rid is None or self.local_pending.pop(rid, None) is None:
+            return
+        if approved and self.up():
+            asyncio.get_running_loop().create_task(self._consume(rid, pending))
+
+    async def _consume(self, rid: str, p: Any) -> None:
+        key = f"{self.root}/approvals/{rid}"
+        try:
+            kv = await self.client.get(key)
+            if kv is None:
+                return
+            doc = dict(json.loads(kv.value), state="consumed", consumed_by=self.node, consumed_at=self.clock())
+            await self.client.txn([cmp_mod(key, kv.mod_revision)], [op_put(key, json.dumps(doc))])
+        except (EtcdError, ValueError):
+            pass
+
+    def _resolve_if_approved(self, rid: str, doc: dict[str, Any]) -> None:
+        p = self.local_pending.get(rid)
+        if p is not None and doc.get("state") == "approved" and not p.future.done():
+            log.info("rack approval seen", extra={"id": rid, "by": doc.get("approved_by")})
+            p.future.set_result(True)
+
+    def on_rack_change(self, key: str) -> None:
+        pre = f"{self.root}/approvals/"
+        if key.startswith(pre):
+            rid = key[len(pre):]
+            kv = self.mirror.get(key)
+            if kv is not None:
+                try:
+                    self._resolve_if_approved(rid, json.loads(kv.value))
+                except ValueError:
+                    pass
+
+    async def approve(self, ident: str, who: str, incidents: list[Any]) -> list[str]:
+        """Approve rack-wide: by its rack id, or by this agent's own incident of the same fault (an open incident
+        approves the steps that act on it, a resolved one the steps that undo it: an earlier episode's
+        pending undo is not approved by approving this episode)."""
+        mine = {(i.key, "apply" if i.state != "resolved" else "undo") for i in incidents if i.id == ident}
+        done = []
+        now = self.clock()
+        for rid, (kv, doc) in self._approvals().items():
+            if doc.get("state") != "pending" or doc.get("expires_at", 0) <= now:
+                continue
+            if ident != rid and (doc.get("incident_key"), doc.get("phase")) not in mine:
+                continue
+            doc = dict(doc, state="approved", approved_by=who, approved_at=now, approved_on=self.node)
+            try:
+                ok, _, _ = await self.client.txn([cmp_mod(kv.key, kv.mod_revision)], [op_put(kv.key, json.dumps(doc))])
+            except EtcdError as exc:
+                log.warning("rack approval not written", extra={"id": rid, "error": str(exc)[:200]})
+                continue
+            if ok:
+                done.append(rid)
+        return done
+
+    def incident_closed(self, incident: Any) -> None:
+        """The fault is over here: its shared steps still waiting for a person no longer need one."""
+        if not self.up():
+            return
+        stale = [kv for kv, doc in self._approvals().values()
+                 if doc.get("incident_key") == incident.key and doc.get("state") == "pending"
+                 and doc.get("phase") == "apply"]
+        if stale:
+            asyncio.get_running_loop().create_task(self._drop(stale))
+
+    async def _drop(self, kvs: list[Any]) -> None:
+        for kv in kvs:
+            try:
+                await self.client.txn([cmp_mod(kv.key, kv.mod_revision)], [op_delete(kv.key)])
+            except EtcdError:
+                pass
+
+    def pending_view(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [{"id": rid, "incident_id": doc.get("incident_key"), "playbook": doc.get("playbook"),
+                 "action": doc.get("action"), "target": doc.get("target"), "phase": doc.get("phase"),
+                 "approval": doc.get("approval"), "created_at": doc.get("created_at"),
+                 "expires_at": doc.get("expires_at"), "rack": True, "requested_by": doc.get("requested_by")}
+                for rid, (_, doc) in sorted(self._approvals().items())
+                if doc.get("state") == "pending" and doc.get("expires_at", 0) > now]

@@ -1,0 +1,135 @@
+"""A private etcd cluster on loopback for the demo, tests and benches: N members of Debian's `etcd`.
+
+Free ports, data dirs under a folder of ours, each member started in the foreground so the PID we keep is
+etcd's own, stopped by that PID. A member can be stopped and started again on the same data dir and ports
+(quorum lost and back), or paused with SIGSTOP (a member that hangs with its connections open).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+import shutil
+import socket
+import tempfile
+import time
+
+
+
+def etcd_binary() -> str | None:
+    return shutil.which("etcd") or next((p for p in ("/usr/bin/etcd", "/usr/sbin/etcd") if os.path.exists(p)), None)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EtcdMember:
+    def __init__(self, name: str, base: Path, client_port: int, peer_port: int, cluster: str, binary: str):
+        self.name = name
+        self.dir = base / name
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.cluster = cluster
+        self.binary = binary
+        self.proc: subprocess.Popen | None = None
+        self.started_once = False
+        self.data_dir = self.dir / "data"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        argv = [self.binary, "--name", self.name, "--data-dir", str(self.data_dir),
+                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+                "--initial-cluster", self.cluster, "--initial-cluster-state", "new",
+                "--initial-cluster-token", "supernode-test",
+                # a loaded 2-core test machine: raft heartbeats must not time out under load
+                "--heartbeat-interval", "100", "--election-timeout", "1000",
+                "--listen-metrics-urls", f"http://127.0.0.1:{_free_port()}", "--log-level", "warn"]
+        log = open(self.dir / "etcd.log", "ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        self.started_once = True
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+class EtcdCluster:
+    def __init__(self, base: Path, members: int = 3, binary: str | None = None, memory: bool = False):
+        """`memory`: data dirs on tmpfs (/dev/shm), removed at stop: etcd fsyncs its WAL on every write, and on a
+        disk shared with other work those fsyncs, not etcd, would set every request's latency."""
+        binary = binary or etcd_binary()
+        if binary is None:
+            raise FileNotFoundError("etcd is not installed (Debian: apt-get install etcd-server)")
+        ports = [(_free_port(), _free_port()) for _ in range(members)]
+        names = [f"m{i + 1}" for i in range(members)]
+        cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, (_, p) in zip(names, ports))
+        self.members = [EtcdMember(n, base, c, p, cluster, binary) for n, (c, p) in zip(names, ports)]
+        self._shm: Path | None = None
+        if memory and Path("/dev/shm").is_dir():
+            self._shm = Path(tempfile.mkdtemp(prefix="supernode-etcd-", dir="/dev/shm"))
+            for m in self.members:
+                m.data_dir = self._shm / m.name
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.url for m in self.members]
+
+    def start(self) -> "EtcdCluster":
+        for m in self.members:
+            m.start()
+        deadline = time.monotonic() + 60
+        while not self.healthy():
+            if time.monotonic() > deadline or not all(m.running() for m in self.members):
+                self.stop()
+                raise RuntimeError(f"etcd did not become healthy; see {self.members[0].dir / 'etcd.log'}")
+            time.sleep(0.2)
+        return self
+
+    def healthy(self, member: EtcdMember | None = None) -> bool:
+        for m in [member] if member else self.members:
+            try:
+                req = urllib.request.Request(m.url + "/v3/kv/range", data=json.dumps({"key": "AA=="}).encode(),
+                                             method="POST")
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    if resp.status != 200:
+                        return False
+            except OSError:
+                return False
+        return True
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+        if self._shm is not None:
+            shutil.rmtree(self._shm, ignore_errors=True)

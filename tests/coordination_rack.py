@@ -1,0 +1,89 @@
+"""A rack of real agent processes coordinated by a real etcd cluster, against the simulated rack (tests and bench)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from agent.demo import agent_config
+from tests.agentproc import AgentProcess
+from tests.helpers import free_port, wait_for
+
+TOKEN = "coordination-test-token"
+
+
+def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str], mode: str = "enforce",
+                       slurm_conf: Path | None = None, ttl: float = 5.0, **guardrails: Any) -> dict[str, Any]:
+    """A demo agent's config with an etcd `coordination` section and a light load (2-core test machine)."""
+    (workdir / "admin.token").write_text(TOKEN + "\n")
+    (workdir / "webhook.token").write_text(TOKEN + "\n")
+    cfg = agent_config(sim, node, free_port(), workdir, mode=mode, slurm_conf=slurm_conf)
+    cfg["sources"]["links"] = {"enabled": False}
+    cfg["sources"]["dom"] = {"enabled": False}
+    cfg["sources"]["nvml"].update(interval=2.0, timeout=1.5)
+    cfg["coordination"] = {"backend": "etcd", "lease_ttl_seconds": ttl,
+                           "etcd": {"endpoints": endpoints, "prefix": "/supernode-test"}}
+    cfg["remediation"]["guardrails"].update(guardrails)
+    return cfg
+
+
+def metric(agent: AgentProcess, name: str, **labels: str) -> float | None:
+    status, body = agent.get("/metrics")
+    if status != 200:
+        return None
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    m = re.search(rf"^{re.escape(name)}(?:{{{re.escape(want)}}})? (\S+)$" if want else
+                  rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body.decode(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def is_leader(agent: AgentProcess) -> bool:
+    return metric(agent, "supernode_coordination_leader", backend="etcd") == 1.0
+
+
+def is_up(agent: AgentProcess) -> bool:
+    return metric(agent, "supernode_coordination_up", backend="etcd") == 1.0
+
+
+def leaders(agents: list[AgentProcess]) -> list[AgentProcess]:
+    return [a for a in agents if a.proc is not None and a.proc.poll() is None and is_leader(a)]
+
+
+def polls(agent: AgentProcess, device: str) -> bool:
+    return metric(agent, "supernode_coordination_polling", device=device) == 1.0
+
+
+def journal(agent: AgentProcess) -> list[dict[str, Any]]:
+    status, body = agent.get("/api/v1/journal?limit=2000", token=TOKEN)
+    return json.loads(body)["entries"] if status == 200 else []
+
+
+def incidents(agent: AgentProcess) -> dict[str, Any]:
+    status, body = agent.get("/api/v1/incidents", token=TOKEN)
+    return json.loads(body) if status == 200 else {}
+
+
+def approve(agent: AgentProcess, ident: str) -> list[str]:
+    status, body = agent.request("POST", f"/api/v1/incidents/{ident}/approve", token=TOKEN)
+    return json.loads(body).get("approved", []) if status == 200 else []
+
+
+def results(agent: AgentProcess, action: str, **match: Any) -> list[dict[str, Any]]:
+    return [e for e in journal(agent) if e.get("action") == action and e.get("kind") in ("result", "blocked")
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def alive(agents: list[AgentProcess]) -> list[AgentProcess]:
+    return [a for a in agents if a.proc is not None and a.proc.poll() is None]
+
+
+def restart(agent: AgentProcess) -> None:
+    """Start an agent again after a kill, on the same config and state dir."""
+    if agent.proc is not None and agent.proc.poll() is None:
+        agent.proc.send_signal(signal.SIGCONT)
+        agent.stop()
+    agent.start()
+    wait_for(lambda: is_up(agent), 40, what=f"{agent.config['agent']['node']} coordinating again")

@@ -1,0 +1,236 @@
+"""Rack coordination against a real 3-member etcd cluster: 3 real agent processes on the simulated rack.
+
+One etcd cluster, one simulated rack and three agents for the module (2-core machine); each test
+leaves the rack as it found it (agents running, members up, faults cleared). Every wait is on a
+condition with a generous deadline; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.agentproc import AgentProcess
+from tests.coordination_rack import (alive, approve, coordinated_config, incidents, is_leader, is_up, leaders,
+                                     metric, polls, restart, results)
+from tests.etcd import running_etcd
+from tests.helpers import wait_for
+from tests.simrack import SimRack
+
+NODES = ("node01", "node02", "node03")
+ZONE = {"node01": "zone-a", "node02": "zone-b", "node03": "zone-c"}
+SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a")
+TTL = 5.0
+
+
+class Rack:
+    def __init__(self, etcd, sim: SimRack, agents: list[AgentProcess]):
+        self.etcd, self.sim, self.agents = etcd, sim, agents
+
+    def by_node(self, node: str) -> AgentProcess:
+        return next(a for a in self.agents if a.config["agent"]["node"] == node)
+
+    def device(self, name: str):
+        return self.sim.sim.devices[name]
+
+    def clients(self, name: str, within: float) -> int:
+        dev = self.device(name)
+        return (dev.clients if hasattr(dev, "clients") else dev.agent.clients)(within)
+
+    def steady(self) -> None:
+        """Every agent up, one leader, every shared device polled by two agents."""
+        wait_for(lambda: all(is_up(a) for a in self.agents), 60, what="every agent coordinating")
+        wait_for(lambda: len(leaders(self.agents)) == 1, 60, what="one leader")
+        wait_for(lambda: all(sum(polls(a, d) for a in self.agents) == 2 for d in SHARED), 60,
+                 what="two pollers per shared device")
+
+    def clear(self) -> None:
+        self.sim.clear()
+        wait_for(lambda: not any(i["detector"] == "leak" for a in self.agents for i in incidents(a).get("open", [])),
+                 60, what="leak incidents resolved everywhere")
+
+
+@pytest.fixture(scope="module")
+def rack(tmp_path_factory):
+    base = tmp_path_factory.mktemp("coordination")
+    gen = running_etcd(base / "etcd", 3)
+    etcd = next(gen)
+    sim = SimRack(base, nodes=3, gpus=2).start()
+    agents: list[AgentProcess] = []
+    try:
+        for node in NODES:
+            work = base / node
+            work.mkdir()
+            agents.append(AgentProcess(coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=TTL), work).start())
+        r = Rack(etcd, sim, agents)
+        r.steady()
+        yield r
+    finally:
+        for a in agents:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            a.stop()
+        sim.stop()
+        try:
+            next(gen)
+        except StopIteration:
+            pass
+
+
+def test_one_leader_and_each_shared_device_sees_at_most_two_clients(rack):
+    rack.steady()
+    assert sum(is_leader(a) for a in rack.agents) == 1
+    before = {d: rack.device(d).requests if hasattr(rack.device(d), "requests") else rack.device(d).agent.requests
+              for d in SHARED}
+    # A window of several polls: the simulator's own counters say who asked.
+    t0 = time.monotonic()
+    wait_for(lambda: time.monotonic() - t0 > 6, 30, interval=0.5, what="a window of polls")
+    for d in SHARED:
+        dev = rack.device(d)
+        after = dev.requests if hasattr(dev, "requests") else dev.agent.requests
+        assert after > before[d], f"{d} not polled at all"
+        assert 1 <= rack.clients(d, 5.0) <= 2, f"{d}: {rack.clients(d, 5.0)} clients in the last 5 s"
+    # Each series of a shared device is exported by its pollers only.
+    for d, source in (("leak1", "leak"), ("pdu-a", "pdu")):
+        exporting = [a for a in rack.agents if metric(a, "supernode_source_up", device=d, source=source) is not None]
+        assert sorted(a.config["agent"]["node"] for a in exporting) == \
+            sorted(a.config["agent"]["node"] for a in rack.agents if polls(a, d))
+
+
+def test_a_leak_reaches_the_zone_agent_that_does_not_poll_the_controller(rack):
+    rack.steady()
+    target = next(a for a in rack.agents if not polls(a, "leak1"))
+    node = target.config["agent"]["node"]
+    rack.sim.inject("leak", zone=ZONE[node])
+    try:
+        wait_for(lambda: results(target, "drain", result="done", target=f"node={node}"), 30,
+                 what=f"{node} drained by its own agent from the pollers' facts")
+        wait_for(lambda: results(target, "gpu_power_cap", result="done"), 30, what=f"{node}'s GPUs capped")
+        others = [a for a in rack.agents if a is not target]
+        assert not any(results(a, "drain", result="done", target=f"node={node}") for a in others)
+    finally:
+        rack.clear()
+
+
+def test_one_etcd_member_stopped_changes_nothing(rack):
+    rack.steady()
+    leader = leaders(rack.agents)[0]
+    pollers = {d: {a.config["agent"]["node"] for a in rack.agents if polls(a, d)} for d in SHARED}
+    member = rack.etcd.members[0]
+    member.stop()
+    try:
+        # Longer than two lease TTLs: every lease was renewed through the other members.
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.5 * TTL:
+            assert all(is_up(a) for a in rack.agents), [a.log()[-2000:] for a in rack.agents if not is_up(a)]
+            assert leaders(rack.agents) == [leader]
+            time.sleep(0.5)
+        assert pollers == {d: {a.config["agent"]["node"] for a in rack.agents if polls(a, d)} for d in SHARED}
+    finally:
+        member.start()
+        wait_for(lambda: rack.etcd.healthy(member), 60, what="member back")
+
+
+def test_sigkill_of_the_leader_during_a_leak_a_new_leader_drives_the_valve_after_approval(rack):
+    rack.steady()
+    leader = leaders(rack.agents)[0]
+    zone = "zone-b"  # cdu1:zone_valve_2
+    rack.sim.inject("leak", zone=zone)
+    try:
+        wait_for(lambda: any(p["action"] == "cdu_write" and p["phase"] == "apply"
+                             for p in incidents(leader).get("pending_approvals", [])), 30,
+                 what="the valve close waiting for approval on the leader")
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leader.proc.wait(10)
+        rest = alive(rack.agents)
+        wait_for(lambda: len(leaders(rest)) == 1, 4 * TTL, interval=0.2, what="a new leader")
+        new = leaders(rest)[0]
+        other = next(a for a in rest if a is not new)
+        # A person approves on an agent that is not the leader, by that agent's own incident id.
+        inc = wait_for(lambda: next((i for i in incidents(other).get("open", []) if i["detector"] == "leak"
+                                     and i["targets"]["zone"] == zone), None), 30, what="the leak open on another agent")
+        wait_for(lambda: any(p.get("rack") and p["phase"] == "apply" for p in incidents(other)["pending_approvals"]),
+                 30, what="the new leader's rack approval visible everywhere")
+        assert approve(other, inc["id"]), "nothing approved"
+        wait_for(lambda: rack.sim.sim.model.coolant.valve_open[zone] is False, 30, what="zone valve closed")
+        wait_for(lambda: results(new, "cdu_write", result="done"), 30, what="the new leader's valve close journaled")
+    finally:
+        rack.clear()
+        with rack.sim.sim.model.lock:
+            rack.sim.sim.model.coolant.valve_open[zone] = True
+        restart(leader)
+        rack.steady()
+
+
+def test_two_etcd_members_stopped_every_agent_degrades_then_recovers(rack):
+    rack.steady()
+    stopped = rack.etcd.members[1:]
+    for m in stopped:
+        m.stop()
+    try:
+        wait_for(lambda: not any(is_up(a) for a in rack.agents), 6 * TTL, interval=0.3, what="every agent degraded")
+        assert not any(is_leader(a) for a in rack.agents)
+        # Degraded: each agent polls the leak inputs itself, at the bounded rate; nothing else shared.
+        wait_for(lambda: rack.clients("leak1", 5.0) == 3, 30, what="every agent reading the leak controller")
+        wait_for(lambda: rack.clients("pdu-a", 3.0) == 0, 30, what="nobody polling the PDU")
+        target = rack.by_node("node03")
+        rack.sim.inject("leak", zone="zone-c")
+        wait_for(lambda: results(target, "drain", result="done", target="node=node03"), 30,
+                 what="node03 drained by its own agent while degraded")
+    finally:
+        for m in stopped:
+            m.start()
+    rack.clear()
+    rack.steady()
+
+
+def test_sigstop_of_the_leader_past_its_ttl_its_late_write_is_fenced(rack, tmp_path):
+    """The others run dry-run here: any write that reaches the CDU could only be the stopped leader's."""
+    rack.steady()
+    leader = leaders(rack.agents)[0]
+    others = [a for a in rack.agents if a is not leader]
+    for a in others:
+        a.config["agent"]["mode"] = "dry-run"
+        restart(a)
+    rack.steady()
+    assert leaders(rack.agents) == [leader]
+    cdu = rack.device("cdu1")
+    writes_before = len(cdu.writes)
+    seq_before = max((e["seq"] for e in results(leader, "cdu_write")), default=0)
+    zone = "zone-b"
+    rack.sim.inject("leak", zone=zone)
+    try:
+        wait_for(lambda: any(p["action"] == "cdu_write" and p["phase"] == "apply"
+                             for p in incidents(leader).get("pending_approvals", [])), 30,
+                 what="the valve close waiting for approval on the leader")
+        wait_for(lambda: any(p.get("rack") and p["phase"] == "apply" for p in incidents(others[0])["pending_approvals"]),
+                 30, what="the rack approval visible on another agent")
+        inc = wait_for(lambda: next((i for i in incidents(others[0]).get("open", []) if i["detector"] == "leak"
+                                     and i["targets"]["zone"] == zone), None), 30, what="the leak open on another agent")
+        leader.signal(signal.SIGSTOP)
+        try:
+            assert approve(others[0], inc["id"]), "nothing approved"
+            wait_for(lambda: len(leaders(others)) == 1, 6 * TTL, interval=0.2, what="a new leader")
+        finally:
+            leader.signal(signal.SIGCONT)
+        def fenced() -> list:
+            return [e for e in results(leader, "cdu_write", result="blocked") if e["seq"] > seq_before
+                    and e["detail"].get("guardrail") == "fenced"]
+        try:
+            blocked = wait_for(fenced, 40, what="the late write fenced")[-1]
+        except AssertionError as exc:
+            said = [line for line in leader.log().splitlines()
+                    if "cdu_write" in line or "coordination" in line or "approval" in line or "Error" in line]
+            raise AssertionError(f"{exc}\n" + "\n".join(said[-30:])) from None
+        assert "leader" in blocked["detail"]["why"] or "lease" in blocked["detail"]["why"], blocked
+        assert len(cdu.writes) == writes_before, cdu.writes[writes_before:]
+        assert rack.sim.sim.model.coolant.valve_open[zone] is True
+        assert metric(leader, "supernode_coordination_fenced_total") >= 1
+    finally:
+        rack.clear()
+        for a in others:
+            a.config["agent"]["mode"] = "enforce"
+            restart(a)

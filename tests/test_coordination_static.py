@@ -1,0 +1,58 @@
+"""Static coordination on real agent processes: pollers from the config, the others read their fact stream.
+
+node01 polls every shared device; node02 polls none and reads node01's polls from its
+/api/v1/coordination/facts stream. A leak in node02's zone still drains and caps node02 (by its own
+agent); each shared device sees one client; node02 exports none of those devices' series; node01 leads.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.agentproc import AgentProcess
+from tests.coordination_rack import coordinated_config, metric, results
+from tests.helpers import wait_for
+from tests.simrack import SimRack
+
+SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a")
+
+
+@pytest.fixture
+def static_rack(tmp_path):
+    sim = SimRack(tmp_path, nodes=2, gpus=2).start()
+    agents = []
+    try:
+        cfgs = {}
+        for node in ("node01", "node02"):
+            work = tmp_path / node
+            work.mkdir()
+            cfgs[node] = (coordinated_config(sim.sim, node, work, ["http://127.0.0.1:9"]), work)
+        peers = {n: f"http://127.0.0.1:{c['listen']['port']}" for n, (c, _) in cfgs.items()}
+        for node, (cfg, work) in cfgs.items():
+            cfg["coordination"] = {"backend": "static", "pollers": {d: ["node01"] for d in SHARED}, "peers": peers}
+            agents.append(AgentProcess(cfg, work).start())
+        yield sim, agents
+    finally:
+        for a in agents:
+            a.stop()
+        sim.stop()
+
+
+def test_a_node_that_polls_nothing_shared_still_drains_on_a_leak_in_its_zone(static_rack):
+    sim, (node01, node02) = static_rack
+    wait_for(lambda: metric(node02, "supernode_coordination_up", backend="static") == 1.0, 30, what="node02 up")
+    assert metric(node01, "supernode_coordination_leader", backend="static") == 1.0
+    assert metric(node02, "supernode_coordination_leader", backend="static") == 0.0
+    wait_for(lambda: metric(node01, "supernode_source_up", device="leak1", source="leak") == 1.0, 30,
+             what="node01 polling leak1")
+    for d in SHARED:
+        dev = sim.sim.devices[d]
+        wait_for(lambda: (dev.clients if hasattr(dev, "clients") else dev.agent.clients)(3.0) == 1, 30,
+                 what=f"{d} polled by node01 alone")
+        assert metric(node02, "supernode_coordination_polling", device=d) == 0.0
+    assert metric(node02, "supernode_source_up", device="leak1", source="leak") is None  # exported by node01 only
+    sim.inject("leak", zone="zone-b")
+    wait_for(lambda: results(node02, "drain", result="done", target="node=node02"), 30,
+             what="node02 drained by its own agent from node01's polls")
+    wait_for(lambda: results(node02, "gpu_power_cap", result="done"), 30, what="node02's GPUs capped")
+    assert not results(node01, "drain", target="node=node02")
