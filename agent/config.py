@@ -349,7 +349,8 @@ class RedfishSourceSettings(SafetySourceSettings):
         "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
     watch_rack_trays: bool = Field(default=False, description=(
         "The rack leader also reads every other tray BMC in the inventory, to count leaking trays "
-        "(rack isolation beyond remediation.detectors.rack_tray_leaks)."))
+        "(rack isolation beyond remediation.detectors.rack_tray_leaks). Under etcd coordination the elected "
+        "leader does, and only while it leads."))
 
     @model_validator(mode="after")
     def _fits(self) -> "RedfishSourceSettings":

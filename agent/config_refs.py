@@ -49,7 +49,9 @@ def reference_errors(config: "Config") -> list[str]:
         if problem:
             errors.append(f"inventory.rack_valve: {problem}")
     coord = config.coordination
-    shared = {d.name for d in (*inv.cdus, *inv.leak_controllers, *inv.pdus)}
+    from agent.coordination.shared import shared_devices
+
+    shared = set(shared_devices(inv).devices)
     for device, pollers in (coord.pollers if coord is not None else {}).items():
         if device not in shared:
             errors.append(f"coordination.pollers.{device}: not a shared device of the inventory ({_known(shared)})")

@@ -77,7 +77,7 @@ class Agent:
         """Add the derived sources: rack power (sums the PDUs' inlets), the leak watch (unknown leak zones)."""
         from agent.derived import derived_sources
 
-        return sources + derived_sources(self.store, loaded, sources)
+        return sources + derived_sources(self.store, loaded, sources, self.coordination.idle)
 
     def render_metrics(self) -> bytes:
         """What /metrics serves: memory only, never a device."""

@@ -15,9 +15,10 @@ that source answers, 1 once its readings went stale (the moment they leave
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from agent.snapshot import Snapshot, SnapshotStore
+from exporters.cooling import modbus_metrics
 from exporters.cooling.modbus_metrics import LEAK_FAULT
 from exporters.model import PollResult, Reading
 from exporters.power.pdu import INLET_POWER, rack_power_readings
@@ -53,20 +54,43 @@ class LeakSource(Protocol):
 
 
 class LeakWatchSource:
-    """`fault="source_down"` per leak input: 1 while its source is stale, 0 while it answers."""
+    """`fault="source_down"` per leak input: 1 while its source is stale, 0 while it answers.
+
+    `idle()` names the sources this agent has but does not read now (rack coordination: the other trays'
+    BMCs while it does not lead): their silence is not a fault here."""
 
     name = "derived"
     device = "leak_sources"
 
-    def __init__(self, store: SnapshotStore, leak_sources: list[LeakSource]):
+    def __init__(self, store: SnapshotStore, leak_sources: list[LeakSource],
+                 idle: Callable[[], frozenset[tuple[str, str]]] | None = None):
         self.store = store
         # Asked at each poll: a Redfish service knows its detectors only once it has been walked.
         self.sources = {(s.name, s.device): s for s in leak_sources}
+        self.idle = idle or frozenset
         self._failing_since: dict[tuple[str, str], float] = {}
+        self._learnt: dict[tuple[str, str], list[tuple[str, str]]] = {}  # detectors seen in another poller's facts
 
     @property
     def sensors(self) -> dict[tuple[str, str], list[tuple[str, str]]]:
         return {key: s.leak_sensors() for key, s in self.sources.items()}
+
+    def _sensors_of(self, snap: Snapshot) -> dict[tuple[str, str], list[tuple[str, str]]]:
+        """Each source's leak inputs; a Redfish service this agent never walked (another agent polls it and
+        shares its polls) has them from those polls' readings, not the service-wide stand-in."""
+        out = self.sensors
+        for st in snap.sources:
+            key = (st.source, st.device)
+            src = self.sources.get(key)
+            if src is None or getattr(src, "leak_sensors_known", True):
+                continue
+            seen = sorted({(r.label("zone"), r.label("sensor")) for r in st.readings
+                           if r.spec.name == modbus_metrics.LEAK_DETECTED.name})
+            if seen:
+                self._learnt[key] = seen
+            if key in self._learnt:
+                out[key] = self._learnt[key]
+        return out
 
     def down(self, snap: Snapshot) -> dict[tuple[str, str], bool]:
         """Per watched source: True once its readings are stale; absent before its first try.
@@ -93,19 +117,22 @@ class LeakWatchSource:
     async def poll(self) -> PollResult:
         snap = self.store.snapshot()
         now = snap.taken_at
-        sensors = self.sensors
+        sensors = self._sensors_of(snap)
+        idle = self.idle()
         readings = [Reading(LEAK_FAULT, 1.0 if is_down else 0.0, {"zone": zone, "sensor": sensor, "fault": SOURCE_DOWN},
                             timestamp=now)
-                    for key, is_down in sorted(self.down(snap).items()) for zone, sensor in sensors[key]]
+                    for key, is_down in sorted(self.down(snap).items()) if key not in idle
+                    for zone, sensor in sensors[key]]
         return PollResult(readings)
 
     async def close(self) -> None:
         return None
 
 
-def derived_sources(store: SnapshotStore, loaded: "LoadedConfig",
-                    sources: list["ScheduledSource"]) -> list["ScheduledSource"]:
-    """The derived sources a config needs: rack power when PDUs are polled, the leak watch when leaks are."""
+def derived_sources(store: SnapshotStore, loaded: "LoadedConfig", sources: list["ScheduledSource"],
+                    idle: Callable[[], frozenset[tuple[str, str]]] | None = None) -> list["ScheduledSource"]:
+    """The derived sources a config needs: rack power when PDUs are polled, the leak watch when leaks are
+    (`idle`: the sources rack coordination has this agent not read now)."""
     from agent.runtime import ScheduledSource
 
     cfg = loaded.config
@@ -115,5 +142,5 @@ def derived_sources(store: SnapshotStore, loaded: "LoadedConfig",
     leaks = [s.source for s in sources if s.source.name in ("leak", "redfish") and hasattr(s.source, "leak_sensors")]
     if leaks:
         # On the leak schedule: an unknown zone shows within two leak intervals of the first failed poll.
-        out.append(ScheduledSource(LeakWatchSource(store, leaks), cfg.sources.leak))
+        out.append(ScheduledSource(LeakWatchSource(store, leaks, idle), cfg.sources.leak))
     return out

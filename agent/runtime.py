@@ -49,8 +49,11 @@ class SourceRunner:
         self.closed = False
         self.again = False  # a poll was asked for while one ran: run one more right after it
         self.stream: EventStream | None = getattr(source, "event_stream", None)
-        # Set by rack coordination for a shared device: poll only while it says so (None: always).
-        self.gate: Callable[[], bool] | None = None
+        # Set by rack coordination for a shared device: poll only while it says True (no gate: always). None
+        # means "not this agent's to poll at all now": what the source holds open on the device is let go.
+        self.gate: Callable[[], bool | None] | None = None
+        self.holding = False  # polled since its source last let go of the device (see `_let_go`)
+        self._letting_go: asyncio.Task | None = None
 
     def _attach_stream(self) -> None:
         """Give the source's event stream (if any) a store entry of its own and a thread-safe way into it."""
@@ -89,11 +92,17 @@ class SourceRunner:
         return min(self.settings.interval * 2 ** (self.failures - 1), self.settings.max_backoff)
 
     async def run_once(self) -> None:
-        now = time.monotonic()
-        if now < self.next_allowed or self.running or (self.gate is not None and not self.gate()):
+        if self.running or time.monotonic() < self.next_allowed:
             return
+        if self.gate is not None:
+            allowed = self.gate()
+            if not allowed:
+                if allowed is None:
+                    self._let_go()
+                return
         self._attach_stream()
         self.running = True
+        self.holding = True
         try:
             await self._poll()
         finally:
@@ -102,6 +111,22 @@ class SourceRunner:
             # An event arrived during that poll: what it announced may have come after the read.
             self.again = False
             await self.run_once()
+
+    def _let_go(self) -> None:
+        """Another agent polls this device now: a source that holds something open on it (a Redfish event
+        subscription and login session) closes it, so the device sees only its pollers as clients."""
+        release = getattr(self.source, "release", None)
+        if not self.holding or release is None or (self._letting_go is not None and not self._letting_go.done()):
+            return
+        self.holding = False
+
+        async def run() -> None:
+            try:
+                await release()
+            except Exception as exc:  # the device may be gone: what it held expires there by itself
+                log.info("source release failed", extra={"source": self.source.name, "device": self.source.device,
+                                                         "error": f"{type(exc).__name__}: {exc}"[:200]})
+        self._letting_go = asyncio.ensure_future(run())
 
     async def _poll(self) -> None:
         start = time.perf_counter()

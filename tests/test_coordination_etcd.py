@@ -2,11 +2,14 @@
 
 One etcd cluster, one simulated rack and three agents for the module (2-core machine); each test
 leaves the rack as it found it (agents running, members up, faults cleared). Every wait is on a
-condition with a generous deadline; nothing is timed.
+condition with a generous deadline; nothing is timed. The agents read the simulator's Redfish services
+as the demo configures them (each its own tray BMC, the Redfish CDU shared) and the leader reads every
+tray (`watch_rack_trays`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -22,7 +25,7 @@ from tests.simrack import SimRack
 
 NODES = ("node01", "node02", "node03")
 ZONE = {"node01": "zone-a", "node02": "zone-b", "node03": "zone-c"}
-SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a")
+SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
 TTL = 5.0
 
 
@@ -39,6 +42,13 @@ class Rack:
     def clients(self, name: str, within: float) -> int:
         dev = self.device(name)
         return (dev.clients if hasattr(dev, "clients") else dev.agent.clients)(within)
+
+    def requests(self, name: str) -> int:
+        dev = self.device(name)
+        for attr in ("requests", "requests_total"):  # Modbus, Redfish
+            if hasattr(dev, attr):
+                return getattr(dev, attr)
+        return dev.agent.requests  # SNMP
 
     def steady(self) -> None:
         """Every agent up, one leader, every shared device polled by two agents."""
@@ -64,7 +74,9 @@ def rack(tmp_path_factory):
         for node in NODES:
             work = base / node
             work.mkdir()
-            agents.append(AgentProcess(coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=TTL), work).start())
+            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=TTL)
+            cfg["sources"]["redfish"]["watch_rack_trays"] = True
+            agents.append(AgentProcess(cfg, work).start())
         r = Rack(etcd, sim, agents)
         r.steady()
         yield r
@@ -83,21 +95,42 @@ def rack(tmp_path_factory):
 def test_one_leader_and_each_shared_device_sees_at_most_two_clients(rack):
     rack.steady()
     assert sum(is_leader(a) for a in rack.agents) == 1
-    before = {d: rack.device(d).requests if hasattr(rack.device(d), "requests") else rack.device(d).agent.requests
-              for d in SHARED}
+    before = {d: rack.requests(d) for d in SHARED}
     # A window of several polls: the simulator's own counters say who asked.
     t0 = time.monotonic()
     wait_for(lambda: time.monotonic() - t0 > 6, 30, interval=0.5, what="a window of polls")
     for d in SHARED:
-        dev = rack.device(d)
-        after = dev.requests if hasattr(dev, "requests") else dev.agent.requests
-        assert after > before[d], f"{d} not polled at all"
+        assert rack.requests(d) > before[d], f"{d} not polled at all"
         assert 1 <= rack.clients(d, 5.0) <= 2, f"{d}: {rack.clients(d, 5.0)} clients in the last 5 s"
+    assert rack.device("rfcdu1").describe()["sse_streams"] <= 2  # only its pollers hold an event stream
     # Each series of a shared device is exported by its pollers only.
-    for d, source in (("leak1", "leak"), ("pdu-a", "pdu")):
+    for d, source in (("leak1", "leak"), ("pdu-a", "pdu"), ("rfcdu1", "redfish")):
         exporting = [a for a in rack.agents if metric(a, "supernode_source_up", device=d, source=source) is not None]
         assert sorted(a.config["agent"]["node"] for a in exporting) == \
             sorted(a.config["agent"]["node"] for a in rack.agents if polls(a, d))
+
+
+def tray_readers(rack: Rack, node: str) -> list[str]:
+    """The agents that export node's tray BMC as a source they read now."""
+    return sorted(a.config["agent"]["node"] for a in alive(rack.agents)
+                  if metric(a, "supernode_source_up", device=f"bmc-{node}", source="redfish") == 1.0)
+
+
+def test_each_tray_bmc_is_read_by_its_own_agent_and_the_other_trays_by_the_elected_leader(rack):
+    rack.steady()
+    leader = leaders(rack.agents)[0]
+    me = leader.config["agent"]["node"]
+    for node in NODES:
+        want = sorted({node, me})
+        wait_for(lambda: tray_readers(rack, node) == want, 30, what=f"bmc-{node} read by {want}")
+        wait_for(lambda: rack.clients(f"bmc-{node}", 8.0) == len(want), 30,
+                 what=f"bmc-{node} seeing {len(want)} client(s)")
+    # Another agent sees the CDU's Redfish readings from the pollers' facts, not by asking the CDU.
+    reader = next(a for a in rack.agents if not polls(a, "rfcdu1"))
+    status, body = reader.get("/api/v1/state")
+    assert status == 200
+    assert any(r["metric"] == "supernode_coolant_pump_speed_ratio" and r["labels"].get("bmc") == "rfcdu1"
+               for r in json.loads(body)["readings"])
 
 
 def test_a_leak_reaches_the_zone_agent_that_does_not_poll_the_controller(rack):
@@ -149,6 +182,10 @@ def test_sigkill_of_the_leader_during_a_leak_a_new_leader_drives_the_valve_after
         wait_for(lambda: len(leaders(rest)) == 1, 4 * TTL, interval=0.2, what="a new leader")
         new = leaders(rest)[0]
         other = next(a for a in rest if a is not new)
+        # watch_rack_trays follows the elected leader: the new one reads the dead leader's tray.
+        dead = leader.config["agent"]["node"]
+        wait_for(lambda: tray_readers(rack, dead) == [new.config["agent"]["node"]], 30,
+                 what=f"bmc-{dead} read by the new leader")
         # A person approves on an agent that is not the leader, by that agent's own incident id.
         inc = wait_for(lambda: next((i for i in incidents(other).get("open", []) if i["detector"] == "leak"
                                      and i["targets"]["zone"] == zone), None), 30, what="the leak open on another agent")
@@ -176,6 +213,12 @@ def test_two_etcd_members_stopped_every_agent_degrades_then_recovers(rack):
         # Degraded: each agent polls the leak inputs itself, at the bounded rate; nothing else shared.
         wait_for(lambda: rack.clients("leak1", 5.0) == 3, 30, what="every agent reading the leak controller")
         wait_for(lambda: rack.clients("pdu-a", 3.0) == 0, 30, what="nobody polling the PDU")
+        # Each agent keeps reading its own tray BMC (never gated); nobody leads, so nobody reads another's.
+        trays = {n: rack.requests(f"bmc-{n}") for n in NODES}
+        for node in NODES:
+            wait_for(lambda: tray_readers(rack, node) == [node], 30, what=f"bmc-{node} read by its own agent only")
+            wait_for(lambda: rack.requests(f"bmc-{node}") > trays[node], 30, what=f"bmc-{node} polled while degraded")
+            wait_for(lambda: rack.clients(f"bmc-{node}", 8.0) == 1, 30, what=f"the ex-leader let go of bmc-{node}")
         target = rack.by_node("node03")
         rack.sim.inject("leak", zone="zone-c")
         wait_for(lambda: results(target, "drain", result="done", target="node=node03"), 30,

@@ -172,6 +172,27 @@ def test_leak_watch_marks_every_input_unknown_once_its_source_is_stale():
     assert set(values().values()) == {1.0}  # stale: the leak series leave /metrics, "unknown" takes their place
 
 
+def test_leak_watch_says_nothing_of_a_source_this_agent_does_not_read_now():
+    """Rack coordination: another tray's BMC read only while this agent leads is not 'unknown' once it stops."""
+    import asyncio
+
+    from agent.derived import LeakWatchSource
+    from agent.snapshot import SnapshotStore
+    from exporters.cooling.modbus import ModbusSource
+
+    now = [1000.0]
+    store = SnapshotStore(clock=lambda: now[0])
+    src = ModbusSource("leak", "leak1", "rle-ld2100", channels={1: "zone-a"})
+    store.register("leak", "leak1", 0.5, 2.0)
+    idle: set = set()
+    watch = LeakWatchSource(store, [src], lambda: frozenset(idle))
+    store.publish("leak", "leak1", [], 0.01)
+    now[0] += 5.0
+    assert {r.value for r in asyncio.run(watch.poll()).readings} == {1.0}  # stale while it is ours: unknown
+    idle.add(("leak", "leak1"))
+    assert asyncio.run(watch.poll()).readings == []  # not ours now: nothing said of it
+
+
 def test_each_detector_declares_exactly_the_families_it_reads():
     """Detectors run only for the sources that feed them, so INPUTS must name every family a detector reads:
     collected from the code (string literals in the method and in the helpers it calls), not from memory."""

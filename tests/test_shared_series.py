@@ -1,12 +1,18 @@
 """Shared-device series are never double-counted by a dashboard, a recording rule or an alert.
 
-A rack's CDU, leak controller and PDU are polled by up to `pollers_per_device` agents (every agent
-without coordination, every agent while degraded), and each exports the device's series under its own
-`node` target label. So every query over a shared-device family must first collapse the copies: the
+A rack's CDU (Modbus or Redfish), leak controller and PDU are polled by up to `pollers_per_device` agents
+(every agent without coordination, every agent while degraded), and each exports the device's series under
+its own `node` target label. So every query over a shared-device family must first collapse the copies: the
 innermost aggregation around it is `max`/`min`/`count`/`avg` over labels without `node` (a `sum` there,
 or a bare selector in an alert, would count a device once per poller). Checked on every dashboard query,
 every recording rule and every alert expression, against the families the catalogue says come from
-Modbus or SNMP devices (plus the rack totals derived from them).
+Modbus, SNMP or Redfish devices (plus the rack totals derived from them).
+
+A Redfish family serves tray BMCs too (each its own node's, but also read by the rack leader with
+`watch_rack_trays`, so a tray has two copies as well) and a Redfish CDU's coolant, pump, health and leak
+detector series: every one collapses the copies, by `bmc`. The exceptions describe one agent's own client
+of a service, not the service: its requests, logins and walks, and its event subscription (up, events
+received); a query may keep `node` on those (an event stream down is that agent's to fix).
 """
 
 from __future__ import annotations
@@ -21,13 +27,26 @@ from dashboards import build
 from tests.helpers import REPO
 
 DERIVED_SHARED = {"supernode_rack_power_watts", "supernode_rack_power_budget_watts"}
+REDFISH_PER_CLIENT = {"supernode_redfish_requests_total", "supernode_redfish_logins_total",
+                      "supernode_redfish_discoveries_total", "supernode_redfish_event_stream_up",
+                      "supernode_redfish_events_total"}
 DEDUP = {"max", "min", "count", "avg", "group"}
 FUNCS_PASS = {"increase", "rate", "delta", "deriv", "irate", "max_over_time", "min_over_time", "avg_over_time",
               "last_over_time", "changes", "resets", "abs", "clamp_min", "clamp_max", "round", "time"}
 
 
 def shared_families() -> set[str]:
-    return {name for name, (_, source) in declared().items() if source in ("modbus", "snmp", "derived")} | DERIVED_SHARED
+    devices = {name for name, (_, source) in declared().items() if source in ("modbus", "snmp", "derived")}
+    redfish = {name for name, (_, source) in declared().items() if source == "redfish"} - REDFISH_PER_CLIENT
+    return devices | redfish | DERIVED_SHARED
+
+
+def test_the_redfish_cdu_families_are_checked():
+    families = shared_families()
+    assert {"supernode_coolant_connector_flow_cubic_meters_per_second", "supernode_coolant_pump_speed_ratio",
+            "supernode_redfish_health", "supernode_redfish_service_info", "supernode_leak_detector_state"} <= families
+    assert REDFISH_PER_CLIENT <= set(declared()), "a per-client family was renamed: name it here again"
+    assert not REDFISH_PER_CLIENT & families
 
 
 def _exprs() -> list[tuple[str, str]]:

@@ -36,7 +36,7 @@ from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone
                                      cmp_mod, cmp_value, op_put)
 from agent.coordination.facts import FactExchange, encode
 from agent.coordination.rack_state import RackState
-from agent.coordination.shared import SharedDevices, ranked, shared_devices
+from agent.coordination.shared import SharedDevices, leader_jobs, ranked, shared_devices
 
 log = logging.getLogger("supernode.coordination")
 MONOTONIC = time.monotonic
@@ -56,6 +56,7 @@ class EtcdCoordinator(RackState):
         self._facts_prefix = f"{self.root}/facts/"
         self.ttl = coord.lease_ttl_seconds
         self.shared: SharedDevices = shared_devices(cfg.inventory)
+        self.leader_jobs = leader_jobs(cfg)  # the other trays' BMCs: read while this agent leads (watch_rack_trays)
         self.stale_after = cfg.sources.stale_after_intervals
         nodes = list(cfg.inventory.nodes) or [self.node]
         start = nodes.index(self.node) if self.node in nodes else 0
@@ -137,6 +138,8 @@ class EtcdCoordinator(RackState):
         for job_id, runner in runners.items():
             if job_id in self.shared.jobs:
                 runner.gate = (lambda j=job_id: self._gate(j))
+            elif job_id in self.leader_jobs:
+                runner.gate = self._leads
 
     def _safety_intervals(self, degraded: bool) -> None:
         """Degraded, a leak input is polled here every degraded_poll_interval_seconds: its readings stay fresh
@@ -154,22 +157,34 @@ class EtcdCoordinator(RackState):
                 interval = max(interval, self.settings.degraded_poll_interval_seconds)
             store.register(source, device, interval, self.stale_after)
 
-    def _gate(self, job_id: str) -> bool:
-        """May this agent poll this shared source now? Its slot's holder yes; degraded: safety inputs, bounded."""
+    def _gate(self, job_id: str) -> bool | None:
+        """May this agent poll this shared source now? Its slot's holder yes; degraded: safety inputs, bounded.
+        None: not ours (another agent holds the slot): the source lets go of what it holds open on the device."""
         device = self.shared.jobs[job_id]
         if self.polls(device):
             return True
         if self.up() or job_id not in self.shared.safety:
-            return False
+            return None
         now = MONOTONIC()
         if now - self._degraded_last.get(job_id, -1e9) < self.settings.degraded_poll_interval_seconds:
             return False
         self._degraded_last[job_id] = now
         return True
 
+    def _leads(self) -> bool | None:
+        """The gate of another tray's BMC (watch_rack_trays): read by the elected leader only."""
+        return True if self.is_leader() else None
+
+    def idle(self) -> frozenset[tuple[str, str]]:
+        """Sources this agent has but neither polls nor gets facts for now: the other trays, while not leading."""
+        if not self.leader_jobs or self.is_leader():
+            return frozenset()
+        return frozenset(tuple(j.split("/", 1)) for j in self.leader_jobs)  # type: ignore[misc]
+
     def hidden(self) -> frozenset[tuple[str, str]]:
-        """Shared sources whose store entry holds another agent's facts: not exported here (exported once)."""
-        return self.facts.hidden()
+        """Shared sources whose store entry holds another agent's facts, and the idle ones: not exported here
+        (a shared device's series come from its pollers, another tray's from the leader only)."""
+        return self.facts.hidden() | self.idle()
 
     def on_publish(self, snap: Any, origin: str) -> None:
         """Store listener: after our own poll of a device we hold, publish it as that device's fact."""
@@ -397,6 +412,10 @@ class EtcdCoordinator(RackState):
 
     def _leadership_edges(self) -> None:
         now = self.is_leader()
+        if now and not self._was_leader:
+            for job in sorted(self.leader_jobs):  # the rack's trays: read them at once, not an interval later
+                if self.poll_now is not None and job in self.runners:
+                    self.poll_now(job)
         if now and not self._was_leader and self.engine is not None:
             try:
                 self.engine.carry_on_as_leader()

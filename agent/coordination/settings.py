@@ -1,6 +1,6 @@
 """The `coordination:` section: how the agents of one rack share its devices, its leader and its guardrails.
 
-Why a section of its own: the rack's shared devices (CDUs, leak controllers,
+Why a section of its own: the rack's shared devices (CDUs over Modbus or Redfish, leak controllers,
 PDUs) must not be polled by every agent, shared actuators (zone valves,
 outlets) must be driven by one agent at a time, and rack-wide guardrails must
 be counted across agents. `static` keeps today's behaviour, written down:
@@ -66,7 +66,7 @@ class Coordination(_Strict):
     backend: Literal["static", "etcd"] = Field(default="static", description=(
         "static: leader and pollers from this file, no failover; etcd: elected, leased, fenced."))
     pollers_per_device: int = Field(default=2, ge=1, le=16, description=(
-        "Agents that poll one shared device (CDU, leak controller, PDU) at most."))
+        "Agents that poll one shared device (CDU over Modbus or Redfish, leak controller, PDU) at most."))
     lease_ttl_seconds: float = Field(default=5.0, ge=1.0, le=120, description=(
         "etcd: lease TTL of an agent's leadership, poller slots and facts; a dead agent is replaced after it."))
     pollers: dict[str, list[str]] = Field(default_factory=dict, description=(

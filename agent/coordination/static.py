@@ -126,10 +126,14 @@ class StaticCoordinator:
         for job_id, runner in runners.items():
             device = self.shared.jobs.get(job_id)
             if device is not None and not self.polls(device):
-                runner.gate = _never
+                runner.gate = _not_ours
 
     def hidden(self) -> frozenset[tuple[str, str]]:
         return frozenset(tuple(j.split("/", 1)) for j, d in self.shared.jobs.items() if not self.polls(d))
+
+    def idle(self) -> frozenset[tuple[str, str]]:
+        """Sources held but not polled for a role: none (only the configured leader has the other trays' sources)."""
+        return frozenset()
 
     def up(self) -> bool:
         return True
@@ -229,5 +233,6 @@ class StaticCoordinator:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-def _never() -> bool:
-    return False
+def _not_ours() -> None:
+    """The gate of a shared device another node polls: never poll it here, and hold nothing open on it."""
+    return None

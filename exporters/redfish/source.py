@@ -55,12 +55,17 @@ class RedfishSource:
         self.tree: Tree | None = None
         self.discoveries: Counter[str] = Counter()
         self._walk_lock = asyncio.Lock()
+        self._released = False  # let go of the service (another agent polls it): re-subscribe at the next poll
 
     # -- Source protocol ------------------------------------------------------------
 
     async def poll(self) -> PollResult:
         partial: Counter[str] = Counter()
         tree = await self._tree(partial)
+        if self._released:  # polling again after a release: the event subscription was closed with it
+            self._released = False
+            if self.events is not None:
+                await self.events.update(tree)
         now = time.time()
         readings, missing = await self._read(tree, partial, now)
         if missing:  # a cached resource is gone: the service rebuilt its tree; walk it again, read again
@@ -75,6 +80,16 @@ class RedfishSource:
         if self.events is not None:
             await self.events.close()
         await self.client.close()
+
+    async def release(self) -> None:
+        """Let go of the service while another agent polls it (rack coordination): close the event subscription
+        and log out, so a CDU or BMC, which serves few clients, sees only its pollers. The tree is kept (its leak
+        detectors stay known); the next poll logs in again and re-subscribes."""
+        async with self._walk_lock:
+            self._released = True
+            if self.events is not None:
+                await self.events.close()
+            await self.client.close()
 
     # -- discovery ----------------------------------------------------------------------
 
@@ -96,6 +111,7 @@ class RedfishSource:
             self.discoveries[why] += 1
             tree.walked_at = self.clock()
             self.tree = tree
+            self._released = False
             if self.events is not None:
                 await self.events.update(tree)
             log.info("redfish tree walked", extra={"device": self.device, "why": why,
@@ -151,6 +167,11 @@ class RedfishSource:
         return out
 
     # -- for the agent ----------------------------------------------------------------------
+
+    @property
+    def leak_sensors_known(self) -> bool:
+        """Whether `leak_sensors` names the detectors (walked) or stands in for the service as a whole."""
+        return self.tree is not None
 
     def leak_sensors(self) -> list[tuple[str, str]]:
         """(zone, sensor) of every leak detector the walk found; before a first walk, the service as a whole.

@@ -216,6 +216,12 @@ class RedfishService:
                 "requests_total": self.requests_total,
                 "faults": {"offline": self.offline, "slow_ms": self.slow_s * 1000, "auth_fail": self.auth_fail}}
 
+    def clients(self, within: float) -> int:
+        """Login sessions that made a request, or held an event stream open, in the last `within` seconds:
+        the clients reading this service (tests of rack coordination count them, as the Modbus devices do)."""
+        now = time.monotonic()
+        return sum(1 for s in list(self.sessions.values()) if now - s.last_used <= within)
+
     async def start(self) -> None:
         await self.events.start()
         app = web.Application(client_max_size=64 * 1024, middlewares=[self._middleware])
