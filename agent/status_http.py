@@ -35,7 +35,7 @@ from agent.auth import authorize, caller, token_map
 from agent.snapshot import Snapshot
 from exporters.model import counter, gauge
 from agent.status_peers import PeerPoller
-from agent.status_view import ViewBuilder, incidents, sources
+from agent.status_view import ViewBuilder, coordination, incidents, sources
 
 if TYPE_CHECKING:
     from agent.daemon import Agent
@@ -157,6 +157,18 @@ class StatusHub:
         self._card_cache = (time.monotonic(), card)
         return card
 
+    def _coordination_desc(self) -> dict[str, Any] | None:
+        coord = getattr(self.agent, "coordination", None)
+        return coord.describe() if coord is not None and hasattr(coord, "describe") else None
+
+    def _coordinated_sources(self) -> tuple[frozenset, frozenset]:
+        """(shared sources another agent polls for this one, sources idle here now) under rack coordination."""
+        coord = getattr(self.agent, "coordination", None)
+        if coord is None:
+            return frozenset(), frozenset()
+        idle = coord.idle()
+        return coord.hidden() - idle, idle
+
     def _engine(self) -> Any:
         hook = self.agent.remediation
         return getattr(hook, "engine", None) if hook is not None else None
@@ -181,7 +193,8 @@ class StatusHub:
         view: dict[str, Any] = {
             "now": now, "agent": self.agent.identity(), "nodes": nodes,
             "coolant": self.builder.coolant(snap, cfg.inventory), "power": self.builder.power(snap, cfg.inventory),
-            "sources": sources(snap.sources, now),
+            "sources": sources(snap.sources, now, *self._coordinated_sources()),
+            "coordination": coordination(self._coordination_desc()),
             "remediation_degraded": self.agent.remediation_degraded(),
         }
         engine = self._engine()

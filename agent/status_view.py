@@ -259,22 +259,40 @@ class ViewBuilder:
                 "pdus": pdus}
 
 
-def sources(states: Iterable[SourceState], now: float) -> list[dict[str, Any]]:
-    """Every source's health in a word: up, stale (answered, but too long ago), failing (and why), waiting."""
+def sources(states: Iterable[SourceState], now: float, remote: frozenset[tuple[str, str]] = frozenset(),
+            idle: frozenset[tuple[str, str]] = frozenset()) -> list[dict[str, Any]]:
+    """Every source's health in a word: up, stale (answered, but too long ago), failing (and why), waiting, idle.
+
+    Rack coordination: a `remote` source is a shared device another agent polls (its polls reach this one, so
+    its health is the device's); an `idle` one is read only by the rack leader, which this agent is not now."""
     out = []
     for st in sorted(states, key=lambda s: (s.source, s.device)):
-        if st.last_attempt is None:
-            state, why = "waiting", "not polled yet"
+        key = (st.source, st.device)
+        if key in idle:
+            state, why = "idle", "read by the rack leader only (this agent does not lead now)"
+        elif st.last_attempt is None:
+            state, why = "waiting", "polled by another agent: waiting for its polls" if key in remote else "not polled yet"
         elif not st.up:
             state, why = "failing", st.last_error or "last poll failed"
         elif not st.fresh(now):
             state, why = "stale", f"no answer for {now - (st.last_success or now):.0f} s"
         else:
-            state, why = "up", ""
+            state, why = "up", "polled by another agent, its polls shared here" if key in remote else ""
         out.append({"source": st.source, "device": st.device, "state": state, "why": why,
                     "age_seconds": None if st.last_success is None else round(now - st.last_success, 1),
-                    "interval_seconds": st.interval, "errors": sum(st.errors.values())})
+                    "interval_seconds": st.interval, "errors": sum(st.errors.values()), "polled_here": key not in remote})
     return out
+
+
+def coordination(desc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The rack coordination line: backend, up or degraded (why), the leader, the live agents, what is polled here."""
+    if desc is None:
+        return None
+    return {"backend": desc["backend"], "state": "up" if desc["up"] else "degraded", "leader": desc.get("leader"),
+            "this_agent_leads": bool(desc.get("leads")), "members": desc.get("members"),
+            "polls_here": sorted(d for d, on in (desc.get("polling") or {}).items() if on),
+            "polled_elsewhere": sorted(d for d, on in (desc.get("polling") or {}).items() if not on),
+            "why": desc.get("why") or ""}
 
 
 # -- incidents and their playbook steps -----------------------------------------------------

@@ -143,6 +143,36 @@ def test_no_view_is_built_while_no_page_is_open(tmp_path):
         assert _metric(agent, "supernode_status_page_updates_total") == built
 
 
+def test_the_rack_section_says_how_the_rack_coordinates_and_when_coordination_is_lost(tmp_path):
+    """Static: up, from the config, who leads. etcd out of reach: degraded, why, nobody leads, said in the
+    attention line too (the page draws both from this view)."""
+    def view(agent: AgentProcess) -> dict[str, Any]:
+        status, body = agent.get("/api/v1/status", token=TOKEN)
+        assert status == 200, body
+        return json.loads(body)
+
+    (tmp_path / "static").mkdir()
+    cfg = base_config(tmp_path / "static", token=TOKEN, inventory={"nodes": ["node01", "node02"]},
+                      remediation={"slurm": {"backend": "simulated"}})
+    cfg["agent"]["node"] = "node02"
+    with running_agent(cfg, tmp_path / "static") as agent:
+        assert view(agent)["coordination"] == {"backend": "static", "state": "up", "leader": "node01",
+                                               "this_agent_leads": False, "members": None, "polls_here": [],
+                                               "polled_elsewhere": [], "why": ""}
+    (tmp_path / "etcd").mkdir()
+    cfg = base_config(tmp_path / "etcd", token=TOKEN, inventory={"nodes": ["node01", "node02"]},
+                      remediation={"slurm": {"backend": "simulated"}},
+                      coordination={"backend": "etcd", "lease_ttl_seconds": 1.0,
+                                    "etcd": {"endpoints": [f"http://127.0.0.1:{free_port()}"],
+                                             "request_timeout_seconds": 0.3}})
+    with running_agent(cfg, tmp_path / "etcd") as agent:
+        line = wait_for(lambda: (c := view(agent)["coordination"])["why"] and c, 30, what="the reason etcd is lost")
+        assert line["backend"] == "etcd" and line["state"] == "degraded"
+        assert line["leader"] is None and line["this_agent_leads"] is False and line["members"] is None
+        assert "connect" in line["why"].lower() or "refused" in line["why"].lower(), line["why"]
+        assert _metric(agent, 'supernode_coordination_up{backend="etcd"}') == 0
+
+
 def _peer_config(tmp_path: Path, me: str, urls: dict[str, str], **extra: Any) -> dict[str, Any]:
     (tmp_path / me).mkdir(exist_ok=True)
     cfg = base_config(tmp_path / me, inventory={"nodes": ["node01", "node02", "node03"], "agent_urls": urls},

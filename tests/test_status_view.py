@@ -9,7 +9,7 @@ from agent.remediation.engine import action_id
 from agent.remediation.playbooks import load_playbooks
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot, SourceState
-from agent.status_view import ViewBuilder, sources, step_states
+from agent.status_view import ViewBuilder, coordination, sources, step_states
 from exporters.cooling import modbus_metrics as mm
 from exporters.gpu import nvml_metrics as nm
 from exporters.model import Quality, Reading
@@ -123,3 +123,37 @@ def test_each_source_is_up_stale_failing_or_waiting():
     assert {k: v["state"] for k, v in out.items()} == {"up": "up", "stale": "stale", "failing": "failing",
                                                      "waiting": "waiting"}
     assert out["failing"]["why"] == "timeout: poll exceeded 1.0s" and out["stale"]["why"] == "no answer for 10 s"
+
+
+def test_shared_sources_say_who_polls_them_and_idle_ones_are_not_failures():
+    """Rack coordination: a shared device another agent polls is that device's health, said so; a tray read by
+    the leader only is idle here, never failing or waiting."""
+    def st(source, device, **kw) -> SourceState:
+        s = SourceState(source, device, interval=1.0, stale_after=2.0)
+        for k, v in kw.items():
+            setattr(s, k, v)
+        return s
+    now = 100.0
+    out = {f"{s['source']}/{s['device']}": s for s in sources([
+        st("leak", "leak1", up=True, last_success=99.5, last_attempt=99.5),
+        st("pdu", "pdu-a"),
+        st("redfish", "bmc-node02", up=True, last_success=50.0, last_attempt=50.0),
+        st("nvml", "node01", up=True, last_success=99.5, last_attempt=99.5)], now,
+        remote=frozenset({("leak", "leak1"), ("pdu", "pdu-a")}), idle=frozenset({("redfish", "bmc-node02")}))}
+    assert {k: (v["state"], v["polled_here"]) for k, v in out.items()} == {
+        "leak/leak1": ("up", False), "pdu/pdu-a": ("waiting", False), "redfish/bmc-node02": ("idle", True),
+        "nvml/node01": ("up", True)}
+    assert "another agent" in out["leak/leak1"]["why"] and "another agent" in out["pdu/pdu-a"]["why"]
+    assert "leader" in out["redfish/bmc-node02"]["why"] and out["nvml/node01"]["why"] == ""
+
+
+def test_the_coordination_line_is_up_with_its_leader_or_degraded_with_why():
+    up = coordination({"backend": "etcd", "up": True, "leader": "node02", "leads": False,
+                       "members": ["node01", "node02", "node03"], "polling": {"leak1": True, "pdu-a": False}, "why": ""})
+    assert up == {"backend": "etcd", "state": "up", "leader": "node02", "this_agent_leads": False,
+                  "members": ["node01", "node02", "node03"], "polls_here": ["leak1"], "polled_elsewhere": ["pdu-a"],
+                  "why": ""}
+    down = coordination({"backend": "etcd", "up": False, "leader": None, "leads": False, "members": None,
+                         "polling": {"leak1": False}, "why": "EtcdError: every endpoint failed"})
+    assert down["state"] == "degraded" and down["leader"] is None and down["why"].startswith("EtcdError")
+    assert coordination(None) is None

@@ -114,6 +114,13 @@ class EtcdCoordinator(RackState):
         kv = self.mirror.get(f"{self.root}/leader")
         return kv.value.decode() if kv is not None else None
 
+    def describe(self) -> dict[str, Any]:
+        """What the status page says of the rack's coordination: up or degraded (and why), who leads, who is alive."""
+        up = self.up()
+        return {"backend": "etcd", "up": up, "leader": self.leader_node() if up else None, "leads": self.is_leader(),
+                "members": self.members() if up else None, "polling": self.polling(),
+                "why": "" if up else (self.last_error or "no etcd session yet")}
+
     def members(self) -> list[str]:
         pre = f"{self.root}/members/"
         return sorted(k[len(pre):] for k in self.mirror if k.startswith(pre))

@@ -144,6 +144,11 @@ class StaticCoordinator:
     def polling(self) -> dict[str, bool]:
         return {d: self.polls(d) for d in self.shared.devices}
 
+    def describe(self) -> dict[str, Any]:
+        """What the status page says of the rack's coordination: from the config, always up, no failover."""
+        return {"backend": "static", "up": True, "leader": self.rack.leader, "leads": self.is_leader(),
+                "members": None, "polling": self.polling(), "why": ""}
+
     # -- serving our polls ----------------------------------------------------------------------------------
 
     def on_publish(self, snap: Any, origin: str) -> None:

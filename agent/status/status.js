@@ -111,6 +111,9 @@
     const failing = s.sources.filter((x) => x.state === "failing" || x.state === "stale");
     if (failing.length) items.push(badge("warn", failing.length + " source(s) failing or stale"));
     if (s.remediation_degraded) items.push(badge("bad", "remediation not running: " + s.remediation_degraded));
+    if (s.coordination && s.coordination.state === "degraded") {
+      items.push(badge("bad", "rack coordination LOST: this agent acts on its own node only"));
+    }
     if (!items.length) items.push(badge("ok", "nothing needs attention"));
     replace("attention", el("p", { class: "row" }, items));
   }
@@ -204,6 +207,24 @@
     });
   }
 
+  // One line on how the rack's agents share their devices and who drives the shared valves and outlets.
+  function coordinationLine(c) {
+    if (!c) return null;
+    const parts = [el("strong", {}, "coordination " + c.backend)];
+    if (c.state === "degraded") {
+      parts.push(" ", badge("bad", "DOWN (degraded)"), " this agent drains and caps its own node only, reads the leak " +
+        "inputs itself and queues shared steps for a person; nobody leads" + (c.why ? " \u2014 " + c.why : ""));
+    } else {
+      parts.push(" ", badge("ok", c.backend === "static" ? "up (from the config, no failover)" : "up"),
+        " leader " + (c.leader || "none yet") + (c.this_agent_leads ? " (this agent)" : ""));
+      if (c.members) parts.push(" \u00B7 " + c.members.length + " agent(s) alive");
+    }
+    if (c.polls_here.length || c.polled_elsewhere.length) {
+      parts.push(" \u00B7 shared devices polled here: " + (c.polls_here.join(", ") || "none"));
+    }
+    return el("p", { class: "row", id: "coordination", "data-state": c.state }, parts);
+  }
+
   function rackSection(s) {
     const cards = s.nodes.map((n) => {
       let head;
@@ -228,7 +249,7 @@
       const cls = n.reach === "unreachable" ? "card warn" : "card";
       return el("div", { class: cls, "data-node": n.name }, el("h3", {}, el("span", {}, n.name), head), body);
     });
-    replace("rack", el("div", { class: "grid" }, cards));
+    replace("rack", coordinationLine(s.coordination), el("div", { class: "grid" }, cards));
   }
 
   function zoneLine(z) {
@@ -314,7 +335,7 @@
 
   function sourcesSection(s) {
     const rows = s.sources.map((x) => {
-      const kind = { up: "ok", failing: "bad", stale: "warn", waiting: "unknown" }[x.state];
+      const kind = { up: "ok", failing: "bad", stale: "warn", waiting: "unknown", idle: "unknown" }[x.state];
       return el("tr", { "data-source": x.source + "/" + x.device, "data-state": x.state }, td("source", x.source + "/" + x.device),
         td("state", badge(kind, x.state)), td("last success", age(x.age_seconds)),
         td("why", x.why || el("span", { class: "muted" }, "\u2013")));
@@ -347,14 +368,15 @@
   const SECTIONS = [
     ["attention", attention, (s) => [s.coolant.zones, s.incidents && [s.incidents.pending_approvals.length,
       s.incidents.open.map((i) => i.severity), s.incidents.breaker_open], s.nodes.map((n) => [n.reach,
-      n.card && n.card.gpus.map((g) => [g.capped, g.marks])]), s.sources.map((x) => x.state), s.remediation_degraded]],
+      n.card && n.card.gpus.map((g) => [g.capped, g.marks])]), s.sources.map((x) => x.state), s.remediation_degraded,
+      s.coordination && s.coordination.state]],
     ["approvals", approvalsSection, (s) => [s.incidents && s.incidents.pending_approvals, access && access.locked]],
     ["incidents", incidentsSection, (s) => [s.incidents && [s.incidents.open, s.incidents.recent.map((r) => r.id),
       s.incidents.mode, s.incidents.breaker_open, s.incidents.maintenance], access && access.locked]],
     ["coolant", coolantSection, (s) => s.coolant],
-    ["rack", rackSection, (s) => s.nodes.map((n) => [n.name, n.reach, n.why, n.card && [n.card.gpus, n.card.agent,
-      n.card.incidents_open, n.card.sources_failing, n.card.expected_gpus], n.age_seconds !== undefined &&
-      n.age_seconds !== null && Math.round(n.age_seconds)])],
+    ["rack", rackSection, (s) => [s.coordination, s.nodes.map((n) => [n.name, n.reach, n.why, n.card && [n.card.gpus,
+      n.card.agent, n.card.incidents_open, n.card.sources_failing, n.card.expected_gpus], n.age_seconds !== undefined &&
+      n.age_seconds !== null && Math.round(n.age_seconds)])]],
     ["power", powerSection, (s) => s.power],
     ["links", linksSection, (s) => s.nodes.map((n) => n.card && n.card.ports)],
     ["sources", sourcesSection, (s) => s.sources.map((x) => [x.source, x.device, x.state, x.why, Math.round(x.age_seconds || 0)])],
