@@ -352,8 +352,10 @@ def step_states(incident_id: str, steps: list[Any], rows: Iterable[Any], pending
 
 def incidents(engine: Any, rows_by_incident: Mapping[str, list[Any]], now: float) -> dict[str, Any]:
     """Open incidents with their steps' states, pending approvals, recently resolved, mode and breaker."""
-    pending = [p.as_dict() for p in engine.pending.values()]
-    pending_ids = {p["id"] for p in pending}
+    # This agent's own steps, then the rack's (etcd) that the leader waits on elsewhere: approving one of those
+    # here (the page's Approve button) approves it in the rack's state, as `supernode-agent approve` does.
+    pending = engine.pending_view()
+    pending_ids = {p.id for p in engine.pending.values()}
     books = {b.name: b for b in engine.playbooks}
     open_ = []
     for inc in sorted(engine.incidents.open_incidents(), key=lambda i: i.opened_at):
@@ -368,4 +370,5 @@ def incidents(engine: Any, rows_by_incident: Mapping[str, list[Any]], now: float
                "duration_seconds": round(i.duration(now), 1), "outcome": i.detail.get("resolution") or "resolved"}
               for i in engine.incidents.recent()[-10:]]
     return {"open": open_, "pending_approvals": pending, "recent": list(reversed(recent)), "mode": engine.mode,
-            "breaker_open": engine.guard.breaker_open, "maintenance": engine.maintenance.view()}
+            "breaker_open": engine.guard.breaker_open or engine.rack.breaker_open(),
+            "maintenance": engine.maintenance.view()}

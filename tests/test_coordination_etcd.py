@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import (alive, approve, coordinated_config, incidents, is_leader, is_up, leaders,
+from tests.coordination_rack import (TOKEN, alive, approve, coordinated_config, incidents, is_leader, is_up, leaders,
                                      metric, polls, restart, results)
 from tests.etcd import running_etcd
 from tests.helpers import wait_for
@@ -110,6 +110,13 @@ def test_one_leader_and_each_shared_device_sees_at_most_two_clients(rack):
             sorted(a.config["agent"]["node"] for a in rack.agents if polls(a, d))
 
 
+def valve_close_waiting(leader: AgentProcess) -> None:
+    """Wait until the leader's zone valve close waits for a person (the leak-response's cdu_write step)."""
+    wait_for(lambda: any(p["action"] == "cdu_write" and p["phase"] == "apply"
+                         for p in incidents(leader).get("pending_approvals", [])), 30,
+             what="the valve close waiting for approval on the leader")
+
+
 def tray_readers(rack: Rack, node: str) -> list[str]:
     """The agents that export node's tray BMC as a source they read now."""
     return sorted(a.config["agent"]["node"] for a in alive(rack.agents)
@@ -173,9 +180,7 @@ def test_sigkill_of_the_leader_during_a_leak_a_new_leader_drives_the_valve_after
     zone = "zone-b"  # cdu1:zone_valve_2
     rack.sim.inject("leak", zone=zone)
     try:
-        wait_for(lambda: any(p["action"] == "cdu_write" and p["phase"] == "apply"
-                             for p in incidents(leader).get("pending_approvals", [])), 30,
-                 what="the valve close waiting for approval on the leader")
+        valve_close_waiting(leader)
         os.kill(leader.proc.pid, signal.SIGKILL)
         leader.proc.wait(10)
         rest = alive(rack.agents)
@@ -199,6 +204,44 @@ def test_sigkill_of_the_leader_during_a_leak_a_new_leader_drives_the_valve_after
         with rack.sim.sim.model.lock:
             rack.sim.sim.model.coolant.valve_open[zone] = True
         restart(leader)
+        rack.steady()
+
+
+def test_approve_on_a_followers_status_page_drives_the_leaders_valve(rack):
+    """The page's Approve button on an agent that does not lead: the rack approval the leader waits on is listed
+    there (the page's view), and approving it there (the button's POST) closes the valve, as
+    `supernode-agent approve` on that agent does."""
+    rack.steady()
+    leader = leaders(rack.agents)[0]
+    follower = next(a for a in rack.agents if a is not leader)
+    seq = {a: max((e["seq"] for e in results(a, "cdu_write")), default=0) for a in (leader, follower)}
+    zone = "zone-b"  # cdu1:zone_valve_2
+    rack.sim.inject("leak", zone=zone)
+    try:
+        valve_close_waiting(leader)
+
+        def on_the_page() -> dict | None:
+            status, body = follower.get("/api/v1/status", token=TOKEN)
+            if status != 200:
+                return None
+            view = json.loads(body)
+            assert view["coordination"]["leader"] == leader.config["agent"]["node"]
+            return next((p for p in view["incidents"]["pending_approvals"]
+                         if p.get("rack") and p["action"] == "cdu_write" and p["phase"] == "apply"), None)
+        pending = wait_for(on_the_page, 30, what="the leader's valve close listed on the follower's page")
+        assert pending["target"] == "cdu=cdu1,point=zone_valve_2" and pending["requested_by"] == \
+            leader.config["agent"]["node"]
+        status, body = follower.request("POST", f"/api/v1/incidents/{pending['id']}/approve", token=TOKEN)
+        assert status == 200 and json.loads(body)["approved"] == [pending["id"]], body
+        wait_for(lambda: rack.sim.sim.model.coolant.valve_open[zone] is False, 30, what="zone valve closed")
+        wait_for(lambda: [e for e in results(leader, "cdu_write", result="done") if e["seq"] > seq[leader]], 30,
+                 what="the leader's valve close journaled")
+        # the follower never wrote the CDU itself
+        assert not [e for e in results(follower, "cdu_write", result="done") if e["seq"] > seq[follower]]
+    finally:
+        rack.clear()
+        with rack.sim.sim.model.lock:
+            rack.sim.sim.model.coolant.valve_open[zone] = True
         rack.steady()
 
 
@@ -246,9 +289,7 @@ def test_sigstop_of_the_leader_past_its_ttl_its_late_write_is_fenced(rack, tmp_p
     zone = "zone-b"
     rack.sim.inject("leak", zone=zone)
     try:
-        wait_for(lambda: any(p["action"] == "cdu_write" and p["phase"] == "apply"
-                             for p in incidents(leader).get("pending_approvals", [])), 30,
-                 what="the valve close waiting for approval on the leader")
+        valve_close_waiting(leader)
         wait_for(lambda: any(p.get("rack") and p["phase"] == "apply" for p in incidents(others[0])["pending_approvals"]),
                  30, what="the rack approval visible on another agent")
         inc = wait_for(lambda: next((i for i in incidents(others[0]).get("open", []) if i["detector"] == "leak"

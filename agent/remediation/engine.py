@@ -841,11 +841,11 @@ class RemediationEngine:
         now = self.clock()
         return {"open": [i.as_dict(now) for i in self.incidents.open_incidents()],
                 "recent": [i.as_dict(now) for i in self.incidents.recent()][-50:],
-                "pending_approvals": self._pending_view(),
+                "pending_approvals": self.pending_view(),
                 "breaker_open": self.guard.breaker_open or self.rack.breaker_open(), "mode": self.mode,
                 "maintenance": self.maintenance.view()}
 
-    def _pending_view(self) -> list[dict[str, Any]]:
+    def pending_view(self) -> list[dict[str, Any]]:
         """This agent's pending steps, then the rack's (etcd) that the leader waits on elsewhere."""
         local = [dict(p.as_dict(), **({"rack_id": p.rack_id} if getattr(p, "rack_id", None) else {}))
                  for p in self.pending.values()]
