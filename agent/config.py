@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from agent.config_refs import reference_errors, secret_warnings
+from agent.config_refs import deprecation_warnings, reference_errors, secret_warnings
 from agent.coordination.settings import Coordination
 from agent.rack_file import RackFileError, with_rack_file
 from agent.remediation.settings import RemediationSettings
@@ -462,6 +462,32 @@ class Config(Strict):
         "How the rack's agents share devices, leader and guardrails; none: a lone agent (static)."))
 
     @model_validator(mode="after")
+    def _one_url_per_peer(self) -> "Config":
+        """`inventory.agent_urls` is where each node's agent is (the status page's cards, static coordination's
+        fact streams); the deprecated `coordination.peers` and `peers_ca_file` are folded into it and into
+        `status.peer_tls.ca_file`, so every reader sees one value, and a config giving two for one node is refused."""
+        coord = self.coordination
+        if coord is None or not (coord.peers or coord.peers_ca_file):
+            return self
+        urls = dict(self.inventory.agent_urls)
+        for node, url in coord.peers.items():
+            if node in urls and urls[node] != url:
+                raise ValueError(f"coordination.peers.{node}: {short_repr(url)} differs from inventory.agent_urls."
+                                 f"{node} ({short_repr(urls[node])}); coordination.peers is deprecated: keep "
+                                 "inventory.agent_urls only")
+            urls.setdefault(node, url)
+        tls = self.status.peer_tls
+        if coord.peers_ca_file is not None:
+            if tls.ca_file is not None and tls.ca_file != coord.peers_ca_file:
+                raise ValueError("coordination.peers_ca_file differs from status.peer_tls.ca_file; it is deprecated: "
+                                 "keep status.peer_tls.ca_file only")
+            tls = tls.model_copy(update={"ca_file": coord.peers_ca_file})
+        # frozen models: the folded values replace the sections once, while the config is being built
+        object.__setattr__(self, "inventory", self.inventory.model_copy(update={"agent_urls": urls}))
+        object.__setattr__(self, "status", self.status.model_copy(update={"peer_tls": tls}))
+        return self
+
+    @model_validator(mode="after")
     def _pdu_retries_fit_the_poll(self) -> "Config":
         """One SNMP request with its retries must fit the PDU poll's timeout, or the retries never happen."""
         limit = self.sources.pdu.timeout
@@ -488,7 +514,7 @@ class LoadedConfig:
         self.admin_tokens = admin_tokens if admin_tokens is not None else _admin_tokens(config, secrets, {})
         files = {f"secrets.{name}.file": ref.file for name, ref in config.secrets.items()}
         files.update({f"auth.admin_tokens.{name}.file": ref.file for name, ref in config.auth.admin_tokens.items()})
-        self.warnings: list[str] = secret_warnings(files)
+        self.warnings: list[str] = secret_warnings(files) + deprecation_warnings(config)
         """Not errors, but an operator should see them (check-config prints them, start logs them)."""
 
     def secret(self, name: str) -> SecretStr:

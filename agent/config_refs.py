@@ -58,10 +58,10 @@ def reference_errors(config: "Config") -> list[str]:
         for node in pollers:
             if nodes and node not in nodes:
                 errors.append(f"coordination.pollers.{device}: node {node!r} not in inventory.nodes ({_known(nodes)})")
-        if config.agent.node not in pollers and not any(p in coord.peers for p in pollers):
-            errors.append(f"coordination.pollers.{device}: {config.agent.node} does not poll it and coordination.peers "
-                          f"has no URL of its pollers ({', '.join(pollers) or 'none'}): {config.agent.node} would "
-                          "never see it")
+        if config.agent.node not in pollers and not any(p in inv.agent_urls for p in pollers):
+            errors.append(f"coordination.pollers.{device}: {config.agent.node} does not poll it and "
+                          f"inventory.agent_urls has no URL of its pollers ({', '.join(pollers) or 'none'}): "
+                          f"{config.agent.node} would never see it")
     for node in (coord.peers if coord is not None else {}):
         if nodes and node not in nodes:
             errors.append(f"coordination.peers.{node}: not in inventory.nodes ({_known(nodes)})")
@@ -117,6 +117,19 @@ def _valve_problem(config: "Config", ref: str) -> str | None:
         return (f"point {point_name!r} of profile {profile.name!r} is not a control point "
                 f"(control points: {_known(controls)})")
     return None
+
+
+def deprecation_warnings(config: "Config") -> list[str]:
+    """Settings kept as aliases of the one place a fact now lives (they still work, folded into it)."""
+    coord = config.coordination
+    out = []
+    if coord is not None and coord.peers:
+        out.append("coordination.peers is deprecated: it is the same fact as inventory.agent_urls (node -> its "
+                   "agent's URL, which the status page uses too); move its entries there")
+    if coord is not None and coord.peers_ca_file is not None:
+        out.append("coordination.peers_ca_file is deprecated: set status.peer_tls.ca_file (the same peers' CA; "
+                   "status.peer_tls also gives a client certificate for peers that require one)")
+    return out
 
 
 def secret_warnings(files: dict[str, Path]) -> list[str]:

@@ -1,8 +1,9 @@
 """Static coordination on real agent processes: pollers from the config, the others read their fact stream.
 
-node01 polls every shared device; node02 polls none and reads node01's polls from its
-/api/v1/coordination/facts stream. A leak in node02's zone still drains and caps node02 (by its own
-agent); each shared device sees one client; node02 exports none of those devices' series; node01 leads.
+node01 polls every shared device (the Redfish CDU too); node02 polls none and reads node01's polls from its
+/api/v1/coordination/facts stream, at node01's `inventory.agent_urls` (the status page's URL for it too).
+A leak in node02's zone still drains and caps node02 (by its own agent); each shared device sees one client;
+node02 exports none of those devices' series; node01 leads.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from tests.coordination_rack import coordinated_config, metric, results
 from tests.helpers import wait_for
 from tests.simrack import SimRack
 
-SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a")
+SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
 
 
 @pytest.fixture
@@ -27,9 +28,10 @@ def static_rack(tmp_path):
             work = tmp_path / node
             work.mkdir()
             cfgs[node] = (coordinated_config(sim.sim, node, work, ["http://127.0.0.1:9"]), work)
-        peers = {n: f"http://127.0.0.1:{c['listen']['port']}" for n, (c, _) in cfgs.items()}
+        urls = {n: f"http://127.0.0.1:{c['listen']['port']}" for n, (c, _) in cfgs.items()}
         for node, (cfg, work) in cfgs.items():
-            cfg["coordination"] = {"backend": "static", "pollers": {d: ["node01"] for d in SHARED}, "peers": peers}
+            cfg["inventory"]["agent_urls"] = urls
+            cfg["coordination"] = {"backend": "static", "pollers": {d: ["node01"] for d in SHARED}}
             agents.append(AgentProcess(cfg, work).start())
         yield sim, agents
     finally:

@@ -73,9 +73,11 @@ class Coordination(_Strict):
         "static: shared device name -> the nodes that poll it (default: every node that lists it, as "
         "without coordination). A node not listed for a device does not poll it."))
     peers: dict[str, str] = Field(default_factory=dict, description=(
-        "static: node -> its agent's base URL (http(s)://host:port). A node that does not poll a device reads "
-        "the device's pollers' polls from their /api/v1/coordination/facts stream."))
-    peers_ca_file: Path | None = Field(default=None, description="static: CA of the peers' https listeners.")
+        "Deprecated alias of inventory.agent_urls (node -> its agent's base URL), folded into it with a warning. "
+        "Static: a node that does not poll a device reads its pollers' polls from their agents' "
+        "/api/v1/coordination/facts streams, at inventory.agent_urls."))
+    peers_ca_file: Path | None = Field(default=None, description=(
+        "Deprecated alias of status.peer_tls.ca_file (the CA of the peers' https listeners), folded into it."))
     degraded_poll_interval_seconds: float = Field(default=2.0, gt=0, le=60, description=(
         "etcd unreachable: each agent polls the rack's leak inputs itself, at most this often."))
     drain_reservation_seconds: float = Field(default=30.0, gt=0, le=600, description=(
@@ -89,7 +91,8 @@ class Coordination(_Strict):
         if self.backend == "etcd" and self.pollers:
             raise ValueError("pollers is for the static backend; etcd assigns pollers among live agents")
         if self.backend == "etcd" and self.peers:
-            raise ValueError("peers is for the static backend; etcd carries the facts")
+            raise ValueError("peers (deprecated: inventory.agent_urls) is for the static backend; etcd carries the "
+                             "facts (the status page's inventory.agent_urls works with either)")
         for node, url in self.peers.items():
             if not (url.startswith("http://") or url.startswith("https://")) or len(url) > 200:
                 raise ValueError(f"peers.{node}: expected http(s)://host:port, got {url[:80]!r}")

@@ -4,7 +4,7 @@ The leader is `remediation.rack_leader`, else the first inventory node. A
 shared device is polled by the nodes `coordination.pollers` lists for it,
 else by every node that lists it (what an agent without coordination does).
 A node left out of a device's pollers reads that device's polls from a
-poller's fact stream (`coordination.peers`). Guardrails are counted by each
+poller's fact stream, at the poller's `inventory.agent_urls` (TLS: `status.peer_tls`). Guardrails are counted by each
 agent alone (the blast radius from the scheduler's own view), approvals are
 each agent's own, and no write is fenced: two agents configured as leader would both drive the valves. This
 is the single-node and lab choice; a rack whose leader may die runs `etcd`.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from typing import Any
 
@@ -93,7 +92,7 @@ class StaticCoordinator:
 
     A node that `pollers` leaves out of a device reads that device from its pollers: each agent serves the
     polls it makes of shared devices as a stream (GET /api/v1/coordination/facts, one JSON fact a line, the
-    latest of each first) and subscribes to the streams of the pollers it needs (`peers` gives their URLs).
+    latest of each first) and subscribes to the streams of the pollers it needs (`inventory.agent_urls`).
     No failover: a poller that dies leaves its device unread by the nodes that relied on it (their leak
     watch says "unknown", `source_down`) until it is back.
     """
@@ -108,8 +107,8 @@ class StaticCoordinator:
         self.shared: SharedDevices = shared_devices(cfg.inventory)
         coord = cfg.coordination
         self.pollers: dict[str, list[str]] = dict(coord.pollers) if coord is not None else {}
-        self.peers: dict[str, str] = dict(coord.peers) if coord is not None else {}
-        self.peers_ca = coord.peers_ca_file if coord is not None else None
+        self.peers: dict[str, str] = dict(cfg.inventory.agent_urls)  # coordination.peers folded in (deprecated)
+        self.peer_tls = cfg.status.peer_tls
         self.rack = LocalRack(static_leader(loaded), self.node)
         self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, time.time)
         self.latest: dict[str, bytes] = {}  # job -> our last fact of it (what a new subscriber gets first)
@@ -196,12 +195,16 @@ class StaticCoordinator:
     async def _subscribe(self, peer: str) -> None:
         import aiohttp
 
+        from agent.status_peers import client_ssl
+
         url = f"{self.peers[peer]}/api/v1/coordination/facts"
-        ssl_ctx = ssl.create_default_context(cafile=str(self.peers_ca)) if self.peers_ca else None
         delay = 0.2
         async with aiohttp.ClientSession() as http:
             while True:
                 try:
+                    # The same trust (and client certificate) as the status page's reads of the same agents; made
+                    # each try, so a CA or certificate file that does not load yet is retried, not fatal.
+                    ssl_ctx = client_ssl(self.peer_tls) if url.startswith("https:") else None
                     async with http.get(url, ssl=ssl_ctx, timeout=aiohttp.ClientTimeout(total=None, sock_connect=2)
                                         ) as resp:
                         if resp.status != 200:
