@@ -24,6 +24,13 @@ calling thread that long, or until the fault is cleared, as with one wedged
 GPU; calls on other handles answer), the node's `driver_hang_s` (every call,
 init, enumeration and event waits included, blocks likewise: a wedged
 driver), `unsupported` (function or NVML_FI_* names that answer NotSupported).
+
+Events: one pump thread per twin (while an event set exists) long-polls the
+simulator with a long timeout and hands the XIDs to the event sets;
+`nvmlEventSetWait_v2` waits on a condition for its own set, as the driver's
+wait does on its file descriptor. Why: the exporter waits every half
+second, and an HTTP request per wait was a tenth of the agent's CPU in the
+demo, a cost no real driver has.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import http.client
 import inspect
 import json
 import math
+import socket
 import struct
 import threading
 import time
@@ -50,6 +58,7 @@ _UI, _ULL, _D = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSI
 _NVLINK5 = pynvml.NVML_NVLINK_VERSION_5_0
 _LINK_BITS_PER_S = 8e11  # an NVLink5 link: 100 GB/s per direction (the BER the twin derives from the error rate)
 HANG_POLL_S = 0.25  # a simulated hang rechecks the simulator this often, so clearing the fault ends it
+PUMP_WAIT_MS = 20_000  # the event pump's long poll (the simulator answers at once when an XID comes)
 _SUPPORTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
                      | pynvml.nvmlEventTypeSingleBitEccError)
 
@@ -170,6 +179,13 @@ class NvmlTwin:
         self._handles: dict[int, TwinDevice] = {}
         self._release = threading.Event()  # set by nvmlShutdown: ends simulated hangs
         self.requests = 0  # HTTP requests made (the benchmark reports it)
+        # the event pump: event sets it feeds, and what waits on them
+        self._events = threading.Condition()
+        self._sets: list[_EventSet] = []
+        self._pump: threading.Thread | None = None
+        self._pump_conn: http.client.HTTPConnection | None = None
+        self._pump_failed = False
+        self._event_hang_s = 0.0
 
     def __getattr__(self, name: str) -> Any:
         """Constants, struct types and error classes are pynvml's own; functions not twinned are 'not found'."""
@@ -181,7 +197,13 @@ class NvmlTwin:
 
     # -- transport -----------------------------------------------------------------
 
-    def _request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> Any:
+    def _request(self, method: str, path: str, body: dict | None = None, timeout: float | None = None,
+                 pump: bool = False) -> Any:
+        """One request on this thread's keep-alive connection, retried once on a fresh one.
+
+        `pump`: the event pump's long poll; its socket is connected first and
+        kept where `_stop_pump` can shut it, and a poll cut short that way is
+        not retried."""
         timeout = timeout or self._http_timeout
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -193,13 +215,19 @@ class NvmlTwin:
                 if conn.sock is not None:
                     conn.sock.settimeout(timeout)
                 conn.timeout = timeout
+                if pump:
+                    if conn.sock is None:
+                        conn.connect()
+                    self._pump_conn = conn
+                    if self._pump_stopping():
+                        raise OSError("event pump stopping")
                 conn.request(method, self._base + path, body=payload, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException):
                 conn.close()
                 self._local.conn = None
-                if attempt:
+                if attempt or (pump and self._pump_stopping()):
                     raise _err(pynvml.NVML_ERROR_UNKNOWN) from None
                 continue
             self.requests += 1
@@ -272,6 +300,7 @@ class NvmlTwin:
         self._inits -= 1
         if not self._inits:
             self._release.set()
+            self._stop_pump()
             conn = getattr(self._local, "conn", None)
             if conn is not None:
                 conn.close()
@@ -467,7 +496,69 @@ class NvmlTwin:
 
     def nvmlEventSetCreate(self) -> _EventSet:
         self._sys()
-        return _EventSet(self._node(fresh=True).xid_seq)
+        es = _EventSet(self._node(fresh=True).xid_seq)
+        with self._events:
+            self._sets.append(es)
+            if self._pump is None:
+                self._pump_failed = False
+                self._pump = threading.Thread(target=self._pump_events, args=(es.after,), name="nvml-twin-events",
+                                              daemon=True)
+                self._pump.start()
+        return es
+
+    def _pump_events(self, after: int) -> None:
+        """Long-poll the simulator's XIDs into every event set, until the sets are freed or nvmlShutdown."""
+        try:
+            while True:
+                with self._events:
+                    if not self._sets or self._release.is_set():
+                        self._pump = None  # decided under the lock: a set created from now starts a new pump
+                        return
+                try:
+                    reply = self._request("GET", f"/events?after={after}&timeout_ms={PUMP_WAIT_MS}",
+                                          timeout=PUMP_WAIT_MS / 1000 + self._http_timeout, pump=True)
+                except NVMLError:
+                    if not self._pump_stopping():
+                        with self._events:
+                            self._pump_failed = True  # waits fail, as a driver wait would, until the simulator answers
+                            self._events.notify_all()
+                        self._release.wait(HANG_POLL_S)
+                    continue
+                with self._events:
+                    self._pump_failed = False
+                    self._event_hang_s = float(reply.get("driver_hang_s", 0.0))
+                    for e in reply["events"]:
+                        after = max(after, e["seq"])
+                        for es in self._sets:
+                            if e["seq"] > es.after:
+                                es.after = e["seq"]
+                                if es.masks.get(e["index"], 0) & pynvml.nvmlEventTypeXidCriticalError:
+                                    es.pending.append(e)
+                    self._events.notify_all()
+        except BaseException:
+            with self._events:
+                self._pump = None
+            raise
+        finally:
+            self._pump_conn = None
+            conn = getattr(self._local, "conn", None)
+            if conn is not None:
+                conn.close()
+                self._local.conn = None
+
+    def _pump_stopping(self) -> bool:
+        with self._events:
+            return not self._sets or self._release.is_set()
+
+    def _stop_pump(self) -> None:
+        """End the pump's long poll now (it is blocked in a read) rather than when it times out."""
+        conn = self._pump_conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def nvmlDeviceGetSupportedEventTypes(self, h: TwinDevice) -> int:
         self._dev(h, "nvmlDeviceGetSupportedEventTypes")
@@ -480,30 +571,41 @@ class NvmlTwin:
         es.masks[h.index] = es.masks.get(h.index, 0) | event_types
 
     def nvmlEventSetWait_v2(self, es: _EventSet, timeoutms: int) -> TwinEventData:
-        """Long-polls the simulator; raises NVMLError_Timeout when nothing came, as pynvml does."""
+        """Waits for the pump to deliver an XID to this set; raises NVMLError_Timeout when none came, as pynvml does."""
         if not self._inits:
             raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
-        if not es.pending:
-            reply = self._request("GET", f"/events?after={es.after}&timeout_ms={int(timeoutms)}",
-                                  timeout=timeoutms / 1000 + self._http_timeout)
-            hang = float(reply.get("driver_hang_s", 0.0))
-            if hang > 0:  # a wedged driver blocks event waits too
-                self._block(hang, lambda s: s.driver_hang_s > 0)
-            for e in reply["events"]:
-                es.after = max(es.after, e["seq"])
-                if es.masks.get(e["index"], 0) & pynvml.nvmlEventTypeXidCriticalError:
-                    es.pending.append(e)
-        if not es.pending:
-            raise _err(pynvml.NVML_ERROR_TIMEOUT)
-        e = es.pending.popleft()
+        deadline = time.monotonic() + timeoutms / 1000
+        with self._events:
+            while not es.pending:
+                if self._pump_failed:
+                    raise _err(pynvml.NVML_ERROR_UNKNOWN)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._events.wait(left)
+            hang = self._event_hang_s
+        st = self._state
+        hang = max(hang, st.driver_hang_s if st is not None else 0.0)
+        if hang > 0:  # a wedged driver blocks event waits too (seen by the pump's reply or the last poll's state)
+            self._block(hang, lambda s: s.driver_hang_s > 0)
+        with self._events:
+            if not es.pending:
+                raise _err(pynvml.NVML_ERROR_TIMEOUT)
+            e = es.pending.popleft()
         handle = self._handles.setdefault(e["index"], TwinDevice(e["index"]))
         return TwinEventData(handle, pynvml.nvmlEventTypeXidCriticalError, e["xid"])
 
     nvmlEventSetWait = nvmlEventSetWait_v2
 
     def nvmlEventSetFree(self, es: _EventSet) -> None:
-        es.masks.clear()
-        es.pending.clear()
+        with self._events:
+            if es in self._sets:
+                self._sets.remove(es)
+            es.masks.clear()
+            es.pending.clear()
+            last = not self._sets
+        if last:
+            self._stop_pump()
 
 
 def _pack_fields(g: dict[str, Any], field_ids: tuple, now_us: int) -> bytes:

@@ -79,8 +79,15 @@ class SourceRunner:
                 except KeyError:
                     pass
 
+        def alive() -> None:  # from the stream's thread: the store is thread-safe, and nothing is notified
+            if not self.closed:
+                try:
+                    self.store.touch(stream.name, stream.device)
+                except KeyError:
+                    pass
+
         stream.attach(lambda readings: loop.call_soon_threadsafe(publish, readings), self.settings.interval,
-                      lambda kind, message: loop.call_soon_threadsafe(fail, kind, message))
+                      lambda kind, message: loop.call_soon_threadsafe(fail, kind, message), alive)
 
     @property
     def job_id(self) -> str:

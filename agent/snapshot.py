@@ -179,6 +179,17 @@ class SnapshotStore:
                 state.errors[kind] += n
         self._notify(f"{source}/{device}")
 
+    def touch(self, source: str, device: str) -> None:
+        """The source is alive and its last readings still hold (an event stream between events): fresh
+        again, without replacing its readings or notifying anyone, since nothing a detector reads changed."""
+        now = self._clock()
+        with self._lock:
+            state = self._states[(source, device)]
+            if not state.up or state.last_success is None:
+                return  # only a stream that published and has not failed since is vouched for by a keepalive
+            state.last_success = now
+            state.last_attempt = now
+
     def fail(self, source: str, device: str, kind: str, message: str, duration: float) -> None:
         now = self._clock()
         with self._lock:

@@ -78,30 +78,42 @@ class EventStream:
     `name`/`device` as a store entry of its own; until one is attached (a
     one-shot probe, a bare test) `publish` returns False and the source
     keeps such readings in its poll result instead.
+
+    Between events the readings do not change: `keepalive` then says the
+    stream is alive (its entry stays fresh) without publishing them again,
+    so the detectors are not run on the same readings every `every` seconds.
     """
 
     def __init__(self, name: str, device: str):
         self.name = name
         self.device = device
-        self.every = 5.0  # publish at least this often, so the entry stays fresh without events
+        self.every = 5.0  # say so at least this often, so the entry stays fresh without events
         self._sink: Callable[[list[Any]], None] | None = None
         self._fail: Callable[[str, str], None] | None = None
+        self._alive: Callable[[], None] | None = None
 
     @property
     def attached(self) -> bool:
         return self._sink is not None
 
     def attach(self, sink: Callable[[list[Any]], None], every: float,
-               fail: Callable[[str, str], None] | None = None) -> None:
+               fail: Callable[[str, str], None] | None = None, alive: Callable[[], None] | None = None) -> None:
         self.every = every
         self._fail = fail
+        self._alive = alive
         self._sink = sink
 
     def detach(self) -> None:
-        self._sink = self._fail = None
+        self._sink = self._fail = self._alive = None
 
     def publish(self, readings: list[Any]) -> bool:
         return self._send(self._sink, readings)
+
+    def keepalive(self, readings: list[Any]) -> bool:
+        """The stream is alive and its last published readings still hold (publishes them if no `alive` sink)."""
+        if self._alive is None:
+            return self.publish(readings)
+        return self._send(self._alive)
 
     def fail(self, kind: str, message: str) -> bool:
         """The stream cannot run (e.g. events unsupported): its entry reads down, with why."""

@@ -136,7 +136,8 @@ def add_nvml_routes(app: web.Application, model: RackModel) -> None:
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             found = xid_events(model, node, after)
-            if found or time.monotonic() >= deadline:
+            if found or time.monotonic() >= deadline or request.transport is None or request.transport.is_closing():
+                # (a client that went away ends its long poll now: a stopping server does not wait it out)
                 return web.json_response({"events": found, "driver_hang_s": model.nodes[node].nvml_hang_seconds})
             await asyncio.sleep(min(EVENT_POLL_S, max(0.0, deadline - time.monotonic())))
 

@@ -201,6 +201,7 @@ class NvmlSource:
         self._xid_lock = threading.Lock()
         self._xids: dict[str, dict[int, int]] = {}
         self._last_xid: dict[str, int] = {}
+        self._xids_sent: list | None = None  # what _publish_xids published last (the same again is a keepalive)
         self._stop = threading.Event()
         self._events: threading.Thread | None = None
         self.events_ready = threading.Event()  # set once the XID thread has registered (tests wait on it)
@@ -575,7 +576,9 @@ class NvmlSource:
         return out
 
     def _publish_xids(self) -> bool:
-        """Every enumerated GPU's XID counters on the event stream's own path (from the event thread)."""
+        """Every enumerated GPU's XID counters on the event stream's own path (from the event thread).
+
+        Readings equal to the last published ones (no XID came, no GPU came or went) are only a keepalive."""
         stream = self.event_stream
         if stream is None or not stream.attached:
             return False
@@ -584,7 +587,12 @@ class NvmlSource:
         for i, uuid in sorted(self._present.items()):
             if uuid:
                 readings += self._xid_readings({"gpu": str(i), "uuid": uuid}, ts)
-        return stream.publish(readings)
+        same = [(r.spec.name, tuple(r.labels.items()), r.value) for r in readings]
+        if same == self._xids_sent:
+            return stream.keepalive(readings)
+        sent = stream.publish(readings)
+        self._xids_sent = same if sent else None
+        return sent
 
     # -- XID event stream (its own thread) ---------------------------------------------
 
