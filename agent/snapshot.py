@@ -68,28 +68,40 @@ class SourceState:
         }
 
 
-@dataclass(frozen=True, slots=True)
 class Snapshot:
     """An immutable view of every fresh reading at one moment; what detectors evaluate.
 
     Readings are indexed by metric name once, when the snapshot is taken: the
     detectors look up dozens of families per evaluation, and a scan of every
-    reading per lookup was most of the agent's CPU.
+    reading per lookup was most of the agent's CPU. The flat `readings`
+    tuple is built on first use only (the exposition and the API want it;
+    the detectors, which take a snapshot per publish, never do).
     """
 
-    taken_at: float
-    readings: tuple[Reading, ...]
-    sources: tuple[SourceState, ...]
-    by_name: dict[str, list[Reading]] = field(default_factory=dict, compare=False, repr=False)
-    # When it was taken on a clock that never jumps: detector holds and windows measure time with it, so a
-    # wall-clock step (NTP, a person's `date -s`) neither fires nor clears anything. Default: taken_at.
-    monotonic: float | None = None
+    __slots__ = ("taken_at", "sources", "by_name", "monotonic", "_readings", "_parts")
 
-    def __post_init__(self) -> None:
-        if self.monotonic is None:
-            object.__setattr__(self, "monotonic", self.taken_at)
-        if not self.by_name and self.readings:
-            object.__setattr__(self, "by_name", by_family(self.readings))
+    def __init__(self, taken_at: float, readings: Iterable[Reading] = (), sources: Iterable[SourceState] = (),
+                 by_name: dict[str, list[Reading]] | None = None, monotonic: float | None = None,
+                 parts: list[list[Reading]] | None = None):
+        self.taken_at = taken_at
+        self.sources: tuple[SourceState, ...] = tuple(sources)
+        # When it was taken on a clock that never jumps: detector holds and windows measure time with it, so a
+        # wall-clock step (NTP, a person's `date -s`) neither fires nor clears anything. Default: taken_at.
+        self.monotonic: float = taken_at if monotonic is None else monotonic
+        self._parts = parts  # the readings as per-source lists (from the store), flattened on first use
+        self._readings: tuple[Reading, ...] | None = None if parts is not None else tuple(readings)
+        if by_name is None or (not by_name and self._readings):
+            by_name = by_family(self.readings)
+        self.by_name: dict[str, list[Reading]] = by_name
+
+    @property
+    def readings(self) -> tuple[Reading, ...]:
+        if self._readings is None:
+            self._readings = tuple(r for part in self._parts or () for r in part)
+        return self._readings
+
+    def __repr__(self) -> str:
+        return f"Snapshot(taken_at={self.taken_at}, families={len(self.by_name)}, sources={len(self.sources)})"
 
     def select(self, metric: str, **labels: str) -> Iterator[Reading]:
         family = self.by_name.get(metric, ())
@@ -128,7 +140,14 @@ class SnapshotStore:
 
     Listeners (the detectors) are called synchronously right after a source
     publishes, so a leak reading reaches a detector without waiting for any
-    scrape or timer.
+    scrape or timer. A listener that names the metric families it reads is
+    called only for publishes that touch one of them (the PDU's outlets
+    concern no detector).
+
+    The merged family index of the fresh sources is kept between snapshots
+    and rebuilt only when a source published or came or left the fresh set:
+    the derived sources, a scrape and the API take snapshots between
+    publishes too.
     """
 
     def __init__(self, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] | None = None):
@@ -136,8 +155,10 @@ class SnapshotStore:
         # A test that drives the wall clock drives hold times with it too.
         self._mono = monotonic or (time.monotonic if clock is time.time else clock)
         self._states: dict[tuple[str, str], SourceState] = {}
-        self._listeners: list[Listener] = []
+        self._listeners: list[tuple[Listener, frozenset[str] | None]] = []
         self._clock = clock
+        self._generation = 0  # bumped whenever some source's readings (or the set of sources) change
+        self._view: tuple[int, tuple[int, ...], dict[str, list[Reading]], list[list[Reading]]] | None = None
 
     def register(self, source: str, device: str, interval: float, stale_after_intervals: float) -> SourceState:
         with self._lock:
@@ -145,6 +166,7 @@ class SnapshotStore:
             if state is None:
                 state = SourceState(source, device, interval, interval * stale_after_intervals)
                 self._states[(source, device)] = state
+                self._generation += 1
             else:
                 state.interval = interval
                 state.stale_after = interval * stale_after_intervals
@@ -152,24 +174,35 @@ class SnapshotStore:
 
     def unregister(self, source: str, device: str) -> None:
         with self._lock:
-            self._states.pop((source, device), None)
+            if self._states.pop((source, device), None) is not None:
+                self._generation += 1
 
-    def add_listener(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+    def add_listener(self, listener: Listener, families: Iterable[str] | None = None) -> None:
+        """Call `listener(snapshot, "source/device")` after each publish or failure, or only after those
+        of sources that publish (or published) one of `families`."""
+        self._listeners.append((listener, None if families is None else frozenset(families)))
 
     def publish(self, source: str, device: str, readings: Iterable[Reading], duration: float,
                 partial_errors: dict[str, int] | None = None) -> None:
         now = self._clock()
+        unsupported = Quality.UNSUPPORTED
         with self._lock:
             state = self._states[(source, device)]
+            before = state.index
             kept: list[Reading] = []
-            for r in readings:
-                if r.quality is Quality.UNSUPPORTED:
+            index: dict[str, list[Reading]] = {}
+            for r in readings:  # one pass: filtered and indexed by family (an NVML publish is ~1,500 readings)
+                if r.quality is unsupported:
                     state.unsupported.setdefault(r.reading_id(), r)
+                    continue
+                kept.append(r)
+                family = index.get(r.spec.name)
+                if family is None:
+                    index[r.spec.name] = [r]
                 else:
-                    kept.append(r)
+                    family.append(r)
             state.readings = kept
-            state.index = by_family(kept)
+            state.index = index
             state.up = True
             state.last_success = now
             state.last_attempt = now
@@ -177,7 +210,8 @@ class SnapshotStore:
             state.last_error = None
             for kind, n in (partial_errors or {}).items():
                 state.errors[kind] += n
-        self._notify(f"{source}/{device}")
+            self._generation += 1
+        self._notify(f"{source}/{device}", index.keys() | before.keys())
 
     def touch(self, source: str, device: str) -> None:
         """The source is alive and its last readings still hold (an event stream between events): fresh
@@ -199,13 +233,16 @@ class SnapshotStore:
             state.last_duration = duration
             state.errors[kind] += 1
             state.last_error = message
-        self._notify(f"{source}/{device}")
+            families = frozenset(state.index)
+        self._notify(f"{source}/{device}", families)
 
-    def _notify(self, origin: str) -> None:
-        if not self._listeners:
-            return
-        snap = self.snapshot()
-        for listener in list(self._listeners):
+    def _notify(self, origin: str, families: Iterable[str]) -> None:
+        snap = None
+        for listener, wants in list(self._listeners):
+            if wants is not None and wants.isdisjoint(families):
+                continue
+            if snap is None:
+                snap = self.snapshot()
             listener(snap, origin)
 
     def states(self) -> list[SourceState]:
@@ -215,17 +252,19 @@ class SnapshotStore:
     def snapshot(self) -> Snapshot:
         now = self._clock()
         with self._lock:
-            readings: list[Reading] = []
-            by_name: dict[str, list[Reading]] = {}
-            states: list[SourceState] = []
-            for state in self._states.values():
-                if state.fresh(now):
-                    readings.extend(state.readings)
+            states = tuple(self._states.values())
+            fresh = tuple(s for s in states if s.fresh(now))
+            ids = tuple(map(id, fresh))  # by identity (SourceState compares by value)
+            view = self._view
+            if view is None or view[0] != self._generation or view[1] != ids:
+                by_name: dict[str, list[Reading]] = {}
+                for state in fresh:
                     for name, family in state.index.items():
                         merged = by_name.get(name)
                         if merged is None:
                             by_name[name] = family  # shared, never mutated: publish swaps in new lists
                         else:
                             by_name[name] = merged + family
-                states.append(state)
-        return Snapshot(now, tuple(readings), tuple(states), by_name, self._mono())
+                view = self._view = (self._generation, ids, by_name, [s.readings for s in fresh])
+        # the index is shared between snapshots of one view: nobody mutates it (publish builds new lists)
+        return Snapshot(now, (), states, view[2], self._mono(), parts=view[3])

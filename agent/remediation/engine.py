@@ -317,7 +317,14 @@ class RemediationEngine:
         loop = self.loop
         if loop is None or not self.started or loop.is_closed():
             return
-        loop.call_soon_threadsafe(self._evaluate, snap, origin)
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:  # a source's poll publishes on the loop: no wake-up through the loop's self-pipe
+            loop.call_soon(self._evaluate, snap, origin)
+        else:
+            loop.call_soon_threadsafe(self._evaluate, snap, origin)
 
     def _evaluate(self, snap: Snapshot, origin: str = "") -> None:
         # Only the detectors this source feeds: a leak poll twice a second does not re-run the NVLink rates.

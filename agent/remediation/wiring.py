@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from agent.remediation.api import add_remediation_routes
 from agent.reliability import ComponentCollector, ObservedTime, component_counts
+from agent.remediation.detectors import Detectors
 from agent.remediation.engine import Executors, RemediationEngine
 
 if TYPE_CHECKING:
@@ -193,7 +194,8 @@ def attach(agent: "Agent") -> None:
                            lambda job_id: agent.scheduler.poll_now(job_id, queue=True))
     hook.coordination = coordination
     agent.remediation = hook
-    agent.store.add_listener(hook.on_snapshot)
+    # only publishes the detectors read (every engine has the same table): the PDU's outlets run none
+    agent.store.add_listener(hook.on_snapshot, Detectors.families())
     agent.extra_collectors.append(_CurrentCollector(hook))
     agent.extra_collectors.append(ComponentCollector(hook.observed))
     cfg = agent.loaded.config
