@@ -16,7 +16,7 @@ import math
 import time
 from typing import Any
 
-from exporters.model import Quality, Reading
+from exporters.model import Quality, Reading, make_reading
 from exporters.power.pdu_metrics import PROFILE_METRICS
 from exporters.power.snmp_profile import MetricMap, Profile
 
@@ -30,6 +30,7 @@ ENTITY_PRECISION = range(-8, 10)  # EntitySensorPrecision: Integer32 (-8..9)
 # RFC 3433: a positive precision p is p decimal places (value x 10^-p); a negative one (-8..-1) only says how
 # many digits are accurate, the value itself is not shifted.
 RAW_LIMIT = 1 << 64  # the widest SMI number (Counter64); anything wider is not a device value
+_OK = Quality.OK
 
 
 class CounterTracker:
@@ -66,34 +67,85 @@ class CounterTracker:
         return total
 
 
-def row_factor(m: MetricMap, table_cols: dict[str, str], columns: Columns, index: tuple[int, ...]) -> float | None:
-    """The per-row scale (Raritan decimal digits, ENTITY-SENSOR scale/precision); None when it cannot be read."""
-    rs = m.row_scale
-    if rs is None:
-        return 1.0
-    if rs.decimal_digits:
-        d = columns.get(table_cols[rs.decimal_digits], {}).get(index)
-        return 10.0 ** -d if isinstance(d, int) and d in DECIMAL_DIGITS else None
-    s = columns.get(table_cols[rs.entity_scale], {}).get(index, 9) if rs.entity_scale else 9
-    p = columns.get(table_cols[rs.entity_precision], {}).get(index, 0) if rs.entity_precision else 0
-    if not isinstance(s, int) or not isinstance(p, int) or s not in ENTITY_SCALE or p not in ENTITY_PRECISION:
-        return None
-    return 10.0 ** (3 * (s - 9)) * 10.0 ** -max(p, 0)
+class _MapPlan:
+    """One metric map with everything a row needs looked up once: the oids of its columns, where/when
+    as index positions and value sets, its row-scale kind. Compiled per profile (see `_plans`), because
+    a PDU poll decodes ~300 rows and resolving names per row was most of its cost."""
 
+    __slots__ = ("m", "spec", "index_names", "n_index", "value_oid", "where", "when", "label_names", "label_oids",
+                 "templates", "unsupported", "scale_kind", "scale_oids", "index_error", "label_error", "labels")
 
-def _label_parts(m: MetricMap, index_names: list[str], table_cols: dict[str, str], columns: Columns,
-                 index: tuple[int, ...], parts: dict[str, int]) -> dict[str, Any] | None:
-    """Index parts plus the id columns a label names (APC row tables: module and number are columns, not the index).
+    def __init__(self, m: MetricMap, profile: Profile):
+        table = profile.tables[m.table]
+        cols = {name: c.oid for name, c in table.columns.items()}
+        self.m = m
+        self.spec = PROFILE_METRICS[m.metric]
+        self.index_names = tuple(table.index)
+        self.n_index = len(table.index)
+        self.value_oid = cols[m.column]
+        position = {name: i for i, name in enumerate(table.index)}
+        self.where = tuple((position[k], v) for k, v in m.where.items())
+        self.when = tuple((cols[c], vals) for c, vals in m.when.items())
+        self.label_names = tuple(m.label_columns(list(table.index)))
+        self.label_oids = tuple(cols[n] for n in self.label_names)
+        self.templates = tuple(m.labels.items())
+        self.unsupported = frozenset(m.unsupported)
+        rs = m.row_scale
+        if rs is None:
+            self.scale_kind, self.scale_oids = None, ()
+        elif rs.decimal_digits:
+            self.scale_kind, self.scale_oids = "digits", (cols[rs.decimal_digits],)
+        else:
+            self.scale_kind = "entity"
+            self.scale_oids = (cols[rs.entity_scale] if rs.entity_scale else None,
+                               cols[rs.entity_precision] if rs.entity_precision else None)
+        self.index_error = f"{m.table}.{m.column}"
+        self.label_error = f"{m.table}.labels"
+        # (pdu, index, id column values) -> the row's labels: the same every poll, built once (bounded)
+        self.labels: dict[tuple, dict[str, str]] = {}
 
-    None when a named id column has no plain integer for this row: a label must never be guessed.
-    """
-    out: dict[str, Any] = dict(parts)
-    for name in m.label_columns(index_names):
-        v = columns.get(table_cols[name], {}).get(index)
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < RAW_LIMIT:
+    def row_labels(self, pdu: str, index: tuple[int, ...], ids: tuple[int, ...]) -> dict[str, str]:
+        key = (pdu, index, ids)
+        labels = self.labels.get(key)
+        if labels is None:
+            parts: dict[str, Any] = dict(zip(self.index_names, index))
+            parts.update(zip(self.label_names, ids))
+            labels = {"pdu": pdu, **{k: t.format(**parts) for k, t in self.templates}}
+            if len(self.labels) >= _LABEL_CACHE_ROWS:
+                self.labels.clear()
+            self.labels[key] = labels
+        return labels
+
+    def row_factor(self, columns: Columns, index: tuple[int, ...]) -> float | None:
+        """The per-row scale (Raritan decimal digits, ENTITY-SENSOR scale/precision); None when it cannot be read."""
+        kind = self.scale_kind
+        if kind is None:
+            return 1.0
+        if kind == "digits":
+            d = columns.get(self.scale_oids[0], {}).get(index)
+            return 10.0 ** -d if isinstance(d, int) and d in DECIMAL_DIGITS else None
+        s_oid, p_oid = self.scale_oids
+        s = columns.get(s_oid, {}).get(index, 9) if s_oid else 9
+        p = columns.get(p_oid, {}).get(index, 0) if p_oid else 0
+        if not isinstance(s, int) or not isinstance(p, int) or s not in ENTITY_SCALE or p not in ENTITY_PRECISION:
             return None
-        out[name] = v
-    return out
+        return 10.0 ** (3 * (s - 9)) * 10.0 ** -max(p, 0)
+
+
+_LABEL_CACHE_ROWS = 4096  # rows per map whose labels are kept (a PDU has tens; bounded against odd devices)
+_PLANS: dict[int, tuple[Profile, list[_MapPlan]]] = {}  # id(profile) -> (profile, its plans)
+
+
+def _plans(profile: Profile) -> list[_MapPlan]:
+    """The compiled maps of a profile (profiles are immutable; kept by identity, a bounded few)."""
+    hit = _PLANS.get(id(profile))
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    plans = [_MapPlan(m, profile) for m in profile.metrics]
+    if len(_PLANS) >= 64:
+        _PLANS.clear()
+    _PLANS[id(profile)] = (profile, plans)
+    return plans
 
 
 def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracker,
@@ -103,10 +155,10 @@ def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracke
     errors = {} if errors is None else errors
     out: list[Reading] = []
     fallback: set[int] = set()  # positions in `out` of readings from fallback maps
-    for m in profile.metrics:
+    for plan in _plans(profile):
         start = len(out)
-        _decode_map(m, profile, columns, pdu, counters, errors, now, out)
-        if m.fallback:
+        _decode_map(plan, columns, pdu, counters, errors, now, out)
+        if plan.m.fallback:
             fallback.update(range(start, len(out)))
     return _prefer_primary(out, fallback)
 
@@ -126,31 +178,32 @@ def _prefer_primary(out: list[Reading], fallback: set[int]) -> list[Reading]:
             or (i not in fallback and (r.ok or key(r) not in fallback_ok))]
 
 
-def _decode_map(m: MetricMap, profile: Profile, columns: Columns, pdu: str, counters: CounterTracker,
+def _decode_map(plan: _MapPlan, columns: Columns, pdu: str, counters: CounterTracker,
                 errors: dict[str, int], now: float, out: list[Reading]) -> None:
     """Append the readings of one metric map to `out`."""
-    spec = PROFILE_METRICS[m.metric]
-    table = profile.tables[m.table]
-    table_cols = {name: c.oid for name, c in table.columns.items()}
-    for index, raw in columns.get(table_cols[m.column], {}).items():
-        if len(index) != len(table.index):
-            errors[f"{m.table}.{m.column}"] = errors.get(f"{m.table}.{m.column}", 0) + 1
+    m, spec = plan.m, plan.spec
+    where, when, label_oids = plan.where, plan.when, plan.label_oids
+    for index, raw in columns.get(plan.value_oid, {}).items():
+        if len(index) != plan.n_index:
+            errors[plan.index_error] = errors.get(plan.index_error, 0) + 1
             continue
-        parts = dict(zip(table.index, index))
-        if any(parts[k] != v for k, v in m.where.items()):
+        if where and any(index[pos] != v for pos, v in where):
             continue
-        if any(columns.get(table_cols[c], {}).get(index) not in vals for c, vals in m.when.items()):
+        if when and any(columns.get(oid, {}).get(index) not in vals for oid, vals in when):
             continue
-        label_parts = _label_parts(m, table.index, table_cols, columns, index, parts)
-        if label_parts is None:  # a row-index table whose id column (module, number) is missing or bad
-            errors[f"{m.table}.labels"] = errors.get(f"{m.table}.labels", 0) + 1
-            continue
-        labels = {"pdu": pdu, **{k: t.format(**label_parts) for k, t in m.labels.items()}}
+        ids: tuple[int, ...] = ()
+        if label_oids:  # id columns a label names (APC row tables: module and number are columns, not the index)
+            ids = tuple(columns.get(oid, {}).get(index) for oid in label_oids)
+            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < RAW_LIMIT for v in ids):
+                # a label must never be guessed: a named id column without a plain integer drops the row
+                errors[plan.label_error] = errors.get(plan.label_error, 0) + 1
+                continue
+        labels = plan.row_labels(pdu, index, ids)
         if not isinstance(raw, int) or not -RAW_LIMIT < raw < RAW_LIMIT:  # a string, snmp_v2c.BadValue, ...
             errors[m.metric] = errors.get(m.metric, 0) + 1
             out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT, now))
             continue
-        if raw in m.unsupported:
+        if raw in plan.unsupported:
             out.append(Reading(spec, float(raw), labels, Quality.UNSUPPORTED, now))
             continue
         if m.enum is not None:
@@ -159,7 +212,7 @@ def _decode_map(m: MetricMap, profile: Profile, columns: Columns, pdu: str, coun
             else:
                 out.append(Reading(spec, float(m.enum[raw]), labels, Quality.OK, now))
             continue
-        factor = row_factor(m, table_cols, columns, index)
+        factor = plan.row_factor(columns, index)
         if factor is None:
             out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
             continue
@@ -175,4 +228,4 @@ def _decode_map(m: MetricMap, profile: Profile, columns: Columns, pdu: str, coun
         if not math.isfinite(value):
             out.append(Reading(spec, 0.0, labels, Quality.SENSOR_FAULT, now))
             continue
-        out.append(Reading(spec, value, labels, Quality.OK, now))
+        out.append(make_reading(spec, value, labels, _OK, now))  # the common case: ~300 a poll

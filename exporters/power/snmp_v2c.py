@@ -103,10 +103,20 @@ def _subid(v: int) -> bytes:
     return bytes(reversed(out))
 
 
+_ENCODED: dict[Oid, bytes] = {}  # a walk asks from the same cursors every poll: encoded once (bounded)
+
+
 def encode_oid(oid: Oid) -> bytes:
+    done = _ENCODED.get(oid)
+    if done is not None:
+        return done
     if len(oid) < 2 or oid[0] > 2 or (oid[0] < 2 and oid[1] >= 40) or min(oid) < 0:
         raise SourceError("config", f"invalid OID {'.'.join(map(str, oid))!r}")
-    return _tlv(_OID, _subid(oid[0] * 40 + oid[1]) + b"".join(_subid(s) for s in oid[2:]))
+    done = _tlv(_OID, _subid(oid[0] * 40 + oid[1]) + b"".join(_subid(s) for s in oid[2:]))
+    if len(_ENCODED) >= 4096:
+        _ENCODED.clear()
+    _ENCODED[oid] = done
+    return done
 
 
 def encode_request(pdu: int, request_id: int, community: bytes, varbinds: list[tuple[Oid, bytes]],
@@ -257,14 +267,30 @@ def decode_header(data: bytes) -> tuple[int, int, int, int, int]:
     return fields[0], fields[1], fields[2], pos, end
 
 
+# Encoded OID -> decoded: a walk reads the same few hundred OIDs every poll, and decoding them was a third
+# of a PDU poll. Bounded in entries and key length, so odd or hostile answers cannot grow it.
+_OID_CACHE: dict[bytes, Oid] = {}
+_OID_CACHE_ENTRIES = 8192
+_OID_CACHE_KEY_BYTES = 64
+
+
 def decode_varbinds(data: bytes, pos: int, end: int) -> list[tuple[Oid, Any]]:
     """The varbinds between `pos` and `end` (from `decode_header`); BerError when the list is malformed."""
     varbinds: list[tuple[Oid, Any]] = []
+    cache = _OID_CACHE
     while pos < end:
         s, pos = _expect(data, pos, end, _SEQ)
         os_, oe = _expect(data, s, pos, _OID)
         tag, vs, ve = _head(data, oe, pos)
-        varbinds.append((decode_oid(data, os_, oe), _value(data, tag, vs, ve)))
+        raw = data[os_:oe]
+        oid = cache.get(raw)
+        if oid is None:
+            oid = decode_oid(data, os_, oe)  # raises on a malformed one: only good OIDs are kept
+            if len(raw) <= _OID_CACHE_KEY_BYTES:
+                if len(cache) >= _OID_CACHE_ENTRIES:
+                    cache.clear()
+                cache[raw] = oid
+        varbinds.append((oid, _value(data, tag, vs, ve)))
     return varbinds
 
 
