@@ -58,6 +58,7 @@ _UI, _ULL, _D = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSI
 _NVLINK5 = pynvml.NVML_NVLINK_VERSION_5_0
 _LINK_BITS_PER_S = 8e11  # an NVLink5 link: 100 GB/s per direction (the BER the twin derives from the error rate)
 HANG_POLL_S = 0.25  # a simulated hang rechecks the simulator this often, so clearing the fault ends it
+_SUCCESS = pynvml.NVML_SUCCESS
 PUMP_WAIT_MS = 20_000  # the event pump's long poll (the simulator answers at once when an XID comes)
 _SUPPORTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
                      | pynvml.nvmlEventTypeSingleBitEccError)
@@ -610,28 +611,53 @@ class NvmlTwin:
 
 def _pack_fields(g: dict[str, Any], field_ids: tuple, now_us: int) -> bytes:
     """The c_nvmlFieldValue_t entries answering `field_ids` (ids or (id, scopeId) pairs) for one GPU state."""
-    fmt: list[str] = ["="]
-    args: list[Any] = []
     answers: dict[int, tuple[int, int, Any, bool]] = {}  # per field id, computed once for all its links
+    for want in field_ids:
+        fid = want[0] if isinstance(want, tuple) else want
+        if fid not in answers:
+            answers[fid] = _answer(g, fid)
     nlinks = len(g["nvlink_up"])
+    shape = (field_ids, nlinks, tuple((fid, a[0], a[1], a[3]) for fid, a in answers.items()))
+    plan = _PACK_PLANS.get(shape)
+    if plan is None:
+        plan = _pack_plan(field_ids, answers, nlinks)
+        if len(_PACK_PLANS) >= 256:
+            _PACK_PLANS.clear()
+        _PACK_PLANS[shape] = plan
+    fmt, entries = plan
+    args: list[Any] = []
+    extend = args.extend
+    for fid32, scope32, vtype, ret, fid, link in entries:
+        if ret != _SUCCESS:
+            extend((fid32, scope32, now_us, 0, 0, ret))
+        else:
+            value = answers[fid][2]
+            extend((fid32, scope32, now_us, 0, vtype, 0, value if link < 0 else value[link]))
+    return struct.pack(fmt, *args)
+
+
+# (field ids, links, each field's return code and value type) -> the struct format and, per entry,
+# (fieldId, scopeId, valueType, nvmlReturn, field, link or -1): the layout of an answer only changes
+# when a field's support does, so ~190 entries per GPU are laid out once and then only filled.
+_PACK_PLANS: dict[tuple, tuple[str, list[tuple[int, int, int, int, int, int]]]] = {}
+
+
+def _pack_plan(field_ids: tuple, answers: dict[int, tuple[int, int, Any, bool]],
+               nlinks: int) -> tuple[str, list[tuple[int, int, int, int, int, int]]]:
+    fmt: list[str] = ["="]
+    entries: list[tuple[int, int, int, int, int, int]] = []
     for want in field_ids:
         fid, scope = want if isinstance(want, tuple) else (want, 0)
-        a = answers.get(fid)
-        if a is None:
-            a = answers[fid] = _answer(g, fid)
-        ret, vtype, value, per_link = a
+        ret, vtype, _, per_link = answers[fid]
+        link = -1
         if per_link and ret == pynvml.NVML_SUCCESS:
             if 0 <= scope < nlinks:
-                value = value[scope]
+                link = scope
             else:
                 ret = pynvml.NVML_ERROR_INVALID_ARGUMENT
-        if ret == pynvml.NVML_SUCCESS:
-            fmt.append(_ENTRY[vtype])
-            args += (fid & 0xFFFFFFFF, scope & 0xFFFFFFFF, now_us, 0, vtype, ret, value)
-        else:
-            fmt.append(_ENTRY[None])
-            args += (fid & 0xFFFFFFFF, scope & 0xFFFFFFFF, now_us, 0, 0, ret)
-    return struct.pack("".join(fmt), *args)
+        fmt.append(_ENTRY[vtype] if ret == pynvml.NVML_SUCCESS else _ENTRY[None])
+        entries.append((fid & 0xFFFFFFFF, scope & 0xFFFFFFFF, vtype, ret, fid, link))
+    return "".join(fmt), entries
 
 
 def _answer(g: dict[str, Any], fid: int) -> tuple[int, int, Any, bool]:
