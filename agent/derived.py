@@ -70,6 +70,7 @@ class LeakWatchSource:
         self.idle = idle or frozenset
         self._failing_since: dict[tuple[str, str], float] = {}
         self._learnt: dict[tuple[str, str], list[tuple[str, str]]] = {}  # detectors seen in another poller's facts
+        self._last: list[tuple[tuple[str, str], bool, str, str]] | None = None  # what the last poll said
 
     @property
     def sensors(self) -> dict[tuple[str, str], list[tuple[str, str]]]:
@@ -119,11 +120,16 @@ class LeakWatchSource:
         now = snap.taken_at
         sensors = self._sensors_of(snap)
         idle = self.idle()
+        rows = [(key, is_down, zone, sensor) for key, is_down in sorted(self.down(snap).items()) if key not in idle
+                for zone, sensor in sensors[key]]
         readings = [Reading(LEAK_FAULT, 1.0 if is_down else 0.0, {"zone": zone, "sensor": sensor, "fault": SOURCE_DOWN},
                             timestamp=now)
-                    for key, is_down in sorted(self.down(snap).items()) if key not in idle
-                    for zone, sensor in sensors[key]]
-        return PollResult(readings)
+                    for _, is_down, zone, sensor in rows]
+        # Twice a second, and the same nearly always: a change (a source went stale or came back, a detector
+        # learnt, a source idle) is published at once; the same rows again only keep the entry fresh (no
+        # snapshot, no leak detector pass).
+        unchanged, self._last = rows == self._last, rows
+        return PollResult(readings, unchanged=unchanged)
 
     async def close(self) -> None:
         return None

@@ -157,7 +157,9 @@ class SourceRunner:
                                                     "after_failures": self.failures})
             self.failures = 0
             self.next_allowed = 0.0
-            self.store.publish(src.name, src.device, result.readings, duration, result.partial_errors)
+            if not (result.unchanged and not result.partial_errors
+                    and self.store.touch(src.name, src.device, duration)):
+                self.store.publish(src.name, src.device, result.readings, duration, result.partial_errors)
         finally:
             self.polls += 1
 

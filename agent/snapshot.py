@@ -213,16 +213,20 @@ class SnapshotStore:
             self._generation += 1
         self._notify(f"{source}/{device}", index.keys() | before.keys())
 
-    def touch(self, source: str, device: str) -> None:
-        """The source is alive and its last readings still hold (an event stream between events): fresh
-        again, without replacing its readings or notifying anyone, since nothing a detector reads changed."""
+    def touch(self, source: str, device: str, duration: float | None = None) -> bool:
+        """The source is alive and its last readings still hold (an event stream between events, a poll
+        that read the same): fresh again, without replacing its readings or notifying anyone, since
+        nothing a detector reads changed. False (nothing done) unless its last word was a publish."""
         now = self._clock()
         with self._lock:
             state = self._states[(source, device)]
             if not state.up or state.last_success is None:
-                return  # only a stream that published and has not failed since is vouched for by a keepalive
+                return False  # only a source that published and has not failed since is vouched for
             state.last_success = now
             state.last_attempt = now
+            if duration is not None:
+                state.last_duration = duration
+            return True
 
     def fail(self, source: str, device: str, kind: str, message: str, duration: float) -> None:
         now = self._clock()

@@ -161,6 +161,9 @@ class PollResult:
     readings: list[Reading]
     # Errors that did not fail the whole poll (one field, one register block).
     partial_errors: dict[str, int] = field(default_factory=dict)
+    # The source vouches that these readings equal its last poll's (same series, values, qualities): the
+    # runtime keeps the published ones fresh instead of publishing again (no snapshot, no detector pass).
+    unchanged: bool = False
 
 
 # Readings that are not ok are not exported as values; this family says which and why (one series each).
