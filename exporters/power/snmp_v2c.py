@@ -37,6 +37,7 @@ _BYTES = (_OCTETS, 0x40, _NULL)  # OctetString, IpAddress, Null: as pysnmp's Oct
 _OPAQUE = 0x44  # str() of pysnmp's Opaque: latin-1
 _EXCEPTIONS = (0x80, 0x81, 0x82)  # noSuchObject, noSuchInstance, endOfMibView
 _UNSIGNED_BITS = {0x41: 32, 0x42: 32, 0x43: 32, 0x46: 64}
+_UNSIGNED32 = frozenset(t for t, bits in _UNSIGNED_BITS.items() if bits == 32)
 MAX_SUBID = (1 << 32) - 1  # RFC 2578 3.5: sub-identifiers are 0..2^32-1
 MAX_OID_LENGTH = 128  # RFC 2578 3.5: at most 128 sub-identifiers
 ERROR_NAMES = ("noError", "tooBig", "noSuchName", "badValue", "readOnly", "genErr", "noAccess", "wrongType",
@@ -279,9 +280,29 @@ def decode_varbinds(data: bytes, pos: int, end: int) -> list[tuple[Oid, Any]]:
     varbinds: list[tuple[Oid, Any]] = []
     cache = _OID_CACHE
     while pos < end:
-        s, pos = _expect(data, pos, end, _SEQ)
-        os_, oe = _expect(data, s, pos, _OID)
-        tag, vs, ve = _head(data, oe, pos)
+        # The short length form everywhere (a varbind under 128 bytes: nearly all of them) is read inline,
+        # with the same bounds as _head; anything else goes the general way.
+        if (pos + 4 <= end and data[pos] == _SEQ and data[pos + 1] < 0x80 and data[pos + 2] == _OID
+                and data[pos + 3] < 0x80):
+            vb_end = pos + 2 + data[pos + 1]
+            os_ = pos + 4
+            oe = os_ + data[pos + 3]
+            if vb_end > end or oe > vb_end:
+                raise BerError("truncated")
+            if oe + 2 > vb_end:
+                raise BerError("truncated")
+            tag, n = data[oe], data[oe + 1]
+            if n < 0x80:
+                vs, ve = oe + 2, oe + 2 + n
+                if ve > vb_end:
+                    raise BerError("truncated")
+            else:
+                tag, vs, ve = _head(data, oe, vb_end)
+            pos = vb_end
+        else:
+            s, pos = _expect(data, pos, end, _SEQ)
+            os_, oe = _expect(data, s, pos, _OID)
+            tag, vs, ve = _head(data, oe, pos)
         raw = data[os_:oe]
         oid = cache.get(raw)
         if oid is None:
@@ -290,7 +311,11 @@ def decode_varbinds(data: bytes, pos: int, end: int) -> list[tuple[Oid, Any]]:
                 if len(cache) >= _OID_CACHE_ENTRIES:
                     cache.clear()
                 cache[raw] = oid
-        varbinds.append((oid, _value(data, tag, vs, ve)))
+        if 0 < ve - vs <= 4 and (tag == _INTEGER or tag in _UNSIGNED32):
+            # at most 4 content bytes: within Integer32 (signed) or the 32-bit unsigned types, no range check left
+            varbinds.append((oid, int.from_bytes(data[vs:ve], "big", signed=tag == _INTEGER)))
+        else:
+            varbinds.append((oid, _value(data, tag, vs, ve)))
     return varbinds
 
 
