@@ -155,9 +155,10 @@ def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracke
     errors = {} if errors is None else errors
     out: list[Reading] = []
     fallback: set[int] = set()  # positions in `out` of readings from fallback maps
+    split: dict[tuple[str, int, int], tuple[dict[int, list[tuple[tuple[int, ...], Any]]], int]] = {}
     for plan in _plans(profile):
         start = len(out)
-        _decode_map(plan, columns, pdu, counters, errors, now, out)
+        _decode_map(plan, columns, pdu, counters, errors, now, out, split)
         if plan.m.fallback:
             fallback.update(range(start, len(out)))
     return _prefer_primary(out, fallback)
@@ -178,12 +179,45 @@ def _prefer_primary(out: list[Reading], fallback: set[int]) -> list[Reading]:
             or (i not in fallback and (r.ok or key(r) not in fallback_ok))]
 
 
+def _split(column: dict[tuple[int, ...], Any], n_index: int,
+           pos: int) -> tuple[dict[int, list[tuple[tuple[int, ...], Any]]], int]:
+    """A column's rows of the right index length by the value of index part `pos`, and how many had another length."""
+    buckets: dict[int, list[tuple[tuple[int, ...], Any]]] = {}
+    bad = 0
+    for index, raw in column.items():
+        if len(index) != n_index:
+            bad += 1
+            continue
+        rows = buckets.get(index[pos])
+        if rows is None:
+            buckets[index[pos]] = [(index, raw)]
+        else:
+            rows.append((index, raw))
+    return buckets, bad
+
+
 def _decode_map(plan: _MapPlan, columns: Columns, pdu: str, counters: CounterTracker,
-                errors: dict[str, int], now: float, out: list[Reading]) -> None:
-    """Append the readings of one metric map to `out`."""
+                errors: dict[str, int], now: float, out: list[Reading],
+                split: dict[tuple[str, int, int], tuple[dict[int, list[tuple[tuple[int, ...], Any]]], int]]) -> None:
+    """Append the readings of one metric map to `out`.
+
+    Most maps keep one sensor type of a shared column (`where` on one index part): the column is split
+    by that part once per poll (`split`, shared by the maps), so each map walks its own rows only."""
     m, spec = plan.m, plan.spec
     where, when, label_oids = plan.where, plan.when, plan.label_oids
-    for index, raw in columns.get(plan.value_oid, {}).items():
+    if len(where) == 1:
+        pos, want = where[0]
+        key = (plan.value_oid, plan.n_index, pos)
+        if key not in split:
+            split[key] = _split(columns.get(plan.value_oid, {}), plan.n_index, pos)
+        buckets, bad = split[key]
+        if bad:  # rows of another index length count against every map of the column, as they always did
+            errors[plan.index_error] = errors.get(plan.index_error, 0) + bad
+        rows: Any = buckets.get(want, ())
+        where = ()
+    else:
+        rows = columns.get(plan.value_oid, {}).items()
+    for index, raw in rows:
         if len(index) != plan.n_index:
             errors[plan.index_error] = errors.get(plan.index_error, 0) + 1
             continue
