@@ -391,14 +391,15 @@ class V2cTransport(asyncio.DatagramProtocol):
         request_id = self._next_id
         self._next_id = self._next_id % ((1 << 31) - 1) + 1
         message = encode_request(pdu, request_id, self._community, varbinds, a, b)
-        fut = self._loop.create_future()
-        self._pending[request_id] = fut
         try:
             for _ in range(self._retries + 1):
+                # a future per try, under the same request-id: a late answer to the first try still ends the second
+                fut = self._pending[request_id] = self._loop.create_future()
                 transport.sendto(message)
                 try:
-                    return await asyncio.wait_for(asyncio.shield(fut), self._timeout)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(self._timeout):  # no wait_for/shield: no extra future per request
+                        return await fut
+                except TimeoutError:
                     continue
         finally:
             self._pending.pop(request_id, None)
