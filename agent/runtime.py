@@ -139,8 +139,9 @@ class SourceRunner:
         start = time.perf_counter()
         src = self.source
         try:
-            result = await asyncio.wait_for(src.poll(), self.settings.timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.settings.timeout):  # in this task: no task of its own per poll
+                result = await src.poll()
+        except TimeoutError:
             self._failed("timeout", f"poll exceeded {self.settings.timeout}s", start)
         except SourceError as exc:
             self._failed(exc.kind, str(exc), start)
