@@ -10,8 +10,11 @@ Modes:
   tid0       a frame with transaction id 0 carrying the lie, then the honest answer
   wrong_fc   the lie under another function code (fc 3 <-> fc 4) instead of the answer
   wrong_tid  a frame for another transaction id carrying the lie, then the honest answer
+  wrong_unit the lie from another unit id instead of the answer
+  short      the answer with a byte count that says one register fewer than asked
   garbage    bytes that are not a Modbus frame
   slow       honest answers `delay` seconds late
+  hangup     the connection closed instead of an answer
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-MODES = ("good", "tid0", "wrong_fc", "wrong_tid", "garbage", "slow")
+MODES = ("good", "tid0", "wrong_fc", "wrong_tid", "wrong_unit", "short", "garbage", "slow", "hangup")
 
 
 class BadModbusServer:
@@ -65,6 +68,8 @@ class BadModbusServer:
                 body = await reader.readexactly(length - 1)
                 fc, (address, count) = body[0], struct.unpack(">HH", body[1:5])
                 self.requests += 1
+                if self.mode == "hangup":
+                    break
                 writer.write(await self._reply(tid, unit, fc, address, count))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -81,6 +86,10 @@ class BadModbusServer:
             return self.frame(tid, unit, {3: 4, 4: 3}.get(fc, 3), lie)
         if self.mode == "wrong_tid":
             return self.frame((tid + 1) & 0xFFFF, unit, fc, lie) + honest
+        if self.mode == "wrong_unit":
+            return self.frame(tid, (unit + 1) & 0xFF, fc, lie)
+        if self.mode == "short" and fc in (3, 4) and count > 1:
+            return self.frame(tid, unit, fc, lie[:count - 1])
         if self.mode == "garbage":
             return b"\xde\xad\xbe\xef" * 8
         if self.mode == "slow":

@@ -3,10 +3,14 @@
 The leak controller profile (rle-ld2100) is polled through the real
 pymodbus client against a raw-MBAP server on 127.0.0.1 whose registers
 are dry; its hostile frames carry `leak_detected=1`. A frame with
-transaction id 0 or another function code must be refused (a
-`SourceError`, never a wet zone), a frame for another transaction id
-skipped, garbage and late answers must end in a clean error within the
-timeout, and the next honest poll must work again.
+transaction id 0, another function code, or a byte count short of the
+request must be refused (a `SourceError`, never a wet zone), and so must a
+reply from another unit when the unit asked is 0 (pymodbus checks the unit
+only when it is not 0); a frame for another transaction id is skipped, and
+a frame from another unit than a non-zero one asked is skipped by
+pymodbus's framer (the request then times out). Garbage and late answers
+must end in a clean error within the timeout, a peer that hangs up fails the
+request as a dropped connection, and the next honest poll must work again.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from exporters.model import SourceError
 
 
 @contextlib.asynccontextmanager
-async def hostile_leak_controller(mode: str, timeout: float = 1.0):
+async def hostile_leak_controller(mode: str, timeout: float = 1.0, unit: int | None = None):
     server = BadModbusServer(mode)
     host, port = await server.start()
-    src = ModbusSource("leak", "leak-a", "rle-ld2100", host, port, timeout=timeout)
+    src = ModbusSource("leak", "leak-a", "rle-ld2100", host, port, timeout=timeout, unit=unit)
     try:
         yield server, src
     finally:
@@ -38,10 +42,12 @@ def wet_zones(result) -> list[str]:
     return [r.labels["zone"] for r in result.readings if r.name == "supernode_leak_detected" and r.value == 1]
 
 
-@pytest.mark.parametrize("mode,fragment", [("tid0", "transaction id 0"), ("wrong_fc", "function code")])
-def test_a_stray_frame_is_refused_and_never_reads_as_a_leak(mode, fragment):
+@pytest.mark.parametrize("mode,unit,fragment", [("tid0", None, "transaction id 0"), ("wrong_fc", None, "function code"),
+                                                ("short", None, "expected 29 values, got 28"),
+                                                ("wrong_unit", 0, "reply from unit 1, asked 0")])
+def test_a_stray_frame_is_refused_and_never_reads_as_a_leak(mode, unit, fragment):
     async def run():
-        async with hostile_leak_controller(mode) as (_, src):
+        async with hostile_leak_controller(mode, unit=unit) as (_, src):
             with pytest.raises(SourceError) as err:
                 await asyncio.wait_for(src.poll(), 30)
             return err.value
@@ -62,11 +68,16 @@ def test_a_frame_for_another_transaction_is_skipped_and_the_answer_read():
     assert wet_zones(result) == []
 
 
-# garbage: pymodbus discards a frame with a bad protocol id and goes on waiting, so the request times out
-@pytest.mark.parametrize("mode,kinds", [("garbage", {"connection", "protocol", "timeout"}), ("slow", {"timeout"})])
-def test_garbage_or_late_answers_end_in_a_clean_error(mode, kinds):
+# garbage: pymodbus discards a frame with a bad protocol id and goes on waiting, so the request times out;
+# wrong_unit (unit 1 asked): pymodbus's framer skips the other unit's frame before it is a response, the same way;
+# hangup: pymodbus's connection callback fails the waiting request at once (a dropped connection, not a timeout)
+# (a timeout long enough that a loaded host cannot make the hang-up look like one)
+@pytest.mark.parametrize("mode,timeout,kinds", [("garbage", 0.3, {"connection", "protocol", "timeout"}),
+                                                ("slow", 0.3, {"timeout"}), ("wrong_unit", 0.3, {"timeout"}),
+                                                ("hangup", 20.0, {"connection"})])
+def test_garbage_or_late_answers_end_in_a_clean_error(mode, timeout, kinds):
     async def run():
-        async with hostile_leak_controller(mode, timeout=0.3) as (_, src):
+        async with hostile_leak_controller(mode, timeout=timeout) as (_, src):
             with pytest.raises(SourceError) as err:
                 await asyncio.wait_for(src.poll(), 30)
             return err.value

@@ -10,9 +10,19 @@ so a late answer can never be taken for the reply to a newer request.
 
 Answers are untrusted (issue 18): pymodbus takes a frame with transaction id
 0 as the answer to any request, and decodes a frame of another function code
-as what it claims to be. A reply whose transaction id is 0 or whose function
-code is not the one asked is refused (SourceError "protocol") and the
-connection is dropped, so a stray frame can never read as `leak_detected=1`.
+as what it claims to be. A reply whose transaction id is 0, whose function
+code is not the one asked or whose unit is not the one asked is refused
+(SourceError "protocol") and the connection is dropped, so a stray frame can
+never read as `leak_detected=1`; a reply with fewer values than asked (a
+short byte count) is refused too. pymodbus's own framer already skips a frame
+from another unit when the unit asked is not 0 (it never becomes a response:
+the request then times out) and a frame for another transaction id (the
+answer after it is read).
+
+Per request the client costs what pymodbus's exchange costs and little more:
+the request runs in the poll's own task (a dropped connection cancels it at
+once, from pymodbus's connection callback, instead of a watcher task racing
+it), and its description is formatted only when something goes wrong.
 """
 
 from __future__ import annotations
@@ -52,6 +62,13 @@ class GatewayStats:
     reconnects: int = 0
 
 
+READS = {1: "read_coils", 2: "read_discrete_inputs", 3: "read_holding_registers", 4: "read_input_registers"}
+
+
+class PeerClosed(Exception):
+    """The peer closed the connection while a request waited for its answer."""
+
+
 class Gateway:
     """A shared client for one host:port; all requests go through `lock`."""
 
@@ -60,7 +77,9 @@ class Gateway:
         self.lock = asyncio.Lock()
         self.stats = GatewayStats()
         self._client: AsyncModbusTcpClient | None = None
-        self._lost = asyncio.Event()  # set when the peer closes the connection under us
+        self._conn: object | None = None  # this connection's token: a late callback of an older one is ignored
+        self._waiting: asyncio.Task | None = None  # the task whose request waits for its answer, if any
+        self._closed_under: asyncio.Task | None = None  # that task, cancelled because the peer closed
         self._last_request = 0.0
         self.users = 0
 
@@ -75,10 +94,10 @@ class Gateway:
             self._client.close()
             self.stats.reconnects += 1
         # reconnect_delay=0: we reconnect ourselves, on the next request, never in the background.
-        lost = self._lost = asyncio.Event()
+        conn = self._conn = object()
         self._client = AsyncModbusTcpClient(self.host, port=self.port, timeout=self.timeout, retries=0,
                                             reconnect_delay=0, name=f"modbus-{self.target}",
-                                            trace_connect=lambda up: None if up else lost.set())
+                                            trace_connect=lambda up: None if up else self._peer_closed(conn))
         try:
             ok = await asyncio.wait_for(self._client.connect(), self.timeout)
         except asyncio.TimeoutError:
@@ -88,20 +107,30 @@ class Gateway:
             raise SourceError("connection", f"{self.target}: cannot connect")
         return self._client
 
+    def _peer_closed(self, conn: object) -> None:
+        """pymodbus says the connection is gone: a request waiting on it fails now, not at its timeout."""
+        task = self._waiting
+        if conn is self._conn and task is not None and not task.done():
+            self._closed_under = task
+            task.cancel()
+
     def _drop(self) -> None:
         if self._client is not None:
+            self._conn = None  # our own close is no news to a request
             self._client.close()
             self._client = None
+
+    def _what(self, fc: int, address: int, count: int, unit: int) -> str:
+        return f"{self.target} unit {unit} fc{fc} @{address}+{count}"
 
     async def read(self, fc: int, address: int, count: int, unit: int, gap_s: float = 0.0,
                    busy_retries: int = 3, backoff_s: float = 0.05, stats: GatewayStats | None = None) -> list[int]:
         """Read `count` registers or bits; retries busy/gateway errors and one dropped connection."""
-        what = f"{self.target} unit {unit} fc{fc} @{address}+{count}"
         attempt_busy = attempt_conn = 0
         while True:
             try:
                 async with self.lock:
-                    return await self._read_once(fc, address, count, unit, gap_s, what, stats or self.stats)
+                    return await self._read_once(fc, address, count, unit, gap_s, stats or self.stats)
             except ModbusExceptionReply as exc:
                 if exc.code in RETRY_CODES and attempt_busy < busy_retries:
                     await asyncio.sleep(backoff_s * (2 ** attempt_busy))
@@ -114,67 +143,71 @@ class Gateway:
                     continue
                 raise
 
-    async def _read_once(self, fc: int, address: int, count: int, unit: int, gap_s: float, what: str,
+    async def _read_once(self, fc: int, address: int, count: int, unit: int, gap_s: float,
                          stats: GatewayStats) -> list[int]:
-        wait = self._last_request + gap_s - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        if gap_s:
+            wait = self._last_request + gap_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
         client = await self._connected()
-        call = {1: client.read_coils, 2: client.read_discrete_inputs,
-                3: client.read_holding_registers, 4: client.read_input_registers}[fc]
         stats.requests += 1
         try:
-            rr = await self._unless_lost(call(address, count=count, device_id=unit), what)
+            rr = await self._exchange(getattr(client, READS[fc])(address, count=count, device_id=unit))
         except (asyncio.TimeoutError, ModbusIOException) as exc:
             self._drop()
+            what = self._what(fc, address, count, unit)
             if isinstance(exc, ModbusIOException) and not self._is_timeout(exc):
                 raise SourceError("connection", f"{what}: connection dropped ({exc})") from None
             raise SourceError("timeout", f"{what}: no answer within {self.timeout:.2f}s") from None
-        except ConnectionException as exc:
+        except (ConnectionException, PeerClosed) as exc:
             self._drop()
-            raise SourceError("connection", f"{what}: connection dropped ({exc})") from None
+            raise SourceError("connection", f"{self._what(fc, address, count, unit)}: connection dropped ({exc})") from None
         except ModbusException as exc:
             self._drop()
-            raise SourceError("protocol", f"{what}: {exc}") from None
+            raise SourceError("protocol", f"{self._what(fc, address, count, unit)}: {exc}") from None
         finally:
-            self._last_request = time.monotonic()
-        self._check_frame(rr, fc, what)
+            if gap_s:
+                self._last_request = time.monotonic()
+        self._check_frame(rr, fc, unit, address, count)
         if rr.isError():
             code = int(getattr(rr, "exception_code", 0) or 0)
             stats.exceptions[code] += 1
-            raise ModbusExceptionReply(code, what)
-        values = rr.bits[:count] if fc in (1, 2) else list(rr.registers)
-        if len(values) != count:
-            raise SourceError("protocol", f"{what}: expected {count} values, got {len(values)}")
+            raise ModbusExceptionReply(code, self._what(fc, address, count, unit))
+        values = rr.bits[:count] if fc < 3 else rr.registers
+        if len(values) != count:  # a byte count short of the request: not this request's answer
+            raise SourceError("protocol", f"{self._what(fc, address, count, unit)}: expected {count} values, "
+                                          f"got {len(values)}")
         return [int(v) for v in values]
 
-    def _check_frame(self, rr: Any, fc: int, what: str) -> None:
+    def _check_frame(self, rr: Any, fc: int, unit: int, address: int, count: int) -> None:
         """Refuse a reply that is not the answer to this request (our transaction ids start at 1 on TCP)."""
         got_fc = int(getattr(rr, "function_code", -1))
-        tid = int(getattr(rr, "transaction_id", 0) or 0)
         problem = None
         if got_fc & 0x7F != fc:
             problem = f"reply has function code {got_fc}, asked {fc}"
-        elif tid == 0:
+        elif not getattr(rr, "transaction_id", 0):
             problem = "reply has transaction id 0"
+        elif getattr(rr, "dev_id", unit) != unit:  # pymodbus checks it only when the unit asked is not 0
+            problem = f"reply from unit {rr.dev_id}, asked {unit}"
         if problem:
             self._drop()  # the stream cannot be trusted to be in step with our requests any more
-            raise SourceError("protocol", f"{what}: {problem}")
+            raise SourceError("protocol", f"{self._what(fc, address, count, unit)}: {problem}")
 
-    async def _unless_lost(self, coro, what: str):
-        """Await a request, but give up at once (not at the timeout) if the connection drops meanwhile."""
-        req = asyncio.ensure_future(coro)
-        lost = asyncio.ensure_future(self._lost.wait())
+    async def _exchange(self, request: Any) -> Any:
+        """Await a pymodbus request in this task, bounded a little past pymodbus's own timeout; a peer that
+        closes the connection meanwhile cancels it (`_peer_closed`), which is turned into PeerClosed."""
+        task = asyncio.current_task()
+        self._waiting, self._closed_under = task, None
         try:
-            done, _ = await asyncio.wait({req, lost}, timeout=self.timeout + 0.1, return_when=asyncio.FIRST_COMPLETED)
+            async with asyncio.timeout(self.timeout + 0.1):
+                return await request
+        except asyncio.CancelledError:
+            if task is None or self._closed_under is not task:
+                raise
+            task.uncancel()
+            raise PeerClosed("peer closed the connection") from None
         finally:
-            lost.cancel()
-        if req in done:
-            return req.result()
-        req.cancel()
-        if lost in done:
-            raise ConnectionException(f"{what}: peer closed the connection")
-        raise asyncio.TimeoutError
+            self._waiting = None
 
     @staticmethod
     def _is_timeout(exc: ModbusIOException) -> bool:
