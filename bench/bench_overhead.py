@@ -18,7 +18,16 @@ Printed:
 With --default-intervals the same node runs at the shipped defaults instead (NVML, links, CDUs, PDU
 every 5 s, DOM every 30 s, leak every 0.5 s), as a production agent would.
 
+--layout says which node:
+- `issue` (default): the node above, issue 14's layout, without the Redfish services the simulator
+  also serves;
+- `demo`: what `make demo` runs now: the same node plus its tray's BMC and the rack's Redfish CDU over
+  HTTPS (every 2 s, events over SSE), every node's agent (two), and, when etcd is installed, rack
+  coordination through a one-member etcd (leases, watches, shared polls). Each agent's CPU is printed;
+  the polls' costs and the ratio are node01's.
+
     python bench/bench_overhead.py [--seconds 120] [--polls 20] [--paced-seconds 10] [--default-intervals]
+                                   [--layout issue|demo]
 """
 
 from __future__ import annotations
@@ -53,21 +62,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _simulator(conn, workdir: str, default_intervals: bool) -> None:
-    """Child process: the simulated rack, and node01's demo config sent back to the parent."""
+def _simulator(conn, workdir: str, default_intervals: bool, layout: str) -> None:
+    """Child process: the simulated rack (and etcd, for the demo layout), and the configs of the agents
+    to run sent back to the parent (node01's first)."""
     from agent.demo import agent_config
+    from agent.sim.etcd_cluster import EtcdCluster, etcd_binary
     from simrack import sim_rack
 
+    etcd = None
     with sim_rack(Path(workdir)) as rack:
-        cfg = agent_config(rack.sim, "node01", _free_port(), Path(workdir), mode="enforce")
-        cfg["remediation"]["slurm"] = {"backend": "simulated"}
-        if default_intervals:
-            for settings in cfg["sources"].values():
-                if isinstance(settings, dict):
-                    settings.pop("interval", None)
-                    settings.pop("timeout", None)
-        conn.send(cfg)
-        conn.recv()  # until the parent is done
+        try:
+            nodes = list(rack.sim.model.nodes) if layout == "demo" else ["node01"]
+            if layout == "demo" and etcd_binary():
+                etcd = EtcdCluster(Path(workdir) / "etcd", 1, memory=True).start()
+            ports = {node: _free_port() for node in nodes}
+            urls = {node: f"http://127.0.0.1:{port}" for node, port in ports.items()}
+            cfgs = []
+            for node, port in ports.items():
+                cfg = agent_config(rack.sim, node, port, Path(workdir), mode="enforce",
+                                   agent_urls=urls if layout == "demo" else None,
+                                   etcd_endpoints=etcd.endpoints if etcd else None)
+                cfg["remediation"]["slurm"] = {"backend": "simulated"}
+                if layout == "issue":  # the Redfish services came after the issue: not in its layout
+                    cfg["inventory"].pop("redfish", None)
+                    cfg["sources"].pop("redfish", None)
+                    cfg["secrets"].pop("redfish", None)
+                if default_intervals:
+                    for settings in cfg["sources"].values():
+                        if isinstance(settings, dict):
+                            settings.pop("interval", None)
+                            settings.pop("timeout", None)
+                cfgs.append(cfg)
+            conn.send((cfgs, bool(etcd)))
+            conn.recv()  # until the parent is done
+        finally:
+            if etcd is not None:
+                etcd.stop()
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -140,6 +170,8 @@ def main() -> int:
     ap.add_argument("--polls", type=int, default=20, help="back-to-back polls per source")
     ap.add_argument("--paced-seconds", type=float, default=10.0, help="how long each source is polled at its interval")
     ap.add_argument("--default-intervals", action="store_true", help="the shipped intervals, not the demo's")
+    ap.add_argument("--layout", choices=("issue", "demo"), default="issue",
+                    help="issue 14's node (default), or what `make demo` runs now (Redfish, every agent, etcd)")
     args = ap.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
@@ -147,35 +179,49 @@ def main() -> int:
         (workdir / name).write_text("bench-token\n")
         (workdir / name).chmod(0o600)
     parent, child = multiprocessing.Pipe()
-    sim = multiprocessing.get_context("spawn").Process(target=_simulator, args=(child, str(workdir), args.default_intervals),
-                                                       daemon=True)
+    sim = multiprocessing.get_context("spawn").Process(
+        target=_simulator, args=(child, str(workdir), args.default_intervals, args.layout), daemon=True)
     sim.start()
-    cfg = parent.recv()
-    config_path = workdir / "node01" / "agent.yaml"
-    config_path.parent.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    log = open(workdir / "agent.log", "ab")
-    agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(config_path), "run"],
-                             stdout=log, stderr=log, cwd=REPO)
+    cfgs, coordinated = parent.recv()
+    agents: list[tuple[str, subprocess.Popen]] = []
+    logs = []
     try:
-        _wait_healthy(cfg["listen"]["port"], time.monotonic() + 60)
+        for cfg in cfgs:
+            node = cfg["agent"]["node"]
+            config_path = workdir / node / "agent.yaml"
+            config_path.parent.mkdir(parents=True, exist_ok=True)
+            config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+            logs.append(open(workdir / node / "agent.log", "ab"))
+            agents.append((node, subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(config_path), "run"],
+                                                  stdout=logs[-1], stderr=logs[-1], cwd=REPO)))
+        for cfg in cfgs:
+            _wait_healthy(cfg["listen"]["port"], time.monotonic() + 60)
         time.sleep(args.warmup)
-        c0, t0 = _cpu_seconds(agent.pid), time.monotonic()
+        c0, t0 = [_cpu_seconds(a.pid) for _, a in agents], time.monotonic()
         time.sleep(args.seconds)
-        c1, t1 = _cpu_seconds(agent.pid), time.monotonic()
-        rss = _rss_mib(agent.pid)
-        costs = asyncio.run(_poll_costs(config_path, args.polls, args.paced_seconds))
+        c1, t1 = [_cpu_seconds(a.pid) for _, a in agents], time.monotonic()
+        rss = [_rss_mib(a.pid) for _, a in agents]
+        costs = asyncio.run(_poll_costs(workdir / "node01" / "agent.yaml", args.polls, args.paced_seconds))
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        for _, agent in agents:
+            agent.send_signal(signal.SIGTERM)
+        for _, agent in agents:
+            try:
+                agent.wait(10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
         parent.send("stop")
         sim.join(20)
-        log.close()
+        for log in logs:
+            log.close()
 
-    agent_pct = 100 * (c1 - c0) / (t1 - t0)
+    pcts = [100 * (b - a) / (t1 - t0) for a, b in zip(c0, c1)]
+    if args.layout == "demo":
+        print(f"layout: demo ({len(agents)} agents, Redfish BMC and CDU, "
+              f"{'etcd coordination' if coordinated else 'no etcd installed: static coordination'})")
+        for (node, _), pct, mib in zip(agents, pcts, rss):
+            print(f"  {node}: {pct:.2f} % of a core, {mib:.1f} MiB")
+    agent_pct, rss = pcts[0], rss[0]
     paced_pct = 100 * sum(cpu / interval for _, cpu, _, interval in costs)
     warm_pct = 100 * sum(cpu / interval for _, _, cpu, interval in costs)
     print(f"agent CPU: {agent_pct:.2f} % of a core over {t1 - t0:.0f} s; resident memory {rss:.1f} MiB")
