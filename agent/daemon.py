@@ -200,9 +200,11 @@ class Agent:
             self._watchdog_task.cancel()
         await self.scheduler.shutdown()
         if self.remediation is not None and hasattr(self.remediation, "stop"):
-            await asyncio.wait_for(self.remediation.stop(), 3.0)
+            async with asyncio.timeout(3.0):
+                await self.remediation.stop()
         try:
-            await asyncio.wait_for(self.coordination.stop(), 1.5)  # hands leadership and slots over at once
+            async with asyncio.timeout(1.5):  # hands leadership and slots over at once
+                await self.coordination.stop()
         except asyncio.TimeoutError:
             log.warning("coordination stop took too long")
         if self._runner is not None:
@@ -217,7 +219,8 @@ class Agent:
         await self.start()
         await self._stop.wait()
         try:
-            await asyncio.wait_for(self.stop(), 4.5)  # systemd's stop must never hit its timeout
+            async with asyncio.timeout(4.5):  # systemd's stop must never hit its timeout
+                await self.stop()
         except asyncio.TimeoutError:
             log.error("clean stop took too long; exiting anyway")
 

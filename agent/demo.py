@@ -188,7 +188,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         print(TRY_THIS.format(port=first_port, node=next(iter(sim.model.nodes)), workdir=workdir, sinfo=sinfo),
               flush=True)
         try:
-            await asyncio.wait_for(stop.wait(), timeout=duration)
+            async with asyncio.timeout(duration):
+                await stop.wait()
         except asyncio.TimeoutError:
             pass
         return 0

@@ -167,7 +167,8 @@ class ConnectionGuard:
             try:
                 if request.can_read_body:
                     try:
-                        await asyncio.wait_for(request.read(), self.body_timeout)
+                        async with asyncio.timeout(self.body_timeout):
+                            await request.read()
                     except asyncio.TimeoutError:
                         self.closed_total["body_timeout"] += 1
                         log.warning("request body not received in time; answered 408",

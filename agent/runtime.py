@@ -239,6 +239,7 @@ class SourceScheduler:
 
 async def _close_quietly(source: Source) -> None:
     try:
-        await asyncio.wait_for(source.close(), 2.0)
+        async with asyncio.timeout(2.0):
+            await source.close()
     except Exception:  # closing a dead device must not block shutdown or reload
         log.debug("source close failed", extra={"source": source.name, "device": source.device})

@@ -296,7 +296,8 @@ class StatusHub:
                 log.exception("status page: view build failed")
             await asyncio.sleep(max(0.0, MIN_INTERVAL - (time.monotonic() - started)))
             try:
-                await asyncio.wait_for(self._changed.wait(), HEARTBEAT)
+                async with asyncio.timeout(HEARTBEAT):
+                    await self._changed.wait()
             except asyncio.TimeoutError:
                 pass  # no publish for a while (every source down?): rebuild anyway, ages move on
             self._changed.clear()
@@ -342,7 +343,8 @@ class StatusHub:
             self._changed.set()
             while not self.closed:
                 try:
-                    await asyncio.wait_for(client.ready.wait(), HEARTBEAT)
+                    async with asyncio.timeout(HEARTBEAT):
+                        await client.ready.wait()
                 except asyncio.TimeoutError:
                     await resp.write(sse("ping", {"now": time.time()}))
                     continue

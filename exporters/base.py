@@ -61,7 +61,8 @@ class BlockingCaller:
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(self._executor, run)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(fut)
         except asyncio.TimeoutError:
             raise SourceError("timeout", f"{self._name}: driver call exceeded {timeout:.1f}s") from None
 
@@ -155,7 +156,8 @@ async def off_loop(fn: Callable[[], Any], timeout: float, name: str) -> bool:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     try:
-        await asyncio.wait_for(done, timeout)
+        async with asyncio.timeout(timeout):
+            await done
     except asyncio.TimeoutError:
         return False
     return True

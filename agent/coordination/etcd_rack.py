@@ -242,7 +242,8 @@ class EtcdCoordinator(RackState):
             await asyncio.gather(self._task, return_exceptions=True)
         if self.lease and self.up():
             try:  # hand everything over at once rather than after a TTL
-                await asyncio.wait_for(self.client.lease_revoke(self.lease), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self.client.lease_revoke(self.lease)
             except (EtcdError, asyncio.TimeoutError):
                 pass
         await self.client.close()
@@ -397,7 +398,8 @@ class EtcdCoordinator(RackState):
             self._leadership_edges()
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), 0.5)
+                async with asyncio.timeout(0.5):
+                    await self._changed.wait()
             except asyncio.TimeoutError:
                 pass
 

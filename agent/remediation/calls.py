@@ -46,7 +46,8 @@ class DeviceCalls:
             raise DeviceCallTimeout(f"{self.name}: {what}: {key} still hung in an earlier call")
         if inspect.iscoroutinefunction(fn):
             try:
-                return await asyncio.wait_for(fn(*args, **kw), budget)
+                async with asyncio.timeout(budget):
+                    return await fn(*args, **kw)
             except asyncio.TimeoutError:
                 raise DeviceCallTimeout(f"{self.name}: {what} did not answer within {budget}s") from None
         given_up, started, finished = threading.Event(), threading.Event(), threading.Event()
@@ -69,7 +70,8 @@ class DeviceCalls:
 
         fut = asyncio.get_running_loop().run_in_executor(self._pool, guarded)
         try:
-            result = await asyncio.wait_for(fut, budget)
+            async with asyncio.timeout(budget):
+                result = await fut
         except asyncio.TimeoutError:
             with self._lock:
                 given_up.set()
@@ -79,7 +81,8 @@ class DeviceCalls:
             raise DeviceCallTimeout(f"{self.name}: {what} did not answer within {budget}s") from None
         if inspect.isawaitable(result):  # a plain function (lambda) returning a coroutine
             try:
-                result = await asyncio.wait_for(result, budget)
+                async with asyncio.timeout(budget):
+                    result = await result
             except asyncio.TimeoutError:
                 raise DeviceCallTimeout(f"{self.name}: {what} did not answer within {budget}s") from None
         return result

@@ -604,7 +604,8 @@ class RemediationEngine:
         if key != COORDINATION_LOST:
             self.rack.pending_added(p, inc)  # etcd: rack state, so any agent can approve and a new leader carries on
         try:
-            ok = await asyncio.wait_for(fut, self.settings.guardrails.approval_expiry_seconds)
+            async with asyncio.timeout(self.settings.guardrails.approval_expiry_seconds):
+                ok = await fut
         except asyncio.TimeoutError:
             ok = False
             self.journal.append("approval", action_id=aid, incident_id=inc.id, result="expired")

@@ -69,7 +69,8 @@ class ResumeCheck:
             if self.xid_active(node):
                 return False, f"a critical XID on {node} is still within the detector's hold"
             try:
-                return await asyncio.wait_for(asyncio.to_thread(_nvml_check, lib, self.expected), CALL_TIMEOUT)
+                async with asyncio.timeout(CALL_TIMEOUT):
+                    return await asyncio.to_thread(_nvml_check, lib, self.expected)
             except asyncio.TimeoutError:
                 return False, f"NVML did not answer within {CALL_TIMEOUT:g} s"
             except Exception as exc:

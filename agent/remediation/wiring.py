@@ -270,7 +270,8 @@ class RemediationHook:
             self.degraded = None
 
     async def stop(self, close_journal: bool = True) -> None:
-        await asyncio.wait_for(self.engine.stop(close_journal), 3.0)
+        async with asyncio.timeout(3.0):
+            await self.engine.stop(close_journal)
 
     def prepare(self, loaded: "LoadedConfig") -> tuple["LoadedConfig", RemediationEngine]:
         """The engine for a new config, built but not started (raises if the config cannot run)."""

@@ -99,7 +99,8 @@ class Gateway:
                                             reconnect_delay=0, name=f"modbus-{self.target}",
                                             trace_connect=lambda up: None if up else self._peer_closed(conn))
         try:
-            ok = await asyncio.wait_for(self._client.connect(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                ok = await self._client.connect()
         except asyncio.TimeoutError:
             ok = False
         if not ok:
@@ -220,11 +221,14 @@ class Gateway:
             client = await self._connected()
             try:
                 if table == "coil":
-                    rr = await asyncio.wait_for(client.write_coil(address, bool(words[0]), device_id=unit), self.timeout + 0.1)
+                    async with asyncio.timeout(self.timeout + 0.1):
+                        rr = await client.write_coil(address, bool(words[0]), device_id=unit)
                 elif len(words) == 1:
-                    rr = await asyncio.wait_for(client.write_register(address, words[0], device_id=unit), self.timeout + 0.1)
+                    async with asyncio.timeout(self.timeout + 0.1):
+                        rr = await client.write_register(address, words[0], device_id=unit)
                 else:
-                    rr = await asyncio.wait_for(client.write_registers(address, words, device_id=unit), self.timeout + 0.1)
+                    async with asyncio.timeout(self.timeout + 0.1):
+                        rr = await client.write_registers(address, words, device_id=unit)
             except (asyncio.TimeoutError, ModbusException) as exc:
                 self._drop()
                 raise SourceError("timeout", f"{what}: no answer ({exc or 'timeout'})") from None

@@ -36,7 +36,8 @@ async def probe_modbus(profile_name: str, host: str, port: int, unit: int | None
     src = ModbusSource(profile.kind, name, profile, host, port, unit, timeout, channels,
                        busy_retries=1, backoff_s=0.05)
     try:
-        result = await asyncio.wait_for(src.poll(), timeout * (2 + len(src.blocks)))
+        async with asyncio.timeout(timeout * (2 + len(src.blocks))):
+            result = await src.poll()
     except SourceError as exc:
         if exc.kind == "protocol":
             raise ProbeError(f"{host}:{port} unit {src.unit}: profile {profile.name} does not fit: {exc}") from None

@@ -362,7 +362,8 @@ class DomSource:
             return [Reading(OPTIC_DOM, 0.0, {"port": port.name})], None, ""
         async with gate:
             try:
-                dom = await asyncio.wait_for(self._read_and_parse(netdev), self.module_timeout)
+                async with asyncio.timeout(self.module_timeout):
+                    dom = await self._read_and_parse(netdev)
             except asyncio.TimeoutError:
                 return [], "timeout", f"{port.name}: module read exceeded {self.module_timeout:.1f}s"
             except ModuleUnsupported:

@@ -44,7 +44,8 @@ async def probe_redfish(url: str, user: str | None = None, password: str | None 
     except SourceError as exc:
         raise ProbeError(f"{exc.kind}: {exc}") from None
     try:
-        result = await asyncio.wait_for(src.poll(), timeout * 20)
+        async with asyncio.timeout(timeout * 20):
+            result = await src.poll()
     except SourceError as exc:
         hint = HINTS.get(exc.kind)
         raise ProbeError(f"{exc.kind}: {exc}" + (f"\n  {hint}" if hint else "")) from None

@@ -37,7 +37,8 @@ async def run_program(argv: list[str], timeout: float, env: Mapping[str, str] | 
     proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE, env=env)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        async with asyncio.timeout(timeout):
+            out, err = await proc.communicate()
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()

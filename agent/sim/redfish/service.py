@@ -609,7 +609,8 @@ class RedfishService:
                     await resp.write(self._sse_frame(event))
             while True:
                 try:
-                    event = await asyncio.wait_for(client.queue.get(), self.sse_keepalive)
+                    async with asyncio.timeout(self.sse_keepalive):
+                        event = await client.queue.get()
                 except asyncio.TimeoutError:
                     await resp.write(b": keep-alive\n\n")
                     if session is not None:
