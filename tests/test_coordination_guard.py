@@ -79,3 +79,25 @@ def test_the_rack_breaker_trips_for_every_agent_and_a_person_resets_it_anywhere(
     assert first.count(None) == 3, first
     assert all(a[0] == "circuit_breaker" for a in first if a is not None), first
     assert was is True and after is None
+
+
+def test_one_agents_counts_asked_together_go_in_one_txn_in_the_order_asked(tmp_path, etcd):
+    """A playbook's steps start together (cap each GPU, drain the node): their counts are one write of the
+    rack's action key, judged in the order asked (the count that reaches the breaker's limit runs and opens it,
+    the next is refused), not a race between the steps of one agent."""
+    async def run() -> tuple:
+        coords = await _rack(tmp_path, etcd, "/batch", breaker_max_actions=2, breaker_window_seconds=600)
+        try:
+            guard = Guardrails(coords[0].guardrails)
+            answers = await asyncio.gather(*(coords[0].reserve_action(k, guard) for k in ("gpu_power_cap", "drain",
+                                                                                          "gpu_power_cap")))
+            kv = await coords[0].client.get("/batch/r1/guard/actions")
+            return answers, kv
+        finally:
+            await _stop(coords)
+    answers, kv = asyncio.run(run())
+    assert answers[:2] == [None, None], answers
+    assert answers[2] is not None and answers[2][0] == "circuit_breaker", answers
+    assert kv is not None and kv.create_revision == kv.mod_revision, "counted in more than one write"
+    doc = kv.json()
+    assert doc["breaker"]["open"] is True and len(doc["recent"]) == 2 and sorted(doc["kinds"]) == ["drain", "gpu_power_cap"]

@@ -340,3 +340,22 @@ def test_consecutive_wet_polls_are_the_wet_sensors_own_not_another_source_of_the
     assert d.leak_awaiting_confirmation()
     assert at(2.0, rope_ts=2.0, tray=1.0, tray_ts=1.2) == []  # the rope polled again: not the tray's second poll
     assert at(2.1, rope_ts=2.0, tray=1.0, tray_ts=2.1) == ["fire"]  # the tray's re-read
+
+
+def test_a_leak_back_within_its_clear_hold_is_still_confirmed_at_once():
+    """This agent's leak incident is still open in its clear hold when the zone reads wet again: the wet poll
+    after the dry ones still asks for the immediate re-read (the agents reading its facts may have closed
+    theirs already and need the second wet poll now), and a zone wet on every poll asks no more."""
+    d = Detectors(DetectorSettings(leak={"fire_seconds": 0.0, "clear_seconds": 60.0}), Context("n1", "r01"))
+
+    def at(t: float, wet: float) -> list[str]:
+        s = snap(reading("supernode_leak_detected", wet, t, zone="zone-a", sensor="rope1"), at=t)
+        return [e.kind for e in d.evaluate(s) if e.detector == "leak"]
+
+    assert at(1.0, 1.0) == [] and d.leak_awaiting_confirmation()
+    assert at(1.1, 1.0) == ["fire"] and not d.leak_awaiting_confirmation()
+    assert at(1.5, 1.0) == [] and not d.leak_awaiting_confirmation()  # still wet: nothing to confirm
+    assert at(2.0, 0.0) == [] and at(2.5, 0.0) == []  # dry, the clear hold not over: the incident stays open
+    assert not d.leak_awaiting_confirmation()
+    assert at(3.0, 1.0) == [] and d.leak_awaiting_confirmation()  # wet again after dry: confirm at once
+    assert at(3.1, 1.0) == [] and not d.leak_awaiting_confirmation()

@@ -7,6 +7,16 @@ holds only if the key did not change in between (compare on its mod
 revision); a loser reads again and decides again, so racing agents pass one
 at a time and the limit holds.
 
+Why no read first: these keys are in the agent's mirror of the rack (the
+watch), and it knows its own last write, so the decision starts from that
+value and the txn's compare proves it current; a lost race returns the
+winner's value in the same txn (its failure branch). An uncontended update
+is one round trip, which is the time between a leak's detector firing and
+its first step acting (issue 13: leak -> drain within the poll + 100 ms).
+The steps of one playbook start together (cap each GPU, drain the node):
+their action counts go to etcd as one batch, one txn, rather than racing
+each other for the key and sleeping between tries.
+
 - `guard/drains`: drains in flight, node -> wall time. The scheduler stays the
   source of truth for who is drained (a person's drain counts); a reservation
   only covers the moments between "allowed" and the scheduler showing it,
@@ -28,9 +38,9 @@ import asyncio
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import Any, Callable
 
-from agent.coordination.etcd import EtcdError, cmp_create, cmp_mod, op_delete, op_get, op_put
+from agent.coordination.etcd import KV, EtcdError, cmp_create, cmp_mod, op_delete, op_get, op_put
 
 log = logging.getLogger("supernode.coordination")
 CONTENTION_TRIES = 30
@@ -48,6 +58,44 @@ class RackState:
         self.reservation_seconds = loaded.config.coordination.drain_reservation_seconds
         self.local_pending: dict[str, Any] = {}  # rack approval id -> engine Pending
         self._engine_callbacks: list[Any] = []
+        self._written: dict[str, KV] = {}  # guard key -> our own last write (ahead of the mirror until its event)
+        self._reservations: list[tuple[str, asyncio.Future]] = []  # action counts waiting for the next txn
+        self._reserver: asyncio.Task | None = None
+
+    # -- one guard key: read (known), decide, write if unchanged -----------------------------------------
+
+    def _known(self, key: str) -> KV | None:
+        """The newest value of `key` this agent knows without asking: its mirror's or its own last write's."""
+        kvs = [kv for kv in (self.mirror.get(key), self._written.get(key)) if kv is not None]
+        return max(kvs, key=lambda kv: kv.mod_revision) if kvs else None
+
+    async def _update(self, key: str, decide: Callable[[dict[str, Any]], tuple[Any, dict[str, Any] | None]],
+                      read_first: bool = False) -> tuple[bool, Any]:
+        """(True, answer) of `decide(doc)` once its new doc is written over an unchanged key, or once it wrote
+        nothing (None) on a value just read (a refusal is never decided on a value that may be stale); (False,
+        None) when CONTENTION_TRIES racing agents won every time. EtcdError passes through."""
+        fresh = read_first
+        kv = await self.client.get(key) if read_first else self._known(key)
+        for _ in range(CONTENTION_TRIES):
+            doc = json.loads(kv.value) if kv is not None else {}
+            answer, new = decide(doc)
+            if new is None:
+                if fresh:
+                    return True, answer
+                kv, fresh = await self.client.get(key), True
+                continue
+            value = json.dumps(new, sort_keys=True)
+            compare = cmp_mod(key, kv.mod_revision) if kv is not None else cmp_create(key, 0)
+            ok, responses, rev = await self.client.txn([compare], [op_put(key, value)], [op_get(key)])
+            if ok:
+                self._written[key] = KV(key, value.encode(), kv.create_revision if kv is not None else rev, rev, 0)
+                return True, answer
+            try:  # lost the race: the winner's value came back with the refusal
+                kvs = responses[0]["response_range"].get("kvs") or []
+            except (KeyError, IndexError, TypeError):
+                raise EtcdError(f"{key}: txn refused without the key's value") from None
+            kv, fresh = (KV.from_json(kvs[0]) if kvs else None), True
+        return False, None
 
     # -- drains -------------------------------------------------------------------------------------------
 
@@ -56,30 +104,27 @@ class RackState:
         atomically; degraded (etcd unreachable): this agent's own count, as without coordination."""
         if not self.up():
             return guard.check_blast_radius(drained, rack_nodes, node)
-        key = f"{self.root}/guard/drains"
+        def decide(doc: dict[str, Any]) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
+            now = self.clock()
+            held = {n: t for n, t in doc.items() if now - float(t) < self.reservation_seconds}
+            in_flight = sorted(set(held) - {node} - set(drained))
+            blocked = guard.check_blast_radius(sorted(set(drained) | set(in_flight)), rack_nodes, node)
+            if blocked:
+                name, why = blocked
+                if in_flight:
+                    why += f"; counted rack-wide, in flight on other agents: {', '.join(in_flight)}"
+                return (name, why), None
+            held[node] = now
+            return None, held
+
         try:
-            for _ in range(CONTENTION_TRIES):
-                kv = await self.client.get(key)
-                held = json.loads(kv.value) if kv is not None else {}
-                now = self.clock()
-                held = {n: t for n, t in held.items() if now - float(t) < self.reservation_seconds}
-                in_flight = sorted(set(held) - {node} - set(drained))
-                blocked = guard.check_blast_radius(sorted(set(drained) | set(in_flight)), rack_nodes, node)
-                if blocked:
-                    name, why = blocked
-                    if in_flight:
-                        why += f"; counted rack-wide, in flight on other agents: {', '.join(in_flight)}"
-                    return name, why
-                held[node] = now
-                compare = cmp_mod(key, kv.mod_revision) if kv is not None else cmp_create(key, 0)
-                ok, _, _ = await self.client.txn([compare], [op_put(key, json.dumps(held, sort_keys=True))])
-                if ok:
-                    return None
-                await asyncio.sleep(0.01)
+            done, answer = await self._update(f"{self.root}/guard/drains", decide)
         except EtcdError as exc:
             log.warning("rack drain count unavailable; counting alone", extra={"error": str(exc)[:200]})
             return guard.check_blast_radius(drained, rack_nodes, node)
-        return "rack_contention", f"could not reserve a drain of {node}: {CONTENTION_TRIES} agents raced for it"
+        if not done:
+            return "rack_contention", f"could not reserve a drain of {node}: {CONTENTION_TRIES} agents raced for it"
+        return answer
 
     async def release_drain(self, node: str) -> None:
         return None  # reservations lapse by themselves; the scheduler's state is the truth after that
@@ -97,55 +142,82 @@ class RackState:
         return bool(self._actions_doc().get("breaker", {}).get("open"))
 
     async def reserve_action(self, kind: str, guard: Any) -> tuple[str, str] | None:
-        """Count one action of `kind` rack-wide (breaker window, hourly rate), or say which limit blocks it."""
+        """Count one action of `kind` rack-wide (breaker window, hourly rate), or say which limit blocks it.
+        Counts asked for together (one playbook's steps) go to etcd in one txn, in the order asked."""
         if not self.up():
             return None  # degraded: this agent's own guardrails only (checked already)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        self._reservations.append((kind, fut))
+        if self._reserver is not None and self._reserver.get_loop() is not loop:  # a loop that ended
+            self._reserver = None
+            self._reservations = [r for r in self._reservations if r[1].get_loop() is loop]
+        if self._reserver is None or self._reserver.done():
+            self._reserver = loop.create_task(self._reserve_queued())
+        return await fut
+
+    async def _reserve_queued(self) -> None:
+        """One txn at a time per agent, each with every count asked for since the last one went out."""
+        while self._reservations:
+            batch, self._reservations = self._reservations, []
+            answers: list[tuple[str, str] | None]
+            try:
+                done, answers = await self._update(f"{self.root}/guard/actions",
+                                                   lambda doc: self._count_actions(doc, [k for k, _ in batch]))
+                if not done:
+                    answers = [("rack_contention", f"could not count a {k} action rack-wide: too many agents raced")
+                               for k, _ in batch]
+            except EtcdError as exc:
+                log.warning("rack action count unavailable; counting alone", extra={"error": str(exc)[:200]})
+                answers = [None] * len(batch)
+            except Exception as exc:  # a bug here fails these steps, said why; it never hangs them
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), answer in zip(batch, answers):
+                if not fut.done():
+                    fut.set_result(answer)
+
+    def _count_actions(self, doc: dict[str, Any], kinds: list[str]
+                       ) -> tuple[list[tuple[str, str] | None], dict[str, Any] | None]:
+        """Each action's verdict in turn (the one that reaches breaker_max_actions runs and opens the breaker,
+        the ones after it are blocked), and the doc to write (None when none of them was counted)."""
         s = self.guardrails
-        key = f"{self.root}/guard/actions"
-        try:
-            for _ in range(CONTENTION_TRIES):
-                kv = await self.client.get(key)
-                doc = json.loads(kv.value) if kv is not None else {}
-                now = self.clock()
-                breaker = doc.get("breaker") or {}
-                if breaker.get("open"):
-                    return "circuit_breaker", (f"rack circuit breaker open since {breaker.get('at')} (opened by "
-                                               f"{breaker.get('by')}): a person resets it on any agent "
-                                               "(POST /api/v1/breaker/reset)")
-                recent = [t for t in doc.get("recent", []) if now - t <= s.breaker_window_seconds]
-                kinds = {k: [t for t in v if now - t <= 3600] for k, v in (doc.get("kinds") or {}).items()}
-                limit = s.rate_per_hour.get(kind, s.rate_per_hour.get("default", 60))
-                if len(kinds.get(kind, [])) >= limit:
-                    return "rate_limit", f"rack-wide rate limit: {limit} {kind} actions per hour already taken"
-                recent.append(now)
-                kinds.setdefault(kind, []).append(now)
-                if len(recent) >= s.breaker_max_actions:
-                    breaker = {"open": True, "at": now, "by": self.node}
-                    log.warning("rack circuit breaker opened", extra={"actions": len(recent)})
-                new = {"recent": recent, "kinds": kinds, "breaker": breaker}
-                compare = cmp_mod(key, kv.mod_revision) if kv is not None else cmp_create(key, 0)
-                ok, _, _ = await self.client.txn([compare], [op_put(key, json.dumps(new))])
-                if ok:
-                    return None
-                await asyncio.sleep(0.01)
-        except EtcdError as exc:
-            log.warning("rack action count unavailable; counting alone", extra={"error": str(exc)[:200]})
-            return None
-        return "rack_contention", f"could not count a {kind} action rack-wide: too many agents raced"
+        now = self.clock()
+        breaker = doc.get("breaker") or {}
+        recent = [t for t in doc.get("recent", []) if now - t <= s.breaker_window_seconds]
+        counts = {k: [t for t in v if now - t <= 3600] for k, v in (doc.get("kinds") or {}).items()}
+        answers: list[tuple[str, str] | None] = []
+        for kind in kinds:
+            if breaker.get("open"):
+                answers.append(("circuit_breaker", f"rack circuit breaker open since {breaker.get('at')} (opened by "
+                                                   f"{breaker.get('by')}): a person resets it on any agent "
+                                                   "(POST /api/v1/breaker/reset)"))
+                continue
+            limit = s.rate_per_hour.get(kind, s.rate_per_hour.get("default", 60))
+            if len(counts.get(kind, [])) >= limit:
+                answers.append(("rate_limit", f"rack-wide rate limit: {limit} {kind} actions per hour already taken"))
+                continue
+            recent.append(now)
+            counts.setdefault(kind, []).append(now)
+            if len(recent) >= s.breaker_max_actions:
+                breaker = {"open": True, "at": now, "by": self.node}
+                log.warning("rack circuit breaker opened", extra={"actions": len(recent)})
+            answers.append(None)
+        if all(a is not None for a in answers):
+            return answers, None
+        return answers, {"recent": recent, "kinds": counts, "breaker": breaker}
 
     async def reset_breaker(self, who: str) -> bool:
-        key = f"{self.root}/guard/actions"
-        for _ in range(CONTENTION_TRIES):
-            kv = await self.client.get(key)
-            if kv is None:
-                return False
-            doc = json.loads(kv.value)
+        def decide(doc: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+            if not doc:
+                return False, None
             was = bool((doc.get("breaker") or {}).get("open"))
-            doc.update(recent=[], breaker={"open": False, "reset_by": who, "at": self.clock()})
-            ok, _, _ = await self.client.txn([cmp_mod(key, kv.mod_revision)], [op_put(key, json.dumps(doc))])
-            if ok:
-                return was
-        return False
+            return was, dict(doc, recent=[], breaker={"open": False, "reset_by": who, "at": self.clock()})
+
+        done, was = await self._update(f"{self.root}/guard/actions", decide, read_first=True)
+        return bool(done and was)
 
     # -- approvals ----------------------------------------------------------------------------------------
 

@@ -214,9 +214,14 @@ class Detectors:
         return events
 
     def leak_awaiting_confirmation(self) -> bool:
-        """A zone read wet but not yet on enough consecutive polls: worth confirming at once."""
+        """A zone read wet but not yet on enough consecutive polls: worth confirming at once.
+
+        Also while this agent's own incident of that zone is still open in its clear hold (a wet reading after
+        dry ones): the agents that read this poller's facts may have closed theirs a poll earlier (their clear
+        hold counts from the facts' arrival), and their second wet reading is this poller's next poll; without
+        the re-read they would wait a whole interval for it."""
         t = self.trackers["leak"]
-        return any(not st.active and 0 < st.count < t.consecutive for st in t.keys.values())
+        return any(0 < st.count < t.consecutive for st in t.keys.values())
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,

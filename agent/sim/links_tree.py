@@ -104,8 +104,9 @@ class SimLinkTree:
         with self._lock:
             self._write_all()
 
-    def update(self, model: RackModel) -> None:
-        """Advance counters by the model time elapsed and rewrite what changed (called under model.lock)."""
+    def update(self, model: RackModel, write: bool = True) -> None:
+        """Advance counters by the model time elapsed and rewrite what changed (called under model.lock);
+        `write=False`: the files later, by `write_files` (the simulator's ticker does that off its event loop)."""
         node = model.nodes[self.node]
         gpus = [g for g in node.gpus if not g.lost]
         load = sum(g.power_w / (g.default_limit_mw / 1000) for g in gpus) / len(gpus) if gpus else 0.0
@@ -121,6 +122,12 @@ class SimLinkTree:
                 for counter, rate in p.error_rates.items():
                     self._bump(p, counter, rate * dt)
                 p.module.temperature_c = round(supply_c + 20.0 + 5.0 * load, 1)
+            if write:
+                self._write_all()
+
+    def write_files(self) -> None:
+        """Rewrite what changed since the last write (any thread: the tree's own lock, not the model's)."""
+        with self._lock:
             self._write_all()
 
     async def stop(self) -> None:

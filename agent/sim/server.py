@@ -52,6 +52,7 @@ class Simulator:
         self.active_faults: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None
         self._tick_task: asyncio.Task | None = None
+        self._writing: asyncio.Future | None = None  # the tick's file writes, in a worker thread
         self.url = ""
 
     # -- devices -------------------------------------------------------------------
@@ -215,23 +216,41 @@ class Simulator:
         log.info("simulator started", extra={"url": self.url, "nodes": len(self.model.nodes)})
         return self.url
 
-    def _update_devices(self) -> None:
+    def _update_devices(self, write_files: bool = True) -> None:
+        """Every device follows the model; `write_files=False`: a device that writes files (a node's link tree)
+        only advances its state, and `_write_files` writes it."""
         with self.model.lock:
             for dev in self.devices.values():
-                dev.update(self.model)
+                if write_files or not hasattr(dev, "write_files"):
+                    dev.update(self.model)
+                else:
+                    dev.update(self.model, write=False)
+
+    def _write_files(self) -> None:
+        for dev in list(self.devices.values()):
+            write = getattr(dev, "write_files", None)
+            if write is not None:
+                write()
 
     async def _ticker(self) -> None:
+        # The link trees' files (some 50 a node, each written and renamed) are written in a worker thread: on
+        # this loop they held every simulated device's answer ~7 ms a node every tick, so a Modbus read of the
+        # leak controller could wait 20-60 ms behind them and the agent's leak latency measured the simulator.
         last = time.monotonic()
         while True:
             await asyncio.sleep(self.tick)
             now = time.monotonic()
             self.model.step(now - last)
             last = now
-            self._update_devices()
+            self._update_devices(write_files=False)
+            self._writing = asyncio.ensure_future(asyncio.to_thread(self._write_files))
+            await asyncio.shield(self._writing)
 
     async def stop(self) -> None:
         if self._tick_task:
             self._tick_task.cancel()
+        if self._writing is not None:  # a tree is removed below: never while its files are being written
+            await asyncio.gather(self._writing, return_exceptions=True)
         for dev in self.devices.values():
             try:
                 await dev.stop()
