@@ -10,9 +10,11 @@ is cut, and at most MAX_ERRORS errors are listed.
 from __future__ import annotations
 
 import reprlib
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 MAX_ERRORS = 20
 MAX_LINE = 160
@@ -66,3 +68,18 @@ def error_lines(err: ValidationError, title: str,
     if len(errors) > MAX_ERRORS:
         lines.append(f"  ... and {len(errors) - MAX_ERRORS} more errors")
     return "\n".join(lines)
+
+
+def validate_document(model: type[M], data: Any, source: str, what: str, error: type[Exception],
+                      rename: Callable[[list[Any]], list[Any]] | None = None) -> M:
+    """`data` (a parsed YAML or JSON file) as `model`, or `error` whose lines name `source` and each bad field.
+
+    One shape for every device profile format, so a profile that is not a mapping, or one with a bad
+    field, reads the same way whichever format it is.
+    """
+    if not isinstance(data, dict):
+        raise error(f"{source}: expected a mapping at the top level")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise error(error_lines(err, f"{source}: invalid {what}", rename)) from None

@@ -16,12 +16,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporters.cooling import modbus_metrics
 from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.units import from_base, known_unit, to_base
-from exporters.validation import error_lines
+from exporters.validation import validate_document
 from exporters.cooling.modbus_codec import WIDTH
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "modbus"
@@ -225,19 +225,15 @@ def _check_metric(metric: str, labels: dict[str, str], where: str) -> None:
 
 
 def parse_profile(data: Any, source: str) -> Profile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{source}: expected a mapping at the top level")
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as err:
-        def point_names(loc: list[Any]) -> list[Any]:
-            if len(loc) >= 2 and loc[0] == "points" and isinstance(loc[1], int):
-                pts = data.get("points") or []
-                if loc[1] < len(pts) and isinstance(pts[loc[1]], dict) and "name" in pts[loc[1]]:
-                    loc[1] = pts[loc[1]]["name"]
-            return loc
+    def point_names(loc: list[Any]) -> list[Any]:
+        """A point's name in the error path instead of its index (data is a mapping once this runs)."""
+        if len(loc) >= 2 and loc[0] == "points" and isinstance(loc[1], int):
+            pts = data.get("points") or []
+            if loc[1] < len(pts) and isinstance(pts[loc[1]], dict) and "name" in pts[loc[1]]:
+                loc[1] = pts[loc[1]]["name"]
+        return loc
 
-        raise ProfileError(error_lines(err, f"{source}: invalid Modbus profile", point_names)) from None
+    return validate_document(Profile, data, source, "Modbus profile", ProfileError, point_names)
 
 
 @lru_cache(maxsize=64)

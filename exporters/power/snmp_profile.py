@@ -48,12 +48,12 @@ import string
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporters.model import Kind
 from exporters.power.pdu_metrics import PROFILE_METRICS
 from exporters.safe_yaml import InputError, load_yaml_file
-from exporters.validation import error_lines
+from exporters.validation import validate_document
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "snmp"
 _OID = re.compile(r"^1(\.(0|[1-9][0-9]*))+$")
@@ -235,12 +235,7 @@ class Profile(_Strict):
 
 
 def parse_profile(data: Any, source: str) -> Profile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{source}: expected a mapping at the top level")
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(error_lines(err, f"{source}: invalid SNMP profile")) from None
+    return validate_document(Profile, data, source, "SNMP profile", ProfileError)
 
 
 def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Profile:

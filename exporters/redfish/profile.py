@@ -12,12 +12,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporters.redfish import metrics as rm
 from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.units import known_unit, to_base
-from exporters.validation import error_lines
+from exporters.validation import validate_document
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "redfish"
 
@@ -162,12 +162,7 @@ class Profile(_Strict):
 
 
 def parse_profile(data: Any, source: str) -> Profile:
-    if not isinstance(data, dict):
-        raise ProfileError(f"{source}: expected a mapping at the top level")
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(error_lines(err, f"{source}: invalid Redfish profile")) from None
+    return validate_document(Profile, data, source, "Redfish profile", ProfileError)
 
 
 def list_profiles(directory: Path = PROFILE_DIR) -> list[str]:
