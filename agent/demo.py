@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from agent.sim.server import Simulator
+from agent.sim.ports import free_port
 
 
 def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str = "enforce",
@@ -140,7 +141,7 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        ports = {node: base_port + i if base_port else _free_port() for i, node in enumerate(sim.model.nodes)}
+        ports = {node: base_port + i if base_port else free_port() for i, node in enumerate(sim.model.nodes)}
         urls = {node: f"http://127.0.0.1:{p}" for node, p in ports.items()}
         for node, port in ports.items():
             cfg_path = workdir / node / "agent.yaml"
@@ -209,14 +210,6 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         if slurm is not None:
             await asyncio.to_thread(slurm.cleanup)
         print("demo stopped", flush=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 TRY_THIS = """

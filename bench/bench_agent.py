@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
 
 from agent.exposition import build_registry, render_metrics  # noqa: E402
+from agent.sim.ports import free_port  # noqa: E402
 from agent.nvml_twin import NvmlTwin  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from exporters.model import Kind  # noqa: E402
@@ -42,14 +43,6 @@ from exporters.gpu.nvml import NvmlSource  # noqa: E402
 from timing import median_wall_cpu  # noqa: E402
 
 GPUS, LINKS = 8, 18
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _median_ms(fn, runs: int) -> float:
@@ -122,7 +115,7 @@ def main() -> int:
         sim_url = sim.stdout.readline().split()[1]
         _wait_http(sim_url + "/api/v1/state", time.monotonic() + 20)
         render_ms, peer_ms, series = render_comparison(sim_url, args.runs)
-        port = _free_port()
+        port = free_port()
         (work / "admin.token").write_text("x\n")
         cfg = {"agent": {"rack": "r01", "node": "node01", "state_dir": str(work / "state")},
                "listen": {"address": "127.0.0.1", "port": port},

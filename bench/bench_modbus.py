@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporters.cooling.modbus import ModbusSource  # noqa: E402
 from exporters.cooling.modbus_profile import load_profile, plan_blocks  # noqa: E402
+from agent.sim.ports import free_port  # noqa: E402
 
 DEVICES = (("cdu", "reference-cdu"), ("leak", "rle-ld2100"))
 MBPOLL_TABLE = {"coil": "0", "discrete": "1", "holding": "4", "input": "3"}
@@ -46,13 +47,6 @@ async def serve(ports: list[int]) -> None:
             for d in devs:
                 d.update(model)
         await asyncio.sleep(0.1)
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def bench_collector(ports: list[int], runs: int) -> tuple[list[float], list[float], int]:

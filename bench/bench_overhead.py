@@ -51,15 +51,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from agent.sim.ports import free_port  # noqa: E402
+
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _simulator(conn, workdir: str, default_intervals: bool, layout: str) -> None:
@@ -75,7 +69,7 @@ def _simulator(conn, workdir: str, default_intervals: bool, layout: str) -> None
             nodes = list(rack.sim.model.nodes) if layout == "demo" else ["node01"]
             if layout == "demo" and etcd_binary():
                 etcd = EtcdCluster(Path(workdir) / "etcd", 1, memory=True).start()
-            ports = {node: _free_port() for node in nodes}
+            ports = {node: free_port() for node in nodes}
             urls = {node: f"http://127.0.0.1:{port}" for node, port in ports.items()}
             cfgs = []
             for node, port in ports.items():

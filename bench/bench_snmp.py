@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(REPO))
 from exporters.power.pdu import PduSource  # noqa: E402
 from exporters.power.snmp_client import SnmpCredentials  # noqa: E402
 from exporters.power.snmp_profile import load_profile  # noqa: E402
+from agent.sim.ports import free_port  # noqa: E402
 
 SIM = r"""
 import asyncio, sys
@@ -44,12 +44,6 @@ async def main():
         print(d.agent.requests, flush=True)
 asyncio.run(main())
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_of(pid: int) -> float:

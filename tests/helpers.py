@@ -12,6 +12,8 @@ from typing import Awaitable, Callable, TypeVar
 
 import pytest
 
+from agent.sim import ports
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,9 +51,8 @@ async def await_for(cond: Callable[[], T | Awaitable[T]], timeout: float = 10.0,
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port outside the ephemeral range (see agent/sim/ports.py: why not the kernel's choice)."""
+    return ports.free_port(kind)
 
 
 def require_binary(name: str) -> str:

@@ -14,20 +14,23 @@ import subprocess
 import urllib.request
 from pathlib import Path
 import shutil
-import socket
 import tempfile
 import time
 
+from agent.sim.ports import free_port
+
+_START_ATTEMPTS = 3
 
 
 def etcd_binary() -> str | None:
     return shutil.which("etcd") or next((p for p in ("/usr/bin/etcd", "/usr/sbin/etcd") if os.path.exists(p)), None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 class EtcdMember:
@@ -41,6 +44,7 @@ class EtcdMember:
         self.proc: subprocess.Popen | None = None
         self.started_once = False
         self.data_dir = self.dir / "data"
+        self.metrics_port = free_port()
 
     @property
     def url(self) -> str:
@@ -56,7 +60,7 @@ class EtcdMember:
                 "--initial-cluster-token", "supernode-test",
                 # a loaded 2-core test machine: raft heartbeats must not time out under load
                 "--heartbeat-interval", "100", "--election-timeout", "1000",
-                "--listen-metrics-urls", f"http://127.0.0.1:{_free_port()}", "--log-level", "warn"]
+                "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}", "--log-level", "warn"]
         log = open(self.dir / "etcd.log", "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
         log.close()
@@ -91,30 +95,58 @@ class EtcdCluster:
         binary = binary or etcd_binary()
         if binary is None:
             raise FileNotFoundError("etcd is not installed (Debian: apt-get install etcd-server)")
-        ports = [(_free_port(), _free_port()) for _ in range(members)]
-        names = [f"m{i + 1}" for i in range(members)]
-        cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, (_, p) in zip(names, ports))
-        self.members = [EtcdMember(n, base, c, p, cluster, binary) for n, (c, p) in zip(names, ports)]
+        self._base, self._size, self._binary = base, members, binary
         self._shm: Path | None = None
         if memory and Path("/dev/shm").is_dir():
             self._shm = Path(tempfile.mkdtemp(prefix="supernode-etcd-", dir="/dev/shm"))
-            for m in self.members:
+        self.members = self._new_members()
+
+    def _new_members(self) -> list[EtcdMember]:
+        """Members on fresh ports and empty data dirs (a first start that failed leaves nothing behind)."""
+        ports = [(free_port(), free_port()) for _ in range(self._size)]
+        names = [f"m{i + 1}" for i in range(self._size)]
+        cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, (_, p) in zip(names, ports))
+        members = [EtcdMember(n, self._base, c, p, cluster, self._binary) for n, (c, p) in zip(names, ports)]
+        for m in members:
+            if self._shm is not None:
                 m.data_dir = self._shm / m.name
+            shutil.rmtree(m.data_dir, ignore_errors=True)
+        return members
 
     @property
     def endpoints(self) -> list[str]:
         return [m.url for m in self.members]
 
     def start(self) -> "EtcdCluster":
-        for m in self.members:
-            m.start()
-        deadline = time.monotonic() + 60
+        """Start a new cluster. A member that exits before the cluster first answers (a port some other process
+        took in the meantime) gets the whole cluster started again on fresh ports, up to three times; what
+        each failed member logged is in the error."""
+        failures: list[str] = []
+        for attempt in range(_START_ATTEMPTS):
+            if attempt:
+                self.members = self._new_members()
+            for m in self.members:
+                m.start()
+            problem = self._wait_healthy(deadline=time.monotonic() + 60)
+            if problem is None:
+                return self
+            failures.append(problem)
+            for m in self.members:
+                m.stop()
+        self.stop()
+        raise RuntimeError(f"etcd did not become healthy in {_START_ATTEMPTS} tries: " + "; ".join(failures))
+
+    def _wait_healthy(self, deadline: float) -> str | None:
+        """None once every member answers; otherwise what went wrong, naming the member and its log."""
         while not self.healthy():
-            if time.monotonic() > deadline or not all(m.running() for m in self.members):
-                self.stop()
-                raise RuntimeError(f"etcd did not become healthy; see {self.members[0].dir / 'etcd.log'}")
+            dead = [m for m in self.members if not m.running()]
+            if dead:
+                return ", ".join(f"{m.name} exited ({m.dir / 'etcd.log'}: {_log_tail(m.dir / 'etcd.log')})"
+                                 for m in dead)
+            if time.monotonic() > deadline:
+                return f"no answer within 60 s (see {self.members[0].dir / 'etcd.log'})"
             time.sleep(0.2)
-        return self
+        return None
 
     def healthy(self, member: EtcdMember | None = None) -> bool:
         for m in [member] if member else self.members:

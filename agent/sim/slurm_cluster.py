@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.sim.ports import free_port
+
 
 def _binary(name: str) -> str | None:
     return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None)
@@ -29,12 +31,6 @@ def _binary(name: str) -> str | None:
 
 def slurm_available() -> bool:
     return all(_binary(b) for b in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -45,7 +41,7 @@ class SlurmCluster:
         self.dir = Path(base or tempfile.mkdtemp(prefix="slurm-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.names = names
-        self.ctld_port = ctld_port or _free_port()
+        self.ctld_port = ctld_port or free_port()
         self.first_slurmd_port = first_slurmd_port
         self.conf = self.dir / "slurm.conf"
         self.munge_socket = self.dir / "munge" / "munge.socket"
@@ -63,11 +59,11 @@ class SlurmCluster:
         node_lines = []
         if self.names:
             for i, name in enumerate(self.names):
-                port = (self.first_slurmd_port + i) if self.first_slurmd_port else _free_port()
+                port = (self.first_slurmd_port + i) if self.first_slurmd_port else free_port()
                 node_lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {hw} State=UNKNOWN")
             self.nodes = list(self.names)
         else:
-            port = self.first_slurmd_port or _free_port()
+            port = self.first_slurmd_port or free_port()
             node_lines.append(f"NodeName={host} NodeAddr=127.0.0.1 Port={port} {hw} State=UNKNOWN")
             self.nodes = [host]
         d = self.dir
