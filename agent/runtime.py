@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -203,6 +204,25 @@ class SourceScheduler:
             runner.again = runner.again or queue
             return queue
         asyncio.ensure_future(runner.run_once())
+        return True
+
+    def align(self, job_id: str, anchor: float, offset: float, tolerance: float = 0.1) -> bool:
+        """Move a source's timer to fire `offset` seconds after `anchor` (wall clock), modulo its interval, when it
+        is more than `tolerance` of an interval off; True if moved.
+
+        Why: two agents polling one leak controller at the same phase see a leak at the same moment, so the second
+        poller adds nothing to how soon the rack hears of it; half an interval apart, one of them reads it within
+        half an interval. The timer keeps its interval: only the next fire time moves, once."""
+        runner, job = self.runners.get(job_id), self.scheduler.get_job(job_id)
+        if runner is None or job is None or job.next_run_time is None:
+            return False
+        interval = runner.settings.interval
+        off = (job.next_run_time.timestamp() - anchor - offset) % interval
+        if min(off, interval - off) <= tolerance * interval:
+            return False
+        now = time.time()
+        target = anchor + offset + math.ceil((now - anchor - offset) / interval) * interval
+        job.modify(next_run_time=dt.datetime.fromtimestamp(target, dt.timezone.utc))
         return True
 
     def _attach_trigger(self, runner: SourceRunner) -> None:

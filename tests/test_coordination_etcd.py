@@ -144,6 +144,11 @@ def test_a_leak_reaches_the_zone_agent_that_does_not_poll_the_controller(rack):
     rack.steady()
     target = next(a for a in rack.agents if not polls(a, "leak1"))
     node = target.config["agent"]["node"]
+    root = f"/supernode-test/{target.config['agent']['rack']}"
+    first = rack.etcd.get(f"{root}/pollers/leak1/0").decode()
+    standby = next(a.config["agent"]["node"] for a in rack.agents
+                   if polls(a, "leak1") and a.config["agent"]["node"] != first)
+    standby_key = f"{root}/facts/leak/leak1/{standby}"
     rack.sim.inject("leak", zone=ZONE[node])
     try:
         wait_for(lambda: results(target, "drain", result="done", target=f"node={node}"), 30,
@@ -151,8 +156,21 @@ def test_a_leak_reaches_the_zone_agent_that_does_not_poll_the_controller(rack):
         wait_for(lambda: results(target, "gpu_power_cap", result="done"), 30, what=f"{node}'s GPUs capped")
         others = [a for a in rack.agents if a is not target]
         assert not any(results(a, "drain", result="done", target=f"node={node}") for a in others)
+        # The hot standby publishes its wet polls too (either poller may read the leak first) ...
+        wait_for(lambda: fact_wet(rack.etcd.get(standby_key), ZONE[node]), 30, what=f"{standby}'s wet fact in etcd")
     finally:
         rack.clear()
+    # ... and its first dry one after them: its key does not go on saying wet.
+    wait_for(lambda: fact_wet(rack.etcd.get(standby_key), ZONE[node]) is False, 30, what=f"{standby}'s dry fact")
+
+
+def fact_wet(raw: bytes | None, zone: str) -> bool | None:
+    """Whether a fact in etcd reads a leak in `zone` (None: no such fact)."""
+    if raw is None:
+        return None
+    doc = json.loads(raw)
+    return any(name == "supernode_leak_detected" and labels.get("zone") == zone and value >= 0.5
+               for name, value, labels, _q, _ts in doc["r"])
 
 
 def test_one_etcd_member_stopped_changes_nothing(rack):

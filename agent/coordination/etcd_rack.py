@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
                                      cmp_mod, cmp_value, op_put)
-from agent.coordination.facts import FactExchange, encode
+from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
 from agent.coordination.rack_state import RackState
 from agent.coordination.shared import SharedDevices, leader_jobs, ranked, shared_devices
 
@@ -68,7 +68,8 @@ class EtcdCoordinator(RackState):
         self.mirror: dict[str, KV] = {}
         self.token = 0  # the leader key's mod revision while we lead
         self.slots: dict[str, str] = {}  # device -> slot key we hold
-        self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, clock)
+        self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, clock,
+                                  self.shared.safety)
         self.poll_now: Callable[[str], bool] | None = None
         self.runners: dict[str, Any] = {}
         self._changed = asyncio.Event()
@@ -79,6 +80,10 @@ class EtcdCoordinator(RackState):
         self._seen: dict[str, dict[str, float]] = {}  # job -> poller -> when its last fact arrived
         self._puts: dict[str, bytes] = {}  # job -> the next fact to put (one put in flight per job)
         self._putting: set[str] = set()
+        self._wet_out: set[str] = set()  # safety jobs whose last fact this standby published was wet
+        self.align: Callable[[str, float, float], bool] | None = None
+        self._aligned_at: dict[str, float] = {}  # job -> when this standby last checked its phase
+        self.realigned_total = 0
         self.fenced_total = 0
         self.sessions = 0
         self.last_error: str | None = None
@@ -197,19 +202,28 @@ class EtcdCoordinator(RackState):
         """Store listener: after our own poll of a device we hold, publish it as that device's fact."""
         device = self.shared.jobs.get(origin)
         fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
-        if fact is None or not self._publishes(origin, device):
+        if fact is None or not self._publishes(origin, device, fact):
             return
         self._puts[origin] = encode(fact)
         if origin not in self._putting:
             self._putting.add(origin)
             asyncio.get_running_loop().create_task(self._put_facts(origin))
 
-    def _publishes(self, job: str, device: str) -> bool:
+    def _publishes(self, job: str, device: str, fact: Fact) -> bool:
         """The first slot's poller publishes; the second is a hot standby that publishes only while the first's
-        facts are missing (one copy of each poll in etcd and at every agent, and no gap when the first dies)."""
+        facts are missing (one copy of each poll in etcd and at every agent, and no gap when the first dies).
+
+        A safety input's standby also publishes a wet poll, and the first dry one after it: it polls half an
+        interval out of the first's phase (`_align`), so its wet reading is the rack's earliest news of a leak
+        in half the polls; the dry one leaves its key telling the truth once the leak is gone."""
         first = self.mirror.get(f"{self.root}/pollers/{device}/0")
         if first is None or first.lease == self.lease:
             return True
+        if job in self.shared.safety:
+            wet, was = is_wet(fact), job in self._wet_out
+            (self._wet_out.add if wet else self._wet_out.discard)(job)
+            if wet or was:
+                return True
         runner = self.runners.get(job)
         window = (runner.settings.interval if runner is not None else 1.0) * self.stale_after
         return MONOTONIC() - self._seen.get(job, {}).get(first.value.decode(), -1e9) > window
@@ -233,6 +247,7 @@ class EtcdCoordinator(RackState):
     async def start(self, agent: Any) -> None:
         self.facts.store = agent.store
         self.poll_now = agent.scheduler.poll_now
+        self.align = getattr(agent.scheduler, "align", None)
         agent.store.add_listener(self.on_publish)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -385,9 +400,35 @@ class EtcdCoordinator(RackState):
             self.facts.forget(job, poller)
             return
         self._seen.setdefault(job, {})[poller] = MONOTONIC()
+        self._align(job, poller, ev.kv.value)
         problem = self.facts.ingest(job, poller, ev.kv.value, self.polls)
         if problem and problem.startswith("unreadable"):
             self._note_error(ValueError(problem))
+
+    def _align(self, job: str, poller: str, raw: bytes) -> None:
+        """A standby of a safety input keeps its polls `slot / pollers_per_device` of an interval after the first
+        slot's (checked at most every 2 s, from the first's own fact: when its poll started). The first never
+        moves, so the pollers cannot chase each other."""
+        device = self.shared.jobs.get(job)
+        slot = self.slots.get(device or "")
+        if self.align is None or job not in self.shared.safety or slot is None or not self.up():
+            return
+        index = int(slot.rsplit("/", 1)[1])
+        first = self.mirror.get(f"{self.root}/pollers/{device}/0")
+        if index == 0 or first is None or first.value.decode() != poller:
+            return
+        now = MONOTONIC()
+        if now - self._aligned_at.get(job, -1e9) < 2.0:
+            return
+        self._aligned_at[job] = now
+        started = poll_started(raw)
+        runner = self.runners.get(job)
+        if started is None or runner is None:
+            return
+        offset = runner.settings.interval * index / self.settings.pollers_per_device
+        if self.align(job, started, offset):
+            self.realigned_total += 1
+            log.info("standby poll phase moved", extra={"job": job, "offset_s": round(offset, 3)})
 
     # -- decisions from the mirror ---------------------------------------------------------------------------
 

@@ -18,10 +18,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.cooling.modbus_metrics import LEAK_DETECTED as LEAK_SPEC
 from exporters.model import Kind, MetricSpec, Quality, Reading, make_reading
 
 VERSION = 1
 _QUALITY = {q.value: q for q in Quality}
+LEAK_DETECTED = LEAK_SPEC.name
 
 
 @dataclass(slots=True)
@@ -38,6 +40,20 @@ class Fact:
     error: str = ""
     partial_errors: dict[str, int] = field(default_factory=dict)
     at: float = 0.0  # the poller's wall clock when it published
+
+
+def is_wet(fact: Fact) -> bool:
+    """Does this poll read a leak? (What a safety input's standby publishes although it is not the first poller.)"""
+    return fact.up and any(r.spec.name == LEAK_DETECTED and r.ok and r.value >= 0.5 for r in fact.readings)
+
+
+def poll_started(raw: bytes) -> float | None:
+    """When an encoded fact's poll started, by its poller's wall clock; None when it cannot be read."""
+    try:
+        doc = json.loads(raw)
+        return float(doc["at"]) - float(doc.get("duration", 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def encode(fact: Fact) -> bytes:
@@ -94,12 +110,17 @@ class FactExchange:
     detectors, derived sources and the API see it as if polled here; a poller's failure is applied only
     when no other poller of that device read it fine within its staleness window (one poller's trouble is
     not the device's). `hidden` names the shared sources whose entry holds another agent's facts: not
-    exported here, so a device's series come from its pollers only.
+    exported here, so a device's series come from its pollers only. A safety input's wet poll is taken from
+    whichever poller read it (etcd: the standby polls half an interval out of the first's phase, so either
+    may read a leak first); a poll older than the one in the store, from another poller, is dropped.
     """
 
-    def __init__(self, node: str, jobs: dict[str, str], stale_after_intervals: float, clock):
+    def __init__(self, node: str, jobs: dict[str, str], stale_after_intervals: float, clock,
+                 safety: frozenset[str] = frozenset()):
         self.node = node
         self.jobs = jobs  # job id -> shared device
+        self.safety = safety  # jobs whose wet polls are taken from any poller
+        self.held: dict[str, tuple[float, str, float]] = {}  # job -> (poll start, poller, monotonic when taken)
         self.stale_after = stale_after_intervals
         self.clock = clock
         self.store: Any = None
@@ -155,7 +176,12 @@ class FactExchange:
         window = interval * self.stale_after
         if not fact.up and any(ok and now - at <= window for p, (ok, at) in status.items() if p != poller):
             return None  # another poller reads it fine: one poller's trouble is not the device's
-        if fact.up and any(ok and p < poller and now - at <= window for p, (ok, at) in status.items()):
+        started = fact.at - fact.duration
+        held = self.held.get(job)
+        if held is not None and held[1] != poller and now - held[2] <= window and started < held[0]:
+            return None  # an older poll than the one in the store, from another poller: the newer one stands
+        if fact.up and not (job in self.safety and is_wet(fact)) \
+                and any(ok and p < poller and now - at <= window for p, (ok, at) in status.items()):
             return None  # the device's first poller answers: one copy of each poll is enough (half the work)
         self.ingesting = True
         try:
@@ -164,6 +190,7 @@ class FactExchange:
             else:
                 self.store.fail(fact.source, fact.device, "remote", f"{poller}: {fact.error}", fact.duration)
             self.local[job] = False
+            self.held[job] = (started, poller, now)
         except KeyError:  # a device this agent's config does not list
             return "not in this agent's inventory"
         finally:

@@ -7,6 +7,7 @@ etcd's own, stopped by that PID. A member can be stopped and started again on th
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -159,6 +160,19 @@ class EtcdCluster:
             except OSError:
                 return False
         return True
+
+    def get(self, key: str) -> bytes | None:
+        """A key's value read from the first member that answers (tests check what agents wrote), or None."""
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        for m in self.members:
+            try:
+                req = urllib.request.Request(m.url + "/v3/kv/range", data=body, method="POST")
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    kvs = json.load(resp).get("kvs") or []
+                return base64.b64decode(kvs[0]["value"]) if kvs else None
+            except OSError:
+                continue
+        return None
 
     def stop(self) -> None:
         for m in self.members:

@@ -1,0 +1,119 @@
+"""Which pollers' facts an agent takes into its store, and a standby's poll phase.
+
+A leak controller has two pollers; the first publishes every poll, the second (the hot standby) polls half an
+interval out of phase and publishes its wet polls too, so the rack hears of a leak from whichever reads it
+first. These tests drive the receiving side (a real SnapshotStore) and the timer move (a real apscheduler)
+directly, with explicit poll times: nothing waits on a clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+
+from agent.config import SourceSettings
+from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
+from agent.runtime import SourceRunner, SourceScheduler
+from agent.snapshot import SnapshotStore
+from exporters.cooling.modbus_metrics import LEAK_DETECTED
+from exporters.model import Quality, make_reading
+
+JOB = "leak/leak1"
+SAFETY = frozenset({JOB})
+
+
+class _Runner:
+    settings = SourceSettings(interval=0.5)
+
+
+def _exchange(store: SnapshotStore, safety=SAFETY) -> FactExchange:
+    fx = FactExchange("node03", {JOB: "leak1", "pdu/pdu-a": "pdu-a"}, 3.0, time.time, safety)
+    fx.store = store
+    fx.runners = {JOB: _Runner()}
+    store.register("leak", "leak1", 0.5, 3.0)
+    return fx
+
+
+def _fact(poller: str, wet: bool, started: float, source="leak", device="leak1") -> Fact:
+    r = make_reading(LEAK_DETECTED, 1.0 if wet else 0.0, {"zone": "zone-c", "sensor": "rope1"}, Quality.OK, started)
+    return Fact(poller, source, device, True, [r], 0.02, at=started + 0.02)
+
+
+def _held_value(store: SnapshotStore) -> float | None:
+    return store.snapshot().value(LEAK_DETECTED.name, zone="zone-c", sensor="rope1")
+
+
+def _not_polling(device: str) -> bool:
+    return False
+
+
+def test_a_standbys_wet_poll_is_taken_although_the_first_poller_reads_fine():
+    store = SnapshotStore()
+    fx = _exchange(store)
+    t = time.time()
+    assert fx.ingest(JOB, "node01", encode(_fact("node01", False, t)), _not_polling) is None
+    assert _held_value(store) == 0.0
+    fx.ingest(JOB, "node02", encode(_fact("node02", False, t + 0.25)), _not_polling)
+    assert fx.held[JOB][1] == "node01", "a dry standby poll is not a second copy worth taking"
+    fx.ingest(JOB, "node02", encode(_fact("node02", True, t + 0.5)), _not_polling)
+    assert _held_value(store) == 1.0 and fx.held[JOB][1] == "node02"
+
+
+def test_without_the_safety_rule_the_first_poller_alone_is_taken():
+    store = SnapshotStore()
+    fx = _exchange(store, safety=frozenset())
+    t = time.time()
+    fx.ingest(JOB, "node01", encode(_fact("node01", False, t)), _not_polling)
+    fx.ingest(JOB, "node02", encode(_fact("node02", True, t + 0.25)), _not_polling)
+    assert _held_value(store) == 0.0
+
+
+def test_an_older_poll_from_the_other_poller_does_not_replace_a_newer_one():
+    """The first poller's dry poll started before the standby's wet one but arrived after it: dropped."""
+    store = SnapshotStore()
+    fx = _exchange(store)
+    t = time.time()
+    fx.ingest(JOB, "node02", encode(_fact("node02", True, t)), _not_polling)
+    fx.ingest(JOB, "node01", encode(_fact("node01", False, t - 0.1)), _not_polling)
+    assert _held_value(store) == 1.0
+    fx.ingest(JOB, "node01", encode(_fact("node01", True, t + 0.5)), _not_polling)  # its next poll: newer
+    assert fx.held[JOB][1] == "node01" and abs(fx.held[JOB][0] - (t + 0.5)) < 1e-6
+
+
+def test_wet_and_poll_start_read_from_the_fact():
+    t = time.time()
+    assert is_wet(_fact("n", True, t)) and not is_wet(_fact("n", False, t))
+    faulted = _fact("n", True, t)
+    faulted.readings = [make_reading(LEAK_DETECTED, 1.0, {"zone": "z", "sensor": "s"}, Quality.SENSOR_FAULT, t)]
+    assert not is_wet(faulted), "a reading that is not ok is a sensor fault, never a leak"
+    assert abs(poll_started(encode(_fact("n", False, t))) - t) < 1e-6
+    assert poll_started(b"{not json") is None
+
+
+class _Idle:
+    name, device = "leak", "leak1"
+
+    async def poll(self):
+        raise AssertionError("not polled in this test")
+
+
+def test_align_moves_a_timer_to_the_phase_asked_and_leaves_one_already_there():
+    async def run() -> None:
+        sched = SourceScheduler(SnapshotStore())
+        sched._add(SourceRunner(_Idle(), SourceSettings(interval=0.5), sched.store, 3.0))
+        sched.scheduler.start(paused=True)  # the timer is read and moved, never fired
+        try:
+            job = sched.scheduler.get_job(JOB)
+            anchor = time.time() + 100.0  # a first poller's poll start, far from this timer's phase
+            job.modify(next_run_time=dt.datetime.fromtimestamp(anchor + 0.01, dt.timezone.utc))
+            assert sched.align(JOB, anchor, 0.25)
+            moved = sched.scheduler.get_job(JOB).next_run_time.timestamp()
+            assert abs((moved - anchor - 0.25) % 0.5) < 1e-3 or abs((moved - anchor - 0.25) % 0.5 - 0.5) < 1e-3
+            assert moved >= time.time() - 0.01
+            assert not sched.align(JOB, anchor, 0.25), "already half an interval out: left alone"
+            assert not sched.align("leak/other", anchor, 0.25)
+        finally:
+            sched.scheduler.shutdown(wait=False)
+
+    asyncio.run(run())
