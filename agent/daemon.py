@@ -21,6 +21,7 @@ from agent.coordination import CoordinationCollector, build_coordinator
 from agent.exposition import build_registry, inventory_readings, render_metrics
 from agent.self_metrics import ReloadStats, self_collectors
 from agent.http import RouteMount, build_app, start_server
+from agent.memory import return_free_heap
 from agent.runtime import ScheduledSource, SourceScheduler
 from agent.sdnotify import Notifier
 from agent.snapshot import SnapshotStore
@@ -236,6 +237,7 @@ def _settle_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
+    return_free_heap()  # what start-up (or the old config) freed goes back to the kernel
 
 
 REMEDIATION_DEGRADED = gauge("supernode_remediation_degraded",
