@@ -110,7 +110,9 @@ class StaticCoordinator:
         self.peers: dict[str, str] = dict(cfg.inventory.agent_urls)  # coordination.peers folded in (deprecated)
         self.peer_tls = cfg.status.peer_tls
         self.rack = LocalRack(static_leader(loaded), self.node)
-        self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, time.time)
+        # Every static poller publishes every poll: a wet one is taken from whichever poller read it first.
+        self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, time.time,
+                                  self.shared.safety)
         self.latest: dict[str, bytes] = {}  # job -> our last fact of it (what a new subscriber gets first)
         self.subscribers: set[asyncio.Queue] = set()
         self.tasks: list[asyncio.Task] = []
