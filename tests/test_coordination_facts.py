@@ -13,6 +13,7 @@ import datetime as dt
 import time
 
 from agent.config import SourceSettings
+from agent.coordination import facts
 from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
 from agent.runtime import SourceRunner, SourceScheduler
 from agent.snapshot import SnapshotStore
@@ -82,6 +83,7 @@ def test_an_older_poll_from_the_other_poller_does_not_replace_a_newer_one():
 
 
 def test_wet_and_poll_start_read_from_the_fact():
+    assert facts.LEAK_DETECTED == LEAK_DETECTED.name
     t = time.time()
     assert is_wet(_fact("n", True, t)) and not is_wet(_fact("n", False, t))
     faulted = _fact("n", True, t)

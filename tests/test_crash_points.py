@@ -129,7 +129,8 @@ def test_sigkill_at_each_crash_point_then_restart_converges(cluster, tmp_path, c
             assert second.request("POST", "/api/v1/alerts", xid_alert("resolved"), token=WEBHOOK)[0] == 200
         # the undo happens: from the resolved alert, or (killed during undo) from the journal on restart
         wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="node01 resumed by the agent")
-        assert journal_has(state, "SELECT COUNT(*) FROM journal WHERE kind='result' AND action='drain'"
-                                  " AND result='undone'")
+        # Slurm says idle as soon as the resume lands; the agent journals the result once it has read it back.
+        wait_for(lambda: journal_has(state, "SELECT COUNT(*) FROM journal WHERE kind='result' AND action='drain'"
+                                            " AND result='undone'"), 30, what="the undo's result journaled")
     finally:
         second.stop()
