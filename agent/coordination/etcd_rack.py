@@ -83,7 +83,6 @@ class EtcdCoordinator(RackState):
         self._wet_out: set[str] = set()  # safety jobs whose last fact this standby published was wet
         self.align: Callable[[str, float, float], bool] | None = None
         self._aligned_at: dict[str, float] = {}  # job -> when this standby last checked its phase
-        self.realigned_total = 0
         self.fenced_total = 0
         self.sessions = 0
         self.last_error: str | None = None
@@ -427,7 +426,6 @@ class EtcdCoordinator(RackState):
             return
         offset = runner.settings.interval * index / self.settings.pollers_per_device
         if self.align(job, started, offset):
-            self.realigned_total += 1
             log.info("standby poll phase moved", extra={"job": job, "offset_s": round(offset, 3)})
 
     # -- decisions from the mirror ---------------------------------------------------------------------------
