@@ -21,8 +21,6 @@ override the sizes.
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import random
 import signal
@@ -31,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
@@ -39,7 +36,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 from agent.sim.etcd_cluster import EtcdCluster  # noqa: E402
 from tests.agentproc import AgentProcess  # noqa: E402
 from tests.coordination_rack import (approve, coordinated_config, incidents, is_up, journal, leaders,  # noqa: E402
-                                     metric, polls)
+                                     metric, polls, static_configs)
 from tests.helpers import free_port, wait_for  # noqa: E402
 from tests.simrack import SimRack  # noqa: E402
 
@@ -125,19 +122,7 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _leader_key(etcd: EtcdCluster) -> str | None:
-    key = base64.b64encode(b"/supernode-test/r01/leader").decode()
-    for url in etcd.endpoints:
-        try:
-            req = urllib.request.Request(url + "/v3/kv/range", data=json.dumps({"key": key}).encode(), method="POST")
-            with urllib.request.urlopen(req, timeout=1) as resp:
-                kvs = json.loads(resp.read()).get("kvs") or []
-                return base64.b64decode(kvs[0]["value"]).decode() if kvs else ""
-        except OSError:
-            continue
-    return None
-
-
+LEADER_KEY = "/supernode-test/r01/leader"
 ZONES = {"node01": "zone-a", "node02": "zone-b", "node03": "zone-c"}
 
 
@@ -168,17 +153,10 @@ def static_leaks(base: Path) -> list[float]:
     agents: list[AgentProcess] = []
     times: list[float] = []
     try:
-        cfgs = {}
-        for node in rack.sim.model.nodes:
-            work = base / "static-leak" / node
-            work.mkdir(parents=True, exist_ok=True)
-            cfgs[node] = (_light(coordinated_config(rack.sim, node, work, ["http://127.0.0.1:9"])), work)
-        urls = {n: f"http://127.0.0.1:{c['listen']['port']}" for n, (c, _) in cfgs.items()}
         shared = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
-        for cfg, work in cfgs.values():
-            cfg["inventory"]["agent_urls"] = urls
-            cfg["coordination"] = {"backend": "static", "pollers": {d: ["node01", "node02"] for d in shared}}
-            agents.append(AgentProcess(cfg, work).start())
+        for cfg, work in static_configs(rack.sim, base / "static-leak", list(rack.sim.model.nodes),
+                                        {d: ["node01", "node02"] for d in shared}):
+            agents.append(AgentProcess(_light(cfg), work).start())
         reader = agents[2]
         wait_for(lambda: metric(reader, "supernode_coordination_up", backend="static") == 1.0, 60, what="node03 up")
         wait_for(lambda: all(metric(a, "supernode_source_up", device="leak1", source="leak") == 1.0
@@ -215,7 +193,7 @@ def failover(base: Path, leak_times: list[float]) -> list[float]:
             t0 = time.monotonic()
             os.kill(leader.proc.pid, signal.SIGKILL)
             leader.proc.wait(10)
-            new = wait_for(lambda: (v := _leader_key(etcd)) not in (None, "", name) and v, 60, interval=0.01,
+            new = wait_for(lambda: (v := (etcd.get(LEADER_KEY) or b"").decode()) not in ("", name) and v, 60, interval=0.01,
                            what="new leader")
             times.append(time.monotonic() - t0)
             print(f"  kill {i + 1}: {name} -> {new} in {times[-1]:.2f} s", flush=True)

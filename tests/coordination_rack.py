@@ -30,6 +30,22 @@ def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str],
     return cfg
 
 
+def static_configs(sim: Any, base: Path, nodes: list[str], pollers: dict[str, list[str]]
+                   ) -> list[tuple[dict[str, Any], Path]]:
+    """(config, workdir) of each node's agent with `static` coordination: each shared device polled by the nodes
+    `pollers` names for it; the other nodes read those pollers' fact streams at `inventory.agent_urls`."""
+    cfgs = []
+    for node in nodes:
+        work = base / node
+        work.mkdir(parents=True, exist_ok=True)
+        cfgs.append((coordinated_config(sim, node, work, ["http://127.0.0.1:9"]), work))
+    urls = {cfg["agent"]["node"]: f"http://127.0.0.1:{cfg['listen']['port']}" for cfg, _ in cfgs}
+    for cfg, _ in cfgs:
+        cfg["inventory"]["agent_urls"] = urls
+        cfg["coordination"] = {"backend": "static", "pollers": pollers}
+    return cfgs
+
+
 def metric(agent: AgentProcess, name: str, **labels: str) -> float | None:
     status, body = agent.get("/metrics")
     if status != 200:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import coordinated_config, metric, results
+from tests.coordination_rack import metric, results, static_configs
 from tests.helpers import wait_for
 from tests.simrack import SimRack
 
@@ -23,15 +23,7 @@ def static_rack(tmp_path):
     sim = SimRack(tmp_path, nodes=2, gpus=2).start()
     agents = []
     try:
-        cfgs = {}
-        for node in ("node01", "node02"):
-            work = tmp_path / node
-            work.mkdir()
-            cfgs[node] = (coordinated_config(sim.sim, node, work, ["http://127.0.0.1:9"]), work)
-        urls = {n: f"http://127.0.0.1:{c['listen']['port']}" for n, (c, _) in cfgs.items()}
-        for node, (cfg, work) in cfgs.items():
-            cfg["inventory"]["agent_urls"] = urls
-            cfg["coordination"] = {"backend": "static", "pollers": {d: ["node01"] for d in SHARED}}
+        for cfg, work in static_configs(sim.sim, tmp_path, ["node01", "node02"], {d: ["node01"] for d in SHARED}):
             agents.append(AgentProcess(cfg, work).start())
         yield sim, agents
     finally:

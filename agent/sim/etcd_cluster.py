@@ -149,29 +149,30 @@ class EtcdCluster:
             time.sleep(0.2)
         return None
 
+    @staticmethod
+    def _range(member: EtcdMember, key: bytes) -> list[dict]:
+        """One key's kvs from one member's JSON gateway; OSError when it does not answer 200."""
+        body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
+        req = urllib.request.Request(member.url + "/v3/kv/range", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=2) as resp:
+            return json.load(resp).get("kvs") or []
+
     def healthy(self, member: EtcdMember | None = None) -> bool:
         for m in [member] if member else self.members:
             try:
-                req = urllib.request.Request(m.url + "/v3/kv/range", data=json.dumps({"key": "AA=="}).encode(),
-                                             method="POST")
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    if resp.status != 200:
-                        return False
-            except OSError:
+                self._range(m, b"\0")
+            except (OSError, ValueError):
                 return False
         return True
 
     def get(self, key: str) -> bytes | None:
         """A key's value read from the first member that answers (tests check what agents wrote), or None."""
-        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
         for m in self.members:
             try:
-                req = urllib.request.Request(m.url + "/v3/kv/range", data=body, method="POST")
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    kvs = json.load(resp).get("kvs") or []
-                return base64.b64decode(kvs[0]["value"]) if kvs else None
-            except OSError:
+                kvs = self._range(m, key.encode())
+            except (OSError, ValueError):
                 continue
+            return base64.b64decode(kvs[0]["value"]) if kvs else None
         return None
 
     def stop(self) -> None:
