@@ -24,9 +24,11 @@ import shutil
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -76,6 +78,14 @@ def rack(tmp_path_factory):
         rack.stop()
 
 
+def _side_by_side(runs: dict[str, Callable[[], "Validation"]]) -> dict[str, "Validation"]:
+    """The validator runs of one fixture at once, one per core (each is its own process, and the services
+    are separate): the module takes the time of its slower run, not of both."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        futures = {name: pool.submit(run) for name, run in runs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 @dataclass
 class Validation:
     rc: int
@@ -110,8 +120,9 @@ def _validate(rack: SimRack, url: str, authtype: str, logdir: Path) -> Validatio
 @pytest.fixture(scope="module")
 def validations(rack, tmp_path_factory) -> dict[str, Validation]:
     """One validator run per service for the whole module: the tray BMC by session, the CDU by Basic."""
-    return {"bmc": _validate(rack, rack.rf["bmcs"]["node01"], "Session", tmp_path_factory.mktemp("val-bmc")),
-            "cdu": _validate(rack, rack.rf["cdus"]["rfcdu1"], "Basic", tmp_path_factory.mktemp("val-cdu"))}
+    return _side_by_side({
+        "bmc": lambda: _validate(rack, rack.rf["bmcs"]["node01"], "Session", tmp_path_factory.mktemp("val-bmc")),
+        "cdu": lambda: _validate(rack, rack.rf["cdus"]["rfcdu1"], "Basic", tmp_path_factory.mktemp("val-cdu"))})
 
 
 def _assert_clean(v: Validation, must_cover: list[str]) -> None:
@@ -163,10 +174,11 @@ def _interop(rack: SimRack, url: str, profile: str, logdir: Path) -> Validation:
 def interop(rack, tmp_path_factory) -> dict[str, Validation]:
     """One interop run per service: the CDU against OCP's CDU profile (which requires OCP's liquid-cooling and
     service baselines), the tray BMC against OCP's service baseline (OCP publishes no compute-tray profile)."""
-    return {"cdu": _interop(rack, rack.rf["cdus"]["rfcdu1"], "OCPCoolantDistributionUnit.v1_0_0.json",
-                            tmp_path_factory.mktemp("iop-cdu")),
-            "bmc": _interop(rack, rack.rf["bmcs"]["node01"], "OCPServiceBaseline.v1_0_0.json",
-                            tmp_path_factory.mktemp("iop-bmc"))}
+    return _side_by_side({
+        "cdu": lambda: _interop(rack, rack.rf["cdus"]["rfcdu1"], "OCPCoolantDistributionUnit.v1_0_0.json",
+                                tmp_path_factory.mktemp("iop-cdu")),
+        "bmc": lambda: _interop(rack, rack.rf["bmcs"]["node01"], "OCPServiceBaseline.v1_0_0.json",
+                                tmp_path_factory.mktemp("iop-bmc"))})
 
 
 def test_dmtf_interop_validator_passes_the_cdu_against_ocps_cdu_profile(interop):

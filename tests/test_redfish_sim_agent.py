@@ -135,7 +135,7 @@ def test_an_event_brings_a_tray_leak_to_the_detector_long_before_any_poll(tmp_pa
 
 def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp_path):
     with sim_rack(tmp_path) as rack, running_agent(
-            _config(rack, tmp_path, mode="observe", interval=1.0, timeout=1.0, event_retry_seconds=30), tmp_path) \
+            _config(rack, tmp_path, mode="observe", interval=1.0, timeout=1.0, event_retry_seconds=12), tmp_path) \
             as agent:
         _ready(agent)
         wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0, 20,
@@ -150,7 +150,7 @@ def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp
         assert _value(agent, "supernode_redfish_logins_total", bmc=BMC) > logins  # polls logged in again
         wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 1.0, 20,
                  what="polling up while the stream is down")
-        # 30 s later the stream is opened again (re-subscribed) by itself.
+        # 12 s later the stream is opened again (re-subscribed) by itself.
         wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0, 60,
                  what="stream re-opened")
 
