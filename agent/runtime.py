@@ -55,6 +55,7 @@ class SourceRunner:
         self.gate: Callable[[], bool | None] | None = None
         self.holding = False  # polled since its source last let go of the device (see `_let_go`)
         self._letting_go: asyncio.Task | None = None
+        self.task: asyncio.Task | None = None  # the task of the poll in flight, if any (stop abandons it)
 
     def _attach_stream(self) -> None:
         """Give the source's event stream (if any) a store entry of its own and a thread-safe way into it."""
@@ -100,6 +101,15 @@ class SourceRunner:
         return min(self.settings.interval * 2 ** (self.failures - 1), self.settings.max_backoff)
 
     async def run_once(self) -> None:
+        try:
+            await self._run_once()
+        except asyncio.CancelledError:
+            if not self.closed:
+                raise
+            # The agent is stopping and abandoned this poll: what it waited on is no failure of the device, and
+            # raised on into apscheduler it would be logged as a job error, with a traceback, on every restart.
+
+    async def _run_once(self) -> None:
         if self.running or time.monotonic() < self.next_allowed:
             return
         if self.gate is not None:
@@ -111,14 +121,16 @@ class SourceRunner:
         self._attach_stream()
         self.running = True
         self.holding = True
+        self.task = asyncio.current_task()
         try:
             await self._poll()
         finally:
             self.running = False
+            self.task = None
         if self.again and not self.closed:
             # An event arrived during that poll: what it announced may have come after the read.
             self.again = False
-            await self.run_once()
+            await self._run_once()
 
     def _let_go(self) -> None:
         """Another agent polls this device now: a source that holds something open on it (a Redfish event
@@ -251,8 +263,19 @@ class SourceScheduler:
             self._add(SourceRunner(s.source, s.settings, self.store, stale_after_intervals))
 
     async def shutdown(self) -> None:
+        """Stop the timers, abandon the polls in flight (a slow device's answer is not waited for), close the sources.
+
+        Polls are cancelled before their sources close, so none fails on a connection closed under it and logs a
+        device failure that was only the agent stopping."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        for runner in self.runners.values():
+            runner.closed = True
+        in_flight = [r.task for r in self.runners.values() if r.task is not None and not r.task.done()]
+        for task in in_flight:
+            task.cancel()
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=2.0)
         for runner in self.runners.values():
             await _close_quietly(runner.source)
 

@@ -181,3 +181,26 @@ def test_demo_leak_story_through_the_cli(tmp_path):
                 assert set(chain) <= set(events), events
                 first = [events.index(e) for e in chain]
                 assert first == sorted(first), (chain, events)
+
+
+def test_a_stop_while_a_poll_waits_on_a_slow_device_logs_no_error(tmp_path):
+    """SIGTERM while polls wait on a slow CDU: the agent stops, exits 0 and logs no error (the poll it abandons
+    is no failure of the device, and a traceback on every restart teaches operators to ignore errors)."""
+    with sim_rack(tmp_path) as rack:
+        for name in ("admin.token", "webhook.token"):
+            (tmp_path / name).write_text("token-for-tests\n")
+        cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="observe")
+        cfg["sources"]["cdu"] = {"interval": 1.0, "timeout": 4.0}
+        cfg["sources"]["leak"] = {"interval": 1.0, "timeout": 4.0}
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: agent.get("/readyz")[0] == 200, 20, what="every source polled once")
+            device = rack.sim.devices["cdu1"]
+            rack.inject("cdu-slow", device="cdu1", ms=3000)
+            seen = device.requests
+            wait_for(lambda: device.requests > seen, 10, what="a request waiting on the slow CDU")
+            agent.signal(signal.SIGTERM)
+            assert agent.proc.wait(10) == 0, agent.log()[-3000:]
+        log = agent.log()
+        assert 'event="agent stopped"' in log
+        errors = [line for line in log.splitlines() if "level=error" in line]
+        assert not errors, "\n".join(errors)[:3000]
