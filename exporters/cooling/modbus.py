@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Literal, Mapping
 from exporters.cooling import coolant as cool
 from exporters.cooling.coolant_readings import derived_readings
 from exporters.cooling import modbus_metrics as mm
-from exporters.model import PollResult, Quality, Reading, SourceError
+from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.cooling.modbus_client import Gateway, GatewayStats, ModbusExceptionReply, gateway_for, release_gateway
 from exporters.cooling.modbus_codec import decode
 from exporters.cooling.modbus_profile import Block, Point, Profile, ProfileError, load_profile, plan_blocks
@@ -76,6 +76,7 @@ class ModbusSource:
         self.stats = GatewayStats()
         self.info: dict[str, str] = {}  # static facts read from the device (firmware), for the _info metric
         self._gateway: Gateway | None = None
+        self._plans: list[tuple[Block, list[Point], list[_PointPlan]]] | None = None
 
     # -- Source protocol ----------------------------------------------------------
 
@@ -86,21 +87,20 @@ class ModbusSource:
         partial: Counter = Counter()
         failed = 0
         last_exc: ModbusExceptionReply | None = None
-        for block in self.blocks:
+        gap_s = self.profile.device.gap_ms / 1000.0
+        for block, infos, plans in self._block_plans():
             try:
-                values = await gw.read(block.fc, block.start, block.count, self.unit,
-                                       gap_s=self.profile.device.gap_ms / 1000.0, busy_retries=self.busy_retries,
-                                       backoff_s=self.backoff_s, stats=self.stats)
+                values = await gw.read(block.fc, block.start, block.count, self.unit, gap_s=gap_s,
+                                       busy_retries=self.busy_retries, backoff_s=self.backoff_s, stats=self.stats)
             except ModbusExceptionReply as exc:
                 failed += 1
                 last_exc = exc
                 partial[f"exception_{exc.code}"] += 1
                 continue
-            for p in block.points:
-                if p.info is not None:
-                    self.info[p.info] = self._info_value(p, block, values)
-                elif self.wired(p):
-                    readings.extend(self._point_readings(p, block, values, now))
+            for p in infos:
+                self.info[p.info] = self._info_value(p, block, values)
+            for plan in plans:
+                plan.read(values, now, readings)
         if failed == len(self.blocks) and last_exc is not None:
             raise SourceError("protocol", f"{self.device}: every request refused; last: {last_exc}")
         readings = _apply_leak_faults(readings)
@@ -113,6 +113,20 @@ class ModbusSource:
                                              self.rack_power_w() if self.rack_power_w else None, now))
         readings.extend(self._counter_readings(now))
         return PollResult(readings, dict(partial))
+
+    def _block_plans(self) -> list[tuple[Block, list[Point], list["_PointPlan"]]]:
+        """Per block: its info points and a plan of each wired point, built at the first poll.
+
+        A leak source polls twice a second: working out each point's families,
+        labels and wiring again on every poll was most of what its poll cost
+        beyond the request itself."""
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = [
+                (block, [p for p in block.points if p.info is not None],
+                 [_PointPlan(self, p, block) for p in block.points if p.info is None and self.wired(p)])
+                for block in self.blocks]
+        return plans
 
     async def close(self) -> None:
         if self._gateway is not None:
@@ -176,26 +190,6 @@ class ModbusSource:
             return "unknown"
         return f"{raw * p.scale + p.offset:g}"
 
-    def _point_readings(self, p: Point, block: Block, values: list[int], now: float) -> Iterable[Reading]:
-        off = p.address - block.start
-        raw: float = values[off] if p.type == "bit" else decode(values[off:off + p.width], p.type, p.order)
-        fault = p.is_sentinel(raw)
-        if p.bits:
-            word = int(raw) & 0xFFFF
-            for n, bit in sorted(p.bits.items()):
-                q = Quality.SENSOR_FAULT if fault else Quality.OK
-                yield Reading(mm.ALL[bit.metric], float((word >> n) & 1), self._labels(bit.metric, p, bit.labels), q, now)
-        if p.metric is None:
-            return
-        device_value = raw * p.scale + p.offset
-        if p.enum is not None and int(raw) not in p.enum:
-            fault = True
-        if p.range is not None and not fault and not (p.range[0] <= device_value <= p.range[1]):
-            fault = True
-        value = p.to_base(device_value) if not math.isnan(device_value) else device_value
-        yield Reading(mm.ALL[p.metric], value, self._labels(p.metric, p, {}),
-                      Quality.SENSOR_FAULT if fault else Quality.OK, now)
-
     def _counter_readings(self, now: float) -> list[Reading]:
         out = [Reading(mm.REQUESTS, float(self.stats.requests), {"device": self.device}, timestamp=now)]
         for code, n in sorted(self.stats.exceptions.items()):
@@ -203,10 +197,52 @@ class ModbusSource:
         return out
 
 
+class _PointPlan:
+    """One wired point as every poll reads it: where it sits in its block, and the family and labels of each
+    reading it gives (label sets built once, shared by every poll's readings and never mutated)."""
+
+    __slots__ = ("point", "off", "end", "is_bit", "bits", "spec", "labels")
+
+    def __init__(self, source: ModbusSource, p: Point, block: Block):
+        self.point = p
+        self.off = p.address - block.start
+        self.end = self.off + p.width
+        self.is_bit = p.type == "bit"
+        self.bits: tuple[tuple[int, MetricSpec, Mapping[str, str]], ...] = tuple(
+            (n, mm.ALL[bit.metric], source._labels(bit.metric, p, bit.labels)) for n, bit in sorted((p.bits or {}).items()))
+        self.spec: MetricSpec | None = mm.ALL[p.metric] if p.metric is not None else None
+        self.labels: Mapping[str, str] = source._labels(p.metric, p, {}) if p.metric is not None else {}
+
+    def read(self, values: list[int], now: float, out: list[Reading]) -> None:
+        """Append this point's readings decoded from its block's `values`.
+
+        A sentinel, an unknown enum or an out-of-range value is sensor_fault, never a value; the bits of a
+        status word that is a sentinel are sensor_fault too."""
+        p = self.point
+        raw: float = values[self.off] if self.is_bit else decode(values[self.off:self.end], p.type, p.order)
+        fault = p.is_sentinel(raw)
+        if self.bits:
+            word = int(raw) & 0xFFFF
+            q = Quality.SENSOR_FAULT if fault else Quality.OK
+            for n, spec, labels in self.bits:
+                out.append(make_reading(spec, float((word >> n) & 1), labels, q, now))
+        if self.spec is None:
+            return
+        device_value = raw * p.scale + p.offset
+        if p.enum is not None and int(raw) not in p.enum:
+            fault = True
+        if p.range is not None and not fault and not (p.range[0] <= device_value <= p.range[1]):
+            fault = True
+        value = p.to_base(device_value) if not math.isnan(device_value) else device_value
+        out.append(make_reading(self.spec, value, self.labels, Quality.SENSOR_FAULT if fault else Quality.OK, now))
+
+
 def _apply_leak_faults(readings: list[Reading]) -> list[Reading]:
     """A leak input with an active cable-break/contamination/comm-loss fault cannot report a leak."""
     faulty = {(r.label("zone"), r.label("sensor")) for r in readings
               if r.spec is mm.LEAK_FAULT and (r.value >= 1 or not r.ok)}
+    if not faulty:
+        return readings
     out = []
     for r in readings:
         if r.spec is mm.LEAK_DETECTED and r.ok and (r.label("zone"), r.label("sensor")) in faulty:
