@@ -12,6 +12,8 @@ import asyncio
 import datetime as dt
 import time
 
+import pytest
+
 from agent.config import SourceSettings
 from agent.coordination import facts
 from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
@@ -106,11 +108,15 @@ def test_align_moves_a_timer_to_the_phase_asked_and_leaves_one_already_there():
         sched._add(SourceRunner(_Idle(), SourceSettings(interval=0.5), sched.store, 3.0))
         sched.scheduler.start(paused=True)  # the timer is read and moved, never fired
         try:
-            job = sched.scheduler.get_job(JOB)
+            shared = sched.timer(JOB)  # its interval's shared timer
             anchor = time.time() + 100.0  # a first poller's poll start, far from this timer's phase
-            job.modify(next_run_time=dt.datetime.fromtimestamp(anchor + 0.01, dt.timezone.utc))
+            shared.modify(next_run_time=dt.datetime.fromtimestamp(anchor + 0.01, dt.timezone.utc))
             assert sched.align(JOB, anchor, 0.25)
-            moved = sched.scheduler.get_job(JOB).next_run_time.timestamp()
+            own = sched.timer(JOB)
+            assert own.id == JOB and own.id != shared.id, "moved onto a timer of its own"
+            assert sched.scheduler.get_job(shared.id).next_run_time.timestamp() == pytest.approx(anchor + 0.01), \
+                "the shared timer (the other sources of that interval) did not move"
+            moved = own.next_run_time.timestamp()
             assert abs((moved - anchor - 0.25) % 0.5) < 1e-3 or abs((moved - anchor - 0.25) % 0.5 - 0.5) < 1e-3
             assert moved >= time.time() - 0.01
             assert not sched.align(JOB, anchor, 0.25), "already half an interval out: left alone"
