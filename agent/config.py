@@ -565,11 +565,14 @@ def _check_profiles(config: Config) -> None:
     """Every device names a shipped profile that loads: a typo fails check-config, not `run`."""
     from exporters.cooling import modbus_profile
     from exporters.power import snmp_profile
-    from exporters.redfish import profile as redfish_profile
 
     devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
                for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)]
-    devices += [(f"inventory.redfish.{e.name}.profile", e.profile, redfish_profile) for e in config.inventory.redfish]
+    if config.inventory.redfish:  # imported only when used: a node without Redfish never holds its models
+        from exporters.redfish import profile as redfish_profile
+
+        devices += [(f"inventory.redfish.{e.name}.profile", e.profile, redfish_profile)
+                    for e in config.inventory.redfish]
     devices += [(f"inventory.pdus.{p.name}.profile", p.profile, snmp_profile) for p in config.inventory.pdus
                 if p.profile != "auto"]  # auto is resolved against the device; its rules load here
     if any(p.profile == "auto" for p in config.inventory.pdus):
