@@ -193,9 +193,9 @@ class SourceScheduler:
 
     Sources of one interval share one apscheduler job, which starts each one's poll as a task of its own: each
     still polls on its own, bounded by its own timeout and backoff, and never overlaps itself, but the timer
-    fires once a tick rather than once per source (apscheduler's bookkeeping per fire was a tenth of an agent's
-    CPU at the demo's intervals), and the polls of one tick run back to back while the interpreter is warm. A
-    source whose timer moves (`align`) gets a job of its own."""
+    fires once a tick rather than once per source: apscheduler's bookkeeping is ~0.1 ms a fire, and twelve
+    jobs at the demo's intervals cost 0.19 % of a core with nothing to poll. A source whose timer moves
+    (`align`) gets a job of its own."""
 
     def __init__(self, store: SnapshotStore):
         self.store = store
