@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from typing import Callable, Iterable, Literal, Mapping
+from typing import Callable, Literal, Mapping
 
 from exporters.cooling import coolant as cool
 from exporters.cooling.coolant_readings import derived_readings
