@@ -55,7 +55,6 @@ class SourceRunner:
         self.gate: Callable[[], bool | None] | None = None
         self.holding = False  # polled since its source last let go of the device (see `_let_go`)
         self._letting_go: asyncio.Task | None = None
-        self.task: asyncio.Task | None = None  # the task of the poll in flight, if any (stop abandons it)
 
     def _attach_stream(self) -> None:
         """Give the source's event stream (if any) a store entry of its own and a thread-safe way into it."""
@@ -121,12 +120,10 @@ class SourceRunner:
         self._attach_stream()
         self.running = True
         self.holding = True
-        self.task = asyncio.current_task()
         try:
             await self._poll()
         finally:
             self.running = False
-            self.task = None
         if self.again and not self.closed:
             # An event arrived during that poll: what it announced may have come after the read.
             self.again = False
@@ -229,9 +226,6 @@ class SourceScheduler:
             if not runner.running and now >= runner.next_allowed:  # else run_once would return at once
                 self._start(runner)
 
-    async def _tick_one(self, runner: SourceRunner) -> None:
-        self._start(runner)
-
     def _start(self, runner: SourceRunner) -> None:
         task = asyncio.ensure_future(runner.run_once())
         self._tasks.add(task)  # held until done: the loop keeps only weak references to tasks
@@ -283,7 +277,7 @@ class SourceScheduler:
             job.modify(next_run_time=when)
         else:  # off its interval's shared timer, onto one of its own at the phase asked
             self._groups[interval].remove(runner)
-            self.scheduler.add_job(self._tick_one, "interval", seconds=interval, args=(runner,), id=job_id,
+            self.scheduler.add_job(self._tick, "interval", seconds=interval, args=([runner],), id=job_id,
                                    next_run_time=when, replace_existing=True)
         return True
 
@@ -321,7 +315,7 @@ class SourceScheduler:
             self.scheduler.shutdown(wait=False)
         for runner in self.runners.values():
             runner.closed = True
-        in_flight = [r.task for r in self.runners.values() if r.task is not None and not r.task.done()]
+        in_flight = list(self._tasks)  # every poll started and not done, reloaded-away runners' ones too
         for task in in_flight:
             task.cancel()
         if in_flight:

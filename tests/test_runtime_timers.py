@@ -4,12 +4,12 @@ itself (it never overlaps its own poll in flight), on a real AsyncIOScheduler.""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from agent.config import SourceSettings
 from agent.runtime import ScheduledSource, SourceScheduler
 from agent.snapshot import SnapshotStore
 from exporters.model import PollResult
+from tests.helpers import await_for
 
 
 class Counting:
@@ -42,13 +42,6 @@ class Counting:
         return None
 
 
-async def _until(cond, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 def test_one_timer_per_interval_and_a_stuck_source_holds_up_no_other():
     async def run() -> None:
         stuck = Counting("stuck", stuck=True)
@@ -61,12 +54,12 @@ def test_one_timer_per_interval_and_a_stuck_source_holds_up_no_other():
                                  ScheduledSource(slow, SourceSettings(interval=60.0, timeout=1.0))], 3.0)
             assert sorted(job.id for job in sched.scheduler.get_jobs()) == ["every 0.1s", "every 60s"]
             assert sched.timer("cdu/fast").id == sched.timer("cdu/stuck").id == "every 0.1s"
-            await _until(lambda: fast.polls_beside_stuck >= 5, 10, "polls of a source while the other one is stuck")
-            await _until(lambda: stuck.polls >= 2, 10, "the stuck poll timed out and the next one started")
+            await await_for(lambda: fast.polls_beside_stuck >= 5, 10, what="polls of a source while the other is stuck")
+            await await_for(lambda: stuck.polls >= 2, 10, what="the stuck poll timed out and the next one started")
             assert stuck.most_in_flight == 1, "a source never overlaps its own poll"
             stuck.release.set()
-            await _until(lambda: sched.store.states() and any(
-                s.device == "stuck" and s.up for s in sched.store.states()), 10, "the stuck source answering again")
+            await await_for(lambda: any(s.device == "stuck" and s.up for s in sched.store.states()), 10,
+                            what="the stuck source answering again")
             assert slow.polls == 1, "the 60 s source polled once, at its start, not on the 0.1 s timer"
         finally:
             await sched.shutdown()
