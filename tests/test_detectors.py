@@ -78,6 +78,33 @@ def test_a_lasting_flow_drop_never_becomes_the_new_baseline():
     assert _flow_events(d, _cdu(700.0, 0.0049)) == ["clear"]
 
 
+def _cdu_on_clocks(wall: float, mono: float, flow: float) -> Snapshot:
+    """A CDU snapshot as the agent takes one: readings stamped on the wall clock, the snapshot on the monotonic one."""
+    rs = [reading("supernode_cdu_flow_cubic_meters_per_second", flow, wall, cdu="cdu1", loop="secondary"),
+          reading("supernode_cdu_temperature_celsius", 30.0, wall, cdu="cdu1", loop="secondary", point="supply"),
+          reading("supernode_cdu_temperature_celsius", 35.0, wall, cdu="cdu1", loop="secondary", point="return")]
+    return Snapshot(wall, tuple(rs), (), monotonic=mono)
+
+
+def test_the_flow_baseline_window_expires_when_wall_and_monotonic_clocks_differ():
+    """The window ran on the monotonic clock against the readings' wall-clock times, so no sample ever left it: a
+    high flow of the agent's first minute stayed the baseline for good (a slow healthy drift then fired), and the
+    samples held grew by one a poll for the agent's whole life."""
+    window = 60.0
+    d = Detectors(DetectorSettings(coolant_flow_low=FAST, flow_baseline_window_seconds=window,
+                                   flow_confirm_delta_t=False), Context("n1", "r01"))
+    wall0, mono0 = 1.8e9, 5_000.0  # as on a host: the epoch against seconds since boot
+    flows = [(0, 0.005), (10, 0.0044), (100, 0.0039), (200, 0.0034), (300, 0.0030)]
+    for (start, flow), (end, _) in zip(flows, flows[1:] + [(400, None)]):
+        # Each step keeps 88 % of the last window's highest flow: healthy throughout. Against the first
+        # minute's 0.005 the step to 0.0034 reads 68 %, below the 70 % that fires.
+        for t in range(start, end):
+            events = _flow_events(d, _cdu_on_clocks(wall0 + t, mono0 + t, flow))
+            assert events == [], (t, flow, events)
+        assert d.flow_baselines.retained("cdu1") <= 2 * (window + 2), (end, d.flow_baselines.retained("cdu1"))
+    assert d.flow_baselines.flow("cdu1", mono0 + 399) == 0.0030
+
+
 def test_configured_nominal_flow_is_the_baseline():
     d = Detectors(DetectorSettings(coolant_flow_low=FAST, nominal_flow_cubic_meters_per_second=0.01),
                   Context("n1", "r01"))

@@ -343,7 +343,7 @@ class Detectors:
         delta_t = ret - sup if sup is not None and ret is not None else None
         nominal = s.nominal_flow_cubic_meters_per_second or base.flow(cdu, now)
         if nominal is None:  # the first sample starts the baseline
-            base.add(cdu, flow.timestamp, flow.value, delta_t)
+            base.add(cdu, flow.timestamp, flow.value, delta_t, now)
             return None
         if nominal <= 0:
             return None
@@ -358,7 +358,7 @@ class Detectors:
             if delta_t < mean_dt + s.flow_confirm_delta_t_rise_celsius:
                 cond = None  # flow reads low but the loop carries heat as before: a meter, not the loop
         if cond is False:
-            base.add(cdu, flow.timestamp, flow.value, delta_t)
+            base.add(cdu, flow.timestamp, flow.value, delta_t, now)
         return Observation("coolant_flow_low", targets_of(cdu=cdu), "critical", cond, detail=detail)
 
     # -- GPUs --------------------------------------------------------------------
