@@ -19,6 +19,9 @@ GPU_PERSONALITIES = ("h100", "gb200")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from agent.memory import skip_system_mime_types
+
+    skip_system_mime_types()  # before the daemon's modules import aiohttp.web
     from agent.daemon import run
     from agent.logs import setup_logging
 

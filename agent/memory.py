@@ -10,6 +10,8 @@ node's 66.8 (bench/bench_overhead.py). Not glibc (musl): nothing to do. Capping 
 from __future__ import annotations
 
 import ctypes
+import mimetypes
+import sys
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -26,3 +28,17 @@ def return_free_heap() -> bool:
         return libc is not None and bool(libc.malloc_trim(0))
     except AttributeError:
         return False
+
+
+def skip_system_mime_types() -> bool:
+    """Keep aiohttp from loading the system's MIME database into the daemon; True if it was still unread.
+
+    Why: aiohttp builds its static-file type map when `aiohttp.web` is first imported, and that reads
+    /etc/mime.types (~2,000 types on Debian) into the process for good: 0.35 MiB of the demo node's resident
+    memory (bench/bench_overhead.py, A/B over three runs each). The agent serves no files, so Python's
+    built-in table of common types is plenty. Call it before `aiohttp.web` is imported: a database that is
+    already loaded stays as it is."""
+    if mimetypes.inited or "aiohttp.web" in sys.modules:
+        return False
+    mimetypes.knownfiles = []
+    return True

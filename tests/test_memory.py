@@ -25,3 +25,34 @@ def test_freed_heap_inside_the_heap_goes_back_to_the_kernel():
     after = _rss_anon_kib()
     assert before - after > 40 * 1024, (before, after)
     assert keep.endswith(b"top")
+
+
+def _types_seen_by_the_daemon(tmp_path: Path, skip: bool) -> str:
+    """Start `supernode-agent run` in a fresh interpreter whose 'system' MIME database is a file of ours, and
+    say what type that database's one entry got (the config is absent, so the daemon stops right after its
+    imports)."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "mime.types"
+    db.write_text("application/x-supernode-test  snx\n")
+    code = (
+        "import mimetypes, sys\n"
+        f"mimetypes.knownfiles = [{str(db)!r}]\n"
+        "from agent import cli, memory\n"
+        + ("" if skip else "memory.skip_system_mime_types = lambda: False\n")
+        + f"rc = cli.main(['--config', {str(tmp_path / 'absent.yaml')!r}, 'run'])\n"
+        "assert rc == 2, rc\n"
+        "assert 'aiohttp.web' in sys.modules\n"
+        "print(mimetypes.guess_type('a.snx')[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_the_daemon_does_not_load_the_systems_mime_database(tmp_path):
+    # Control: left alone, importing the daemon's HTTP stack (aiohttp.web) reads the database.
+    assert _types_seen_by_the_daemon(tmp_path, skip=False) == "application/x-supernode-test"
+    assert _types_seen_by_the_daemon(tmp_path, skip=True) == "None"
