@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from agent.sim.ports import free_port  # noqa: E402
+from timing import machine_reference  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -210,6 +211,7 @@ def main() -> int:
             log.close()
 
     pcts = [100 * (b - a) / (t1 - t0) for a, b in zip(c0, c1)]
+    print(f"machine: {machine_reference()}")
     if args.layout == "demo":
         print(f"layout: demo ({len(agents)} agents, Redfish BMC and CDU, "
               f"{'etcd coordination' if coordinated else 'no etcd installed: static coordination'})")

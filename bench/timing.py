@@ -32,3 +32,30 @@ def until(cond: Callable[[], object], timeout: float, what: str, step: float = 0
             raise TimeoutError(what)
         time.sleep(step)
     return value
+
+
+def _reference_work() -> int:
+    """A fixed slice of the kind of work the agent does: small tuples and dicts, lookups, arithmetic."""
+    counts: dict[tuple[int, str], int] = {}
+    for i in range(200_000):
+        key = (i & 1023, "gpu")
+        counts[key] = counts.get(key, 0) + i
+    return len(counts)
+
+
+def machine_reference(runs: int = 7) -> str:
+    """The CPU model and the median CPU time of a fixed pure-Python workload, printed beside a benchmark's figures.
+
+    Why: "% of a core" depends on the core. Two sessions' VMs ran the same commit of the agent at 1.2 % and
+    2.2 %, so a figure is only comparable with another one next to the time this same workload took there."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    _, cpu = median_wall_cpu(_reference_work, runs)
+    return f"{model}, reference workload {cpu * 1000:.1f} ms (bench/timing.py machine_reference)"
