@@ -9,7 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from agent.remediation.detectors import Context, Detectors
+from agent.remediation.flow_baseline import FlowBaselines
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot
 from exporters.cooling import modbus_metrics
@@ -386,3 +390,29 @@ def test_a_leak_back_within_its_clear_hold_is_still_confirmed_at_once():
     assert not d.leak_awaiting_confirmation()
     assert at(3.0, 1.0) == [] and d.leak_awaiting_confirmation()  # wet again after dry: confirm at once
     assert at(3.1, 1.0) == [] and not d.leak_awaiting_confirmation()
+
+
+_SAMPLES = st.lists(st.tuples(st.floats(0.0, 40.0), st.floats(0.0, 0.01), st.one_of(st.none(), st.floats(-5.0, 15.0))),
+                    max_size=80)
+
+
+@given(_SAMPLES)
+def test_the_flow_baseline_agrees_with_every_sample_kept_and_scanned(samples):
+    """The falling run and the running sum give what a scan of every sample of the window gives (the newest one
+    kept when all are older), with each query made right after its sample as the detector makes it."""
+    window = 30.0
+    base, kept_flow, kept_dt, now = FlowBaselines(window, 0.0), [], [], 0.0
+    for step, (gap, flow, delta_t) in enumerate(samples):
+        now += gap
+        base.add("c", float(step), flow, delta_t, now)
+        kept_flow.append((now, flow))
+        if delta_t is not None:
+            kept_dt.append((now, delta_t))
+        in_flow = [v for t, v in kept_flow if now - t <= window] or [kept_flow[-1][1]]
+        assert base.flow("c", now) == max(in_flow)
+        in_dt = [v for t, v in kept_dt if now - t <= window] or [v for _, v in kept_dt[-1:]]
+        got = base.delta_t("c", now)
+        if not in_dt:
+            assert got is None
+        else:
+            assert abs(got - sum(in_dt) / len(in_dt)) <= 1e-9, (got, in_dt)
