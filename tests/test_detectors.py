@@ -31,19 +31,21 @@ def reading(metric: str, value: float, ts: float | None = None, **labels: str) -
     return Reading(SPECS[metric], value, labels, Quality.OK, time.time() if ts is None else ts)
 
 
-def snap(*readings: Reading, at: float) -> Snapshot:
-    return Snapshot(at, tuple(readings), ())
+def snap(*readings: Reading, at: float, monotonic: float | None = None) -> Snapshot:
+    return Snapshot(at, tuple(readings), (), monotonic=monotonic)
 
 FAST = {"fire_seconds": 0.0, "clear_seconds": 0.0}
 
 
-def _cdu(t: float, flow: float, setpoint: float | None = None, supply: float = 30.0, ret: float = 35.0):
+def _cdu(t: float, flow: float, setpoint: float | None = None, supply: float = 30.0, ret: float = 35.0,
+         monotonic: float | None = None):
+    """A CDU snapshot at wall time `t`; `monotonic` apart from it as on a host (default: the same clock)."""
     rs = [reading("supernode_cdu_flow_cubic_meters_per_second", flow, t, cdu="cdu1", loop="secondary"),
           reading("supernode_cdu_temperature_celsius", supply, t, cdu="cdu1", loop="secondary", point="supply"),
           reading("supernode_cdu_temperature_celsius", ret, t, cdu="cdu1", loop="secondary", point="return")]
     if setpoint is not None:
         rs.append(reading("supernode_cdu_pump_speed_setpoint_ratio", setpoint, t, cdu="cdu1"))
-    return snap(*rs, at=t)
+    return snap(*rs, at=t, monotonic=monotonic)
 
 
 def _flow_events(d: Detectors, s) -> list[str]:
@@ -82,14 +84,6 @@ def test_a_lasting_flow_drop_never_becomes_the_new_baseline():
     assert _flow_events(d, _cdu(700.0, 0.0049)) == ["clear"]
 
 
-def _cdu_on_clocks(wall: float, mono: float, flow: float) -> Snapshot:
-    """A CDU snapshot as the agent takes one: readings stamped on the wall clock, the snapshot on the monotonic one."""
-    rs = [reading("supernode_cdu_flow_cubic_meters_per_second", flow, wall, cdu="cdu1", loop="secondary"),
-          reading("supernode_cdu_temperature_celsius", 30.0, wall, cdu="cdu1", loop="secondary", point="supply"),
-          reading("supernode_cdu_temperature_celsius", 35.0, wall, cdu="cdu1", loop="secondary", point="return")]
-    return Snapshot(wall, tuple(rs), (), monotonic=mono)
-
-
 def test_the_flow_baseline_window_expires_when_wall_and_monotonic_clocks_differ():
     """The window ran on the monotonic clock against the readings' wall-clock times, so no sample ever left it: a
     high flow of the agent's first minute stayed the baseline for good (a slow healthy drift then fired), and the
@@ -103,7 +97,7 @@ def test_the_flow_baseline_window_expires_when_wall_and_monotonic_clocks_differ(
         # Each step keeps 88 % of the last window's highest flow: healthy throughout. Against the first
         # minute's 0.005 the step to 0.0034 reads 68 %, below the 70 % that fires.
         for t in range(start, end):
-            events = _flow_events(d, _cdu_on_clocks(wall0 + t, mono0 + t, flow))
+            events = _flow_events(d, _cdu(wall0 + t, flow, monotonic=mono0 + t))
             assert events == [], (t, flow, events)
         assert d.flow_baselines.retained("cdu1") <= 2 * (window + 2), (end, d.flow_baselines.retained("cdu1"))
     assert d.flow_baselines.flow("cdu1", mono0 + 399) == 0.0030
