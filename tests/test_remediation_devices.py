@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -331,17 +332,29 @@ CHILD = textwrap.dedent("""\
 
 
 class HoldAfterSet:
-    """Middleware: lets a power-limit POST take effect in the model, then holds the answer while `hold` is set."""
+    """Middleware: lets a power-limit POST take effect in the model, then holds the answer while `hold` is set.
+    With `journal`, it also reads which intents that file holds on disk the moment each write arrives."""
 
-    def __init__(self):
+    def __init__(self, journal: Path | None = None):
         self.sets: list[int] = []
         self.hold = True
         self.released = threading.Event()
+        self.journal = journal
+        self.intents_on_disk_at_set: list[list[str]] = []
+
+    def _intents_on_disk(self) -> list[str]:
+        db = sqlite3.connect(f"file:{self.journal}?mode=ro", uri=True)
+        try:
+            return [r[0] for r in db.execute("SELECT action FROM journal WHERE kind = 'intent' ORDER BY seq")]
+        finally:
+            db.close()
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
         resp = await handler(request)
         if request.method == "POST" and request.path.endswith("/power-limit"):
+            if self.journal is not None:
+                self.intents_on_disk_at_set.append(await asyncio.to_thread(self._intents_on_disk))
             self.sets.append(int(request.match_info["index"]))
             if self.hold:
                 await asyncio.to_thread(self.released.wait, 30)
@@ -351,7 +364,7 @@ class HoldAfterSet:
 def test_sigkill_between_power_cap_intent_and_result(tmp_path):
     model = RackModel(nodes=2, gpus_per_node=2)
     model.set_power_limit("node01", 1, 650_000)  # the limit undo must restore (not the 700 W default)
-    gate = HoldAfterSet()
+    gate = HoldAfterSet(journal=tmp_path / "journal.db")
     srv = NvmlSimServer(model, middlewares=(gate.middleware,)).start()
     cfg = config(tmp_path, {}, sources={"nvml": {"backend": "sim", "sim_url": srv.url}})
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=str(REPO / "tests"), repo=str(REPO), cfg=cfg)])
@@ -359,6 +372,8 @@ def test_sigkill_between_power_cap_intent_and_result(tmp_path):
         wait_for(lambda: gate.sets, timeout=30, what="power limit set by the child")
         child.send_signal(signal.SIGKILL)
         assert child.wait(timeout=10) == -signal.SIGKILL
+        # ordering, not luck: the intent was committed before the write reached the device
+        assert gate.intents_on_disk_at_set == [["gpu_power_cap"]]
         assert model.gpu("node01", 1).power_limit_mw == 525_000  # 75 % of 700 W took effect, unjournaled
         gate.hold = False
         gate.released.set()

@@ -25,15 +25,19 @@ def cluster():
     c.cleanup()
 
 
+async def _engine_after_bobs_drain(cluster, tmp_path) -> tuple[SlurmScheduler, RemediationEngine]:
+    """A started engine on the three-node cluster (max_drained_nodes 2) after a person drained node02."""
+    sched = SlurmScheduler(slurm_conf=cluster.conf)
+    eng = engine(tmp_path, executors=Executors(scheduler=sched), inv=inventory(nodes=("node01", "node02", "node03")),
+                 max_drained_nodes=2, max_drained_fraction=1.0)
+    await eng.start()
+    assert cluster.scontrol("update", "NodeName=node02", "State=DRAIN", "Reason=bob: fan swap").returncode == 0
+    return sched, eng
+
+
 def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_path):
     async def main():
-        sched = SlurmScheduler(slurm_conf=cluster.conf)
-        inv = inventory(nodes=("node01", "node02", "node03"))
-        eng = engine(tmp_path, executors=Executors(scheduler=sched), inv=inv, max_drained_nodes=2,
-                     max_drained_fraction=1.0)
-        await eng.start()
-        # a person drains node02: it counts for blast radius and is never resumed by us
-        assert cluster.scontrol("update", "NodeName=node02", "State=DRAIN", "Reason=bob: fan swap").returncode == 0
+        sched, eng = await _engine_after_bobs_drain(cluster, tmp_path)  # counts for blast radius, never resumed
         a = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
         await await_for(lambda: a.state == "mitigated", timeout=20)
         st = await sched.state("node01")
@@ -54,6 +58,31 @@ def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_pa
         await eng.stop()
     asyncio.run(main())
     cluster.scontrol("update", "NodeName=node02", "State=RESUME")
+
+
+def test_two_drains_checked_at_once_pass_the_blast_radius_one_at_a_time(cluster, tmp_path):
+    """Two incidents on two nodes fire in the same instant. Each drain asks `sinfo` (a subprocess: the loop
+    runs the other step meanwhile), so both see one node drained; the first to pass holds its place and the
+    second counts it: max_drained_nodes=2 holds, with one drain blocked by blast_radius."""
+    async def main():
+        sched, eng = await _engine_after_bobs_drain(cluster, tmp_path)
+        a = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical", source="alertmanager")
+        b = eng.fire("gpu_xid_critical", {"node": "node03"}, "critical", source="alertmanager")
+        await await_for(lambda: {a.state, b.state} <= {"mitigated", "failed"}, timeout=30, what="both steps ended")
+        assert {a.state, b.state} == {"mitigated", "failed"}, cluster.states()
+        states = cluster.states()
+        assert sorted(n for n in ("node01", "node03") if states[n] in ("drained", "draining")) == \
+            [("node01" if a.state == "mitigated" else "node03")]
+        assert [e.detail["guardrail"] for e in results(eng, kind="blocked", action="drain")] == ["blast_radius"]
+        eng.clear("gpu_xid_critical", {"node": "node01"})
+        eng.clear("gpu_xid_critical", {"node": "node03"})
+        await await_for(lambda: all(cluster.states().get(n) == "idle" for n in ("node01", "node03")), timeout=20,
+                        what="our drain resumed")
+        await eng.stop()
+    try:
+        asyncio.run(main())
+    finally:
+        cluster.scontrol("update", "NodeName=node02", "State=RESUME")
 
 
 def test_checkpoint_signal_reaches_the_running_job_before_the_drain(cluster, tmp_path):

@@ -13,17 +13,19 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .actions.slurm import SchedulerError
-from .guardrails import Guardrails
+from .guardrails import Guardrails, Reservation
 
 SCHEDULER_UNREACHABLE = "scheduler_unreachable"
 
 
 async def check_drain(scheduler: Any, guard: Guardrails, rack_nodes: Sequence[str], node: str,
-                      rack: Any = None) -> tuple[str, str] | None:
+                      rack: Any = None, held: Reservation | None = None) -> tuple[str, str] | None:
     """(guardrail, why) if draining `node` is blocked; None if allowed (or the node is already out).
 
     `rack` (agent.coordination): with etcd, the count also holds the drains other agents are making at
-    this moment, and the decision is reserved atomically, so racing agents never pass the limit together."""
+    this moment, and the decision is reserved atomically, so racing agents never pass the limit together.
+    `held`: the step's reservation; an allowed drain is counted in it before anything else runs on the loop,
+    so this agent's own steps checked meanwhile count it too."""
     try:
         states = await scheduler.list(list(rack_nodes) or None)
     except SchedulerError as exc:
@@ -33,5 +35,9 @@ async def check_drain(scheduler: Any, guard: Guardrails, rack_nodes: Sequence[st
     drained = [n for n, st in states.items() if st.drained and n != node]
     # Without an inventory node list the scheduler's whole answer is the "rack" (documented fallback).
     if rack is not None:
-        return await rack.check_drain(node, drained, len(rack_nodes) or len(states), guard)
-    return guard.check_blast_radius(drained, len(rack_nodes) or len(states), node)
+        blocked = await rack.check_drain(node, drained, len(rack_nodes) or len(states), guard)
+    else:
+        blocked = guard.check_blast_radius(drained, len(rack_nodes) or len(states), node)
+    if blocked is None and held is not None:
+        held.hold_drain(node)
+    return blocked

@@ -28,7 +28,7 @@ from .blast import SCHEDULER_UNREACHABLE, check_drain
 from .decisions import LoggedJournal
 from .journal import Journal, Retention
 from .detectors import Context, Detectors
-from .guardrails import MONOTONIC, Guardrails
+from .guardrails import MONOTONIC, Guardrails, Reservation
 from .incidents import DURATION_BUCKETS, Incident, IncidentBook
 from .maintenance import Maintenance
 from .restored import seed_restored
@@ -555,9 +555,12 @@ class RemediationEngine:
         pdu = next((p for p in self.inventory.pdus if p.name == target.get("pdu")), None)
         return pdu.outlets.get(target.get("outlet", "")) if pdu is not None else None
 
-    async def _check(self, inc: Incident, book: Playbook, step: Step,
-                     target: Mapping[str, str]) -> tuple[str, str] | None:
-        """(guardrail, why in words) when the step may not run now, else None."""
+    async def _reserve(self, inc: Incident, book: Playbook, step: Step,
+                       target: Mapping[str, str]) -> Reservation | tuple[str, str]:
+        """The step's place in the guardrails when it may run now, else (guardrail, why in words).
+
+        Why a place is held: the checks that await (the scheduler's count, etcd) and everything after them
+        (plan, approval, the intent on disk) let other steps be checked meanwhile; they count this one."""
         g, tgt = self.guard, target_str(target)
         name = g.check_breaker() or g.check_rate(step.action) or g.check_cooldown(step.action, tgt)
         if name:
@@ -565,11 +568,20 @@ class RemediationEngine:
         node = self._node_of(target)
         if self.maintenance.active(node):
             return "maintenance", self.maintenance.why(node)
-        if step.action == "drain" and self.executors.scheduler is not None:
-            blocked = await check_drain(self.executors.scheduler, g, self.inventory.nodes, target["node"], self.rack)
-            if blocked:
-                return blocked
-        return await self.rack.reserve_action(step.action, g)  # rack-wide breaker and rates (etcd)
+        held = g.reserve(step.action, tgt)  # no await since the checks above
+        try:
+            blocked = None
+            if step.action == "drain" and self.executors.scheduler is not None:
+                blocked = await check_drain(self.executors.scheduler, g, self.inventory.nodes, target["node"],
+                                            self.rack, held)
+            blocked = blocked or await self.rack.reserve_action(step.action, g)  # rack-wide breaker, rates (etcd)
+        except BaseException:
+            held.release()
+            raise
+        if blocked:
+            held.release()
+            return blocked
+        return held
 
     def _retry_later(self, inc: Incident, book: Playbook, idx: int, step: Step, target: Mapping[str, str]) -> float:
         """Run a step blocked by an unreachable scheduler again after a doubling delay, until it runs or the
@@ -666,9 +678,18 @@ class RemediationEngine:
         if mode == "observe":
             self._block(inc, book, step, aid, tgt, "mode", "observe mode: the agent records what it would do")
             return "blocked"
-        blocked = await self._check(inc, book, step, target)
-        if blocked:
-            return self._blocked_step(inc, book, idx, step, aid, target, *blocked)
+        held = await self._reserve(inc, book, step, target)
+        if not isinstance(held, Reservation):
+            return self._blocked_step(inc, book, idx, step, aid, target, *held)
+        try:
+            return await self._act(inc, book, idx, step, aid, target, act, mode, ctx, held)
+        finally:
+            held.release()
+
+    async def _act(self, inc: Incident, book: Playbook, idx: int, step: Step, aid: str, target: Mapping[str, str],
+                   act: Any, mode: str, ctx: Mapping[str, Any], held: Reservation) -> str:
+        """A step past the guardrails: approval, plan, intent on disk, the write, its result."""
+        tgt = target_str(target)
         person_took_it = False
         if step.targets in SHARED_TARGETS and self.rack.role() == "degraded" and mode == "enforce":
             # Coordination lost: no agent can prove it leads. Queue the shared step: it runs here if a
@@ -693,8 +714,10 @@ class RemediationEngine:
         plan = carry_ownership(plan, self.journal.intent(aid))
         if mode == "dry-run":
             return self._result(inc, book, step, aid, tgt, "dry_run", {"plan": plan, "phase": "apply"})
-        self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
-                            target=tgt, detail={"plan": plan, "params": step.params, "phase": "apply"})
+        seq = self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name,
+                                  action=step.action, target=tgt,
+                                  detail={"plan": plan, "params": step.params, "phase": "apply"})
+        on_disk = await self._intent_on_disk(seq, aid)
         if self.first_action_at is None:
             self.first_action_at = self.clock()
         token = UNFENCED.set(person_took_it)
@@ -703,17 +726,31 @@ class RemediationEngine:
         except ActionError as exc:  # a guardrail only the write itself can check: the leader's fence
             self.blocked_total[(book.name, exc.guardrail or "")] = self.blocked_total.get((book.name, exc.guardrail or ""), 0) + 1
             return self._result(inc, book, step, aid, tgt, "blocked", {"phase": "apply", "guardrail": exc.guardrail,
-                                                                       "why": str(exc), "not_applied": True})
+                                                                       "why": str(exc), "not_applied": True,
+                                                                       "intent_on_disk": on_disk})
         finally:
             UNFENCED.reset(token)
-        self.guard.record(step.action, tgt)
+        held.commit()
         if isinstance(res, ActionResult):
             if not res.skipped or res.before.get("owned") is False:
                 self._hold(step.action, tgt, inc.id, aid, res, step.params)
             return self._result(inc, book, step, aid, tgt, "done",
                                 {"phase": "apply", "message": res.message, "before": res.before, "after": res.after,
-                                 "skipped": res.skipped, "params": step.params})
-        return self._result(inc, book, step, aid, tgt, "failed", {"phase": "apply", "error": res, "escalated": True})
+                                 "skipped": res.skipped, "params": step.params, "intent_on_disk": on_disk})
+        return self._result(inc, book, step, aid, tgt, "failed", {"phase": "apply", "error": res, "escalated": True,
+                                                                  "intent_on_disk": on_disk})
+
+    async def _intent_on_disk(self, seq: int, aid: str) -> bool:
+        """Wait (bounded) until the intent row is committed, so a crash after the write still leaves the
+        intent for the restart to reconcile. Why bounded: a slow or full state disk must delay a safety step
+        by at most `intent_commit_wait_seconds`, never stop it; past that the step acts and its result says
+        `intent_on_disk: false`."""
+        if await self.journal.committed(seq, self.settings.intent_commit_wait_seconds):
+            return True
+        log.warning("acting before the intent reached the disk", extra={
+            "action_id": aid, "journal_error": self.journal.last_error,
+            "wait_seconds": self.settings.intent_commit_wait_seconds})
+        return False
 
     def _blocked_step(self, inc: Incident, book: Playbook, idx: int, step: Step, aid: str,
                       target: Mapping[str, str], guardrail: str, why: str) -> str:
@@ -817,11 +854,13 @@ class RemediationEngine:
                             "rejected or the agent stopped", phase="undo")
                 return "blocked"
         act = self.actions[kind]
-        self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind, target=tgt,
-                            detail={"phase": "undo", "apply_action_id": apply_id, "params": eff["params"],
-                                    # the apply's plan: reconcile asks "is the apply still in effect?"
-                                    "plan": {"before": eff["before"], "want_watts": eff["after"].get("limit_watts"),
-                                             "reason": eff["after"].get("reason", "")}})
+        seq = self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
+                                  target=tgt, detail={
+                                      "phase": "undo", "apply_action_id": apply_id, "params": eff["params"],
+                                      # the apply's plan: reconcile asks "is the apply still in effect?"
+                                      "plan": {"before": eff["before"], "want_watts": eff["after"].get("limit_watts"),
+                                               "reason": eff["after"].get("reason", "")}})
+        on_disk = await self._intent_on_disk(seq, aid)
         try:
             res = await self._attempt(lambda: act.undo(target, eff["before"], eff["after"], eff["params"]))
         except ActionError as exc:  # refused at the write (fencing): kept, for the leader or a person
@@ -835,7 +874,8 @@ class RemediationEngine:
             self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
                                 target=tgt, result="undone", detail={"phase": "undo", "apply_action_id": apply_id,
                                                                      "message": res.message, "after": res.after,
-                                                                     "skipped": res.skipped})
+                                                                     "skipped": res.skipped,
+                                                                     "intent_on_disk": on_disk})
             self._count(book.name, kind, "undone")
             return "undone"
         self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind, target=tgt,

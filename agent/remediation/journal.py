@@ -29,7 +29,10 @@ Why a writer thread: a full or slow state disk must never stop a safety
 step nor the event loop. `append` only queues the row (with its sequence
 number) in memory; one thread commits the queue in order and, while the
 disk refuses, retries with backoff (capped) and keeps the rows, so they
-land once it recovers. Reads merge the committed rows with the queued
+land once it recovers. A step about to write to a device awaits
+`committed(seq)` for its intent (bounded by the caller), which the writer
+thread resolves after the commit, so "intent on disk before the device
+write" holds whenever the disk answers in time. Reads merge the committed rows with the queued
 ones, and the indexes the engine asks on its hot path (last result of an
 action, its first intent, webhook alerts seen) live in memory.
 
@@ -40,6 +43,7 @@ file is kept (`journal.db.corrupt-<time>`) for a person to look at.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -124,6 +128,11 @@ def _entry(row: tuple) -> Entry:
 
 class JournalError(Exception):
     """The journal cannot be opened (not even a fresh one): remediation runs degraded."""
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(True)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -277,6 +286,9 @@ class Journal:
         self._last_result: dict[str, Entry] = {}
         self._first_intent: dict[str, Entry] = {}
         self._alerts: set[tuple[str, str, str]] = set()
+        self._committed_seq = 0  # every row up to this one is on disk
+        self._commit_waiters: list[tuple[int, asyncio.Future]] = []
+        self._stalled = False  # a wait ran out and nothing has committed since: later waits do not wait
         self._thread: threading.Thread | None = None
         self._closing = False
         self._opened = False
@@ -298,6 +310,7 @@ class Journal:
             for e in self._read_db(0):
                 self._index(e)
                 self._next_seq = max(self._next_seq, e.seq + 1)
+            self._committed_seq = self._next_seq - 1
             for row in self._db.execute("SELECT fingerprint, starts_at, status FROM webhook_alerts"):
                 self._alerts.add(tuple(row))
             self._opened = True
@@ -424,10 +437,59 @@ class Journal:
             with self._cond:
                 for _ in batch:
                     self._pending.popleft()
+                self._committed_seq = max([self._committed_seq] + [v[0] for t, v in batch if t == "journal"])
+                self._stalled = False
+                self._wake_committed()
                 if not self.writable:
                     log.warning("journal writable again: queued rows written", extra={"rows": len(batch)})
                 self.writable = True
                 self._cond.notify_all()
+
+    def _wake_committed(self) -> None:
+        """Resolve the waits for rows now on disk (writer thread, under the lock)."""
+        still = []
+        for seq, fut in self._commit_waiters:
+            if seq > self._committed_seq:
+                still.append((seq, fut))
+                continue
+            try:
+                fut.get_loop().call_soon_threadsafe(_resolve, fut)
+            except RuntimeError:  # its loop has closed: nobody waits any more
+                pass
+        self._commit_waiters = still
+
+    async def committed(self, seq: int, timeout: float) -> bool:
+        """True once row `seq` is on disk; False at once when the disk is known to refuse (or a previous
+        wait ran out with nothing committed since), else after `timeout` seconds without its commit.
+        Why False at once: a disk that is full or hung must cost one wait, not one per step."""
+        with self._cond:
+            if self._committed_seq >= seq:
+                return True
+            if self.readonly or not self.writable or self._stalled or timeout <= 0:
+                return False
+            fut = asyncio.get_running_loop().create_future()
+            entry = (seq, fut)
+            self._commit_waiters.append(entry)
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+            return True
+        except TimeoutError:
+            with self._cond:
+                if self._committed_seq >= seq:
+                    return True
+                self._stalled = True
+            return False
+        finally:
+            with self._cond:
+                if entry in self._commit_waiters:
+                    self._commit_waiters.remove(entry)
+
+    @property
+    def commit_waits(self) -> int:
+        """Steps waiting now for their intent to reach the disk."""
+        with self._cond:
+            return len(self._commit_waiters)
 
     def _commit(self, batch: list[tuple]) -> None:
         db = self._db

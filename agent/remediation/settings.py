@@ -167,6 +167,10 @@ class RemediationSettings(_Strict):
     notify_timeout_seconds: float = Field(default=5.0, gt=0)
     device_timeout_seconds: float = Field(default=5.0, gt=0, description=(
         "Budget of one blocking device call in remediation (NVML, links, Modbus, PDU); past it the step fails."))
+    intent_commit_wait_seconds: float = Field(default=1.0, ge=0, description=(
+        "Before a step writes to a device it waits this long at most for its intent to reach the journal's "
+        "disk (normally one fsync), so a crash mid-write leaves an intent to reconcile; a slow or full disk "
+        "delays a step by no more than this, and the result then says intent_on_disk: false."))
     exec_allow: dict[str, ExecProgram] = Field(default_factory=dict, description="Name -> program exec steps may run.")
     link_control: LinkControlSettings = LinkControlSettings()
     rack_leader: str | None = Field(default=None, description=(
