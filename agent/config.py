@@ -374,6 +374,10 @@ class NvmlSettings(SourceSettings):
     xid_events: bool = True
     gpu_timeout: float = Field(default=0.5, gt=0, le=60, description="Seconds one GPU's reads may take in a poll; "
                                "a GPU that takes longer is reported hung and skipped until it answers again.")
+    counters_interval: float = Field(default=5.0, ge=0, le=3600, description=(
+        "Seconds between reads of the error counters (NVLink, C2C, ECC, remapped rows, PCIe replays), rounded to "
+        "a whole number of polls and at least one: power, temperatures, clocks, throughput and link state are "
+        "read every poll. Between reads the last read stands. 0: every poll."))
 
     @model_validator(mode="after")
     def _gpu_timeout_fits(self) -> "NvmlSettings":

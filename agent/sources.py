@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from agent.config import LoadedConfig
+from agent.config import LoadedConfig, NvmlSettings
 from agent.runtime import ScheduledSource
 from exporters.base import Source
 
@@ -39,8 +39,14 @@ def _nvml(loaded: LoadedConfig) -> list[ScheduledSource]:
     from exporters.gpu.nvml import NvmlSource
 
     src = NvmlSource(nvml_library(loaded), cfg.inventory.gpus.count, cfg.inventory.gpus.nvlinks_per_gpu,
-                     call_timeout=settings.timeout, xid_events=settings.xid_events, gpu_timeout=settings.gpu_timeout)
+                     call_timeout=settings.timeout, xid_events=settings.xid_events, gpu_timeout=settings.gpu_timeout,
+                     counters_every=counters_every(settings))
     return [ScheduledSource(src, settings)]
+
+
+def counters_every(settings: NvmlSettings) -> int:
+    """Polls between reads of the NVML error counters: `counters_interval` in whole polls, at least one."""
+    return max(1, round(settings.counters_interval / settings.interval))
 
 
 def _links(loaded: LoadedConfig) -> list[ScheduledSource]:

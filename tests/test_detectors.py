@@ -136,6 +136,33 @@ def test_nvlink_rate_at_the_alert_threshold_does_not_fire_and_high_ber_does():
     assert [(e.kind, e.detail["links_ber_high"]) for e in ev] == [("fire", ["3"])]
 
 
+def test_nvlink_counters_given_again_between_reads_keep_their_rate_until_the_next_read():
+    """The NVML source reads error counters every few polls and gives the same readings again in between (with
+    their own timestamps): the rate stays the one of the last read, and the next read moves it, both ways."""
+    d = Detectors(DetectorSettings(nvlink_errors=FAST), Context("n1", "r01"))
+
+    def up(t: float) -> Reading:
+        return reading("supernode_nvlink_up", 1.0, t, gpu="0", uuid="u0", link="1")
+
+    def rate(events_and_snapshot) -> float:
+        (obs,) = [o for o in d.observe(events_and_snapshot, frozenset({"supernode_nvlink_up"}))]
+        return obs.detail["errors_per_second"]
+
+    read0 = [_link(0.0, "0", "1", "crc_flit", 0)]
+    assert d.evaluate(snap(*read0, up(0.0), at=0.0)) == []
+    assert d.evaluate(snap(*list(read0), up(1.0), at=1.0)) == []  # the same reading again: no rate from it
+    read5 = [_link(5.0, "0", "1", "crc_flit", 60)]  # 60 in 5 s: 12/s
+    ev = d.evaluate(snap(*read5, up(5.0), at=5.0))
+    assert [(e.kind, e.detail["errors_per_second"]) for e in ev] == [("fire", 12.0)]
+    again = snap(*list(read5), up(6.0), at=6.0)
+    assert d.evaluate(again) == [] and rate(again) == 12.0  # still the last read's rate, not 0 or None
+    read10 = [_link(10.0, "0", "1", "crc_flit", 60)]  # nothing more: 0/s
+    ev = d.evaluate(snap(*read10, up(10.0), at=10.0))
+    assert [(e.kind, e.detail["errors_per_second"]) for e in ev] == [("clear", 0.0)]
+    # an equal but newer-read reading (same value, later timestamp) is a new read: 0/s, no stale 12/s
+    assert rate(snap(_link(11.0, "0", "1", "crc_flit", 60), up(11.0), at=11.0)) == 0.0
+
+
 def test_sw_thermal_slowdown_counts_like_the_alert():
     d = Detectors(DetectorSettings(gpu_thermal=FAST), Context("n1", "r01"))
     cool = reading("supernode_gpu_temperature_celsius", 60, 1.0, gpu="0", uuid="u", sensor="gpu")

@@ -148,7 +148,8 @@ def test_not_supported_is_reported_once_and_not_asked_again(sim, model):
     batches_1 = [ids for idx, ids in twin.field_batches if idx == 1]
     assert pynvml.NVML_FI_DEV_MEMORY_TEMP in batches_1[0]
     assert all(pynvml.NVML_FI_DEV_MEMORY_TEMP not in ids for ids in batches_1[1:])
-    assert pynvml.NVML_FI_DEV_MEMORY_TEMP in [ids for idx, ids in twin.field_batches if idx == 0][-1]
+    # GPU 0 asks it on every cycle (in the batch of fields read every cycle; the error counters' batch is apart)
+    assert sum(pynvml.NVML_FI_DEV_MEMORY_TEMP in ids for idx, ids in twin.field_batches if idx == 0) == 3
     assert second.partial_errors == {} and third.partial_errors == {}
 
 
@@ -171,6 +172,54 @@ def test_gpu_lost_gives_up_zero_and_drops_its_series(sim, model):
         (M.GPU_UP.name, {"gpu": "2", "uuid": uuid}, 0.0)]
     assert one(during, M.GPU_UP, gpu="1") == 1.0 and values(during, M.POWER, gpu="1")
     assert one(after, M.GPU_UP, gpu="2") == 1.0 and values(after, M.POWER, gpu="2")
+
+
+def test_error_counters_are_read_every_counters_every_cycles_and_at_once_after_a_missed_cycle(sim, model):
+    """Power and link state every cycle; error counters (NVLink fields and calls, ECC) every third: in between
+    a cycle gives the last read's readings again, timestamps included, and a GPU back from lost reads them
+    at once."""
+    twin = CountingTwin(sim.url, NODE)
+
+    async def scenario():
+        src = NvmlSource(twin, GPUS, LINKS, call_timeout=5.0, xid_events=False, gpu_timeout=4.0, counters_every=3)
+        try:
+            out = [await src.poll()]
+            with model.lock:
+                g = model.gpu(NODE, 1)
+                g.nvlink_error_rate[2] = 50.0
+                g.ecc_corrected = 7
+            model.step(5.0)
+            out += [await src.poll(), await src.poll(), await src.poll()]  # cycles 2, 3: given again; 4: read
+            model.gpu(NODE, 1).lost = True
+            out.append(await src.poll())  # cycle 5: lost
+            model.gpu(NODE, 1).lost = False
+            model.step(5.0)
+            out.append(await src.poll())  # cycle 6: back, and read at once (not at cycle 7)
+            return out
+        finally:
+            await src.close()
+
+    first, second, third, fourth, lost, back = run(scenario)
+
+    def counters(res: PollResult) -> tuple[float, float, float]:
+        (r,) = [r for r in res.readings if r.spec is M.NVLINK_ERRORS and r.ok and r.labels["gpu"] == "1"
+                and r.labels.get("link") == "2" and r.labels.get("type") == "crc_flit"]
+        return r.value, r.timestamp, one(res, M.ECC, gpu="1", type="corrected", scope="volatile")
+
+    assert counters(first)[0] == 0 and counters(first)[2] == 0
+    assert counters(second) == counters(first) and counters(third) == counters(first)  # the cycle-1 read again
+    power = [r for r in second.readings if r.spec is M.POWER and r.labels["gpu"] == "1"]
+    assert power and power[0].timestamp > counters(first)[1]  # read in its own cycle, not given again
+    value, ts, ecc = counters(fourth)
+    assert value >= 250 and ecc == 7 and ts > counters(first)[1]
+    assert not [r for r in lost.readings if r.labels.get("gpu") == "1" and r.spec is not M.GPU_UP]
+    assert counters(back)[0] > value and counters(back)[1] > ts
+    # one field batch for the error counters per read (cycles 1, 4, 6), one for the rest every cycle but the lost one
+    batches_1 = [ids for idx, ids in twin.field_batches if idx == 1]
+    crc = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC
+    assert [any(isinstance(i, tuple) and i[0] == crc for i in ids) for ids in batches_1] == [
+        False, True, False, False, False, True, False, True]
+    assert len(second.readings) == len(third.readings) == len(first.readings)  # nothing missing between reads
 
 
 def test_gpu_missing_against_inventory(sim, model):

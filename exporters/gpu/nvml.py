@@ -15,6 +15,12 @@ Why it is shaped this way:
   `supernode_gpu_up 0` and nothing else for that GPU: no stale values.
 - Per-link NVLink counters come in one `nvmlDeviceGetFieldValues` batch per
   GPU and each entry's own return code is checked.
+- Error counters (NVLink, C2C, ECC, remapped rows, PCIe replays: ~85 % of a
+  GB200 node's series) are read every `counters_every` cycles, as DCGM
+  watches slow fields less often than power and temperature; between reads
+  a cycle gives the last read's readings again, with their own timestamps,
+  so a rate is never taken over a sample read twice. A GPU that missed a
+  cycle (lost, hung, renumbered) reads them again at once.
 - XIDs arrive on the NVML event stream, read by a dedicated thread, and are
   published on their own path (`event_stream`, store entry `nvml_events`)
   within one event wait, never only inside a poll cycle that may be hung.
@@ -41,6 +47,7 @@ from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_
 log = logging.getLogger("exporters.gpu.nvml")
 
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_COUNTER_METRICS = frozenset({"errors", "bit_error_rate"})  # NVLink fields read with the error counters
 _DOUBLE, _ULL = 0, 3  # NVML_VALUE_TYPE_DOUBLE, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: the types decoded from bytes
 _OK = Quality.OK
 
@@ -106,13 +113,17 @@ class _GpuPlan:
     the field batch and the per-link calls. Keyed by index too, since every label set carries
     `gpu` (the index) and NVML renumbers GPUs when one falls off the bus."""
 
-    __slots__ = ("labels", "info", "fields", "links")
+    __slots__ = ("labels", "info", "fields", "links", "counters", "counters_due", "last_cycle")
 
     def __init__(self, base: dict[str, str]):
         self.labels: dict[tuple, dict[str, str]] = {(): base}  # never mutated once built
         self.info: dict[str, str] | None = None
-        self.fields: tuple[list, list] | None = None  # rebuilt after a field answers NotSupported
+        # (ids, fills, how many of them are read every cycle): rebuilt after a field answers NotSupported
+        self.fields: tuple[list, list, int] | None = None
         self.links: list[tuple] | None = None
+        self.counters: list[Reading] | None = None  # the error counters' readings of their last read
+        self.counters_due = 0  # the cycle that reads them again
+        self.last_cycle = -1  # the last cycle that read this GPU through
 
 
 class _GpuCycle:
@@ -166,8 +177,10 @@ class NvmlSource:
 
     def __init__(self, lib: Any, node_inventory_gpu_count: int, nvlinks: int, call_timeout: float,
                  xid_events: bool = True, device: str = "gpus", profile: NvmlProfile | None = None,
-                 event_wait_ms: int = 500, gpu_timeout: float = 0.5):
+                 event_wait_ms: int = 500, gpu_timeout: float = 0.5, counters_every: int = 1):
         self.device = device
+        self._counters_every = max(1, counters_every)
+        self._cycle = 0
         self._lib = lib
         self._expected = node_inventory_gpu_count
         self._nvlinks = nvlinks
@@ -236,6 +249,7 @@ class NvmlSource:
     def _collect(self) -> PollResult:
         lib = self._lib
         ts = time.time()
+        self._cycle += 1
         if not self._initialized:
             try:
                 lib.nvmlInit()
@@ -311,18 +325,25 @@ class NvmlSource:
         if plan is None:
             plan = self._plans[(i, uuid)] = _GpuPlan({"gpu": str(i), "uuid": uuid})
         c = _GpuCycle(self, uuid, partial, ts, plan)
+        cycle = self._cycle
+        # A GPU that missed a cycle (lost, hung, renumbered) reads its counters again at once.
+        counters = plan.counters is None or plan.last_cycle != cycle - 1 or cycle >= plan.counters_due
         try:
-            self._read_gpu(c, h)
+            self._read_gpu(c, h, counters)
         except self._lost:
+            plan.counters = None
             self._log_once(("lost", uuid), "gpu lost gpu=%s uuid=%s", i, uuid)
             return [self._lost_reading(i, ts)]
+        plan.last_cycle = cycle
+        if counters:
+            plan.counters_due = cycle + self._counters_every
         self._logged.discard(("lost", uuid))
         return c.out
 
     def _lost_reading(self, i: int, ts: float) -> Reading:
         return Reading(M.GPU_UP, 0.0, {"gpu": str(i), "uuid": self._uuids.get(i, "")}, Quality.OK, ts)
 
-    def _read_gpu(self, c: _GpuCycle, h: Any) -> None:
+    def _read_gpu(self, c: _GpuCycle, h: Any, counters: bool = True) -> None:
         lib = self._lib
         st = self._static.get(c.uuid) or self._read_static(c, h)
         if c.plan.info is None:
@@ -363,6 +384,25 @@ class NvmlSource:
         if mask is not None:
             for r in self._p.clock_event_reasons:
                 c.add(M.CLOCK_EVENT, 1.0 if mask & r.id else 0.0, c.with_("reason", r.label))
+        v = c.ask("nvmlDeviceGetPersistenceMode", M.PERSISTENCE, lib.nvmlDeviceGetPersistenceMode, h)
+        if v is not None:
+            c.add(M.PERSISTENCE, 1.0 if v == lib.NVML_FEATURE_ENABLED else 0.0)
+        self._read_fields(c, h, counters=False)
+        self._read_links(c, h, counters=False)
+        if counters:
+            start = len(c.out)
+            self._read_counters(c, h)
+            c.plan.counters = c.out[start:]
+        else:
+            c.out += c.plan.counters or ()
+        stream = self.event_stream
+        if stream is None or not stream.attached:
+            self._read_xids(c)
+
+    def _read_counters(self, c: _GpuCycle, h: Any) -> None:
+        """The error counters, every `counters_every` cycles: those that need calls of their own, then the
+        batched fields and per-link counters that `_read_fields` and `_read_links` left for this part."""
+        lib = self._lib
         self._read_ecc(c, h)
         rows = c.ask("nvmlDeviceGetRemappedRows", M.REMAPPED, lib.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
@@ -371,17 +411,11 @@ class NvmlSource:
             c.add(M.REMAPPED, unc, c.with_("kind", "uncorrectable"))
             c.add(M.REMAP_PENDING, 1.0 if pending else 0.0)
             c.add(M.REMAP_FAILURE, 1.0 if failure else 0.0)
-        v = c.ask("nvmlDeviceGetPersistenceMode", M.PERSISTENCE, lib.nvmlDeviceGetPersistenceMode, h)
-        if v is not None:
-            c.add(M.PERSISTENCE, 1.0 if v == lib.NVML_FEATURE_ENABLED else 0.0)
         v = c.ask("nvmlDeviceGetPcieReplayCounter", M.PCIE_REPLAYS, lib.nvmlDeviceGetPcieReplayCounter, h)
         if v is not None:
             c.add(M.PCIE_REPLAYS, v)
-        self._read_fields(c, h)
-        self._read_links(c, h)
-        stream = self.event_stream
-        if stream is None or not stream.attached:
-            self._read_xids(c)
+        self._read_fields(c, h, counters=True)
+        self._read_links(c, h, counters=True)
 
     def _temperature_fn(self) -> tuple[str, Any]:
         """nvmlDeviceGetTemperatureV where the library and driver have it (nvmlDeviceGetTemperature is
@@ -444,8 +478,9 @@ class NvmlSource:
                 if v is not None:
                     c.add(M.ECC, v, c.with_("type", tlabel, "scope", slabel))
 
-    def _field_plan(self, c: _GpuCycle) -> tuple[list, list]:
-        """The batched field ids still asked of this GPU, and for each the family and labels it fills.
+    def _field_plan(self, c: _GpuCycle) -> tuple[list, list, int]:
+        """The batched field ids still asked of this GPU, for each the family and labels it fills, and how many
+        of them (the first ones) are read every cycle; the rest are error counters (`_read_counters`).
 
         Built once per GPU (and again after a field answers NotSupported), so
         a cycle does no label or lookup work per field beyond the reading itself.
@@ -459,25 +494,34 @@ class NvmlSource:
                 if (c.uuid, f"field:{f.id}") not in unsup:
                     ids.append(f.id)
                     fills.append((M.TEMPERATURE, c.with_("sensor", "memory"), 1.0) if key == "memory_temp" else None)
+            nvlink = [f for f in self._p.nvlink_fields if (c.uuid, f"field:{f.id}") not in unsup]
+            for f in nvlink:
+                if f.metric not in _COUNTER_METRICS:
+                    self._plan_link_field(c, f, ids, fills)
+            every_cycle = len(ids)
             for f in self._p.c2c_fields:
                 if (c.uuid, f"field:{f.id}") not in unsup:
                     ids.append(f.id)
                     fills.append((M.C2C_ERRORS, c.with_("type", f.label), 1.0))
-            for f in self._p.nvlink_fields:
-                if (c.uuid, f"field:{f.id}") in unsup:
-                    continue
-                spec = M.NVLINK_BY_METRIC[f.metric]
-                extra = ("kind" if f.metric == "bit_error_rate" else "type", f.label) if f.label else ()
-                scale = None if f.encoding == "ber_packed" else f.scale  # None: decode_ber
-                for link in range(self._nvlinks):
-                    ids.append((f.id, link))
-                    fills.append((spec, c.with_("link", self._links[link], *extra), scale))
-            plan = c.plan.fields = (ids, fills)
+            for f in nvlink:
+                if f.metric in _COUNTER_METRICS:
+                    self._plan_link_field(c, f, ids, fills)
+            plan = c.plan.fields = (ids, fills, every_cycle)
         return plan
 
-    def _read_fields(self, c: _GpuCycle, h: Any) -> None:
+    def _plan_link_field(self, c: _GpuCycle, f: LinkField, ids: list, fills: list) -> None:
+        spec = M.NVLINK_BY_METRIC[f.metric]
+        extra = ("kind" if f.metric == "bit_error_rate" else "type", f.label) if f.label else ()
+        scale = None if f.encoding == "ber_packed" else f.scale  # None: decode_ber
+        for link in range(self._nvlinks):
+            ids.append((f.id, link))
+            fills.append((spec, c.with_("link", self._links[link], *extra), scale))
+
+    def _read_fields(self, c: _GpuCycle, h: Any, counters: bool) -> None:
+        """One batch: the fields read every cycle, or (`counters`) the error counters' fields."""
         lib = self._lib
-        ids, fills = self._field_plan(c)
+        ids, fills, every_cycle = self._field_plan(c)
+        ids, fills = (ids[every_cycle:], fills[every_cycle:]) if counters else (ids[:every_cycle], fills[:every_cycle])
         if not ids:
             return
         values = c.ask("nvmlDeviceGetFieldValues", M.NVLINK_ERRORS, lib.nvmlDeviceGetFieldValues, h, ids)
@@ -535,11 +579,19 @@ class NvmlSource:
             c.plan.links = calls
         return calls
 
-    def _read_links(self, c: _GpuCycle, h: Any) -> None:
-        """Link state and the per-link counters that have no scoped field (18 calls each per GPU: kept tight)."""
+    def _read_links(self, c: _GpuCycle, h: Any, counters: bool) -> None:
+        """Link state, or (`counters`) the per-link counters that have no scoped field (18 calls each per GPU:
+        kept tight); a GPU whose link state is NotSupported has no NVLink, and no link series at all."""
         enabled = self._lib.NVML_FEATURE_ENABLED
         out, ts, new = c.out, c.ts, make_reading
-        for key, spec, fn, extra, labels in self._link_calls(c):
+        calls = self._link_calls(c)
+        if counters:
+            if (c.uuid, calls[0][0]) in self._unsupported:
+                return
+            calls = calls[1:]
+        else:
+            calls = calls[:1]
+        for key, spec, fn, extra, labels in calls:
             if (c.uuid, key) in self._unsupported:
                 if spec is M.NVLINK_UP:
                     return  # a GPU without NVLink: no link series at all
