@@ -392,7 +392,8 @@ class NvmlSource:
         if counters:
             start = len(c.out)
             self._read_counters(c, h)
-            c.plan.counters = c.out[start:]
+            # what answered NotSupported was said once, in this read, and is not given again
+            c.plan.counters = [r for r in c.out[start:] if r.quality is not Quality.UNSUPPORTED]
         else:
             c.out += c.plan.counters or ()
         stream = self.event_stream
