@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from agent.memory import daemon_env
 from agent.sim.server import Simulator
 from agent.sim.ports import free_port
 
@@ -151,7 +152,7 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             log = open(workdir / node / "agent.log", "ab")
             proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(cfg_path), "run"],
-                                    stdout=log, stderr=log, start_new_session=True)
+                                    stdout=log, stderr=log, start_new_session=True, env=daemon_env())
             procs.append((node, proc, port))
         deadline = time.monotonic() + 20 + 3 * len(procs)  # 18 agents starting at once on 2 cores take a while
         for node, proc, port in procs:

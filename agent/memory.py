@@ -11,7 +11,21 @@ from __future__ import annotations
 
 import ctypes
 import mimetypes
+import os
 import sys
+from typing import Mapping
+
+# How the daemon runs, everywhere it is started (the systemd unit, `make demo`, the tests' daemons, the
+# benchmarks): Python's optimisation level 2 leaves docstrings and assert statements out of the bytecode. The
+# agent holds ~630 modules' code for its whole life, and their docstrings were 2.1 MiB of the demo node's
+# 64.7 MiB (bench/bench_overhead.py, same hour: 62.6 MiB with it). Nothing the daemon runs reads a docstring,
+# and no library it loads catches an AssertionError. The systemd unit sets the same (tests/test_systemd.py).
+DAEMON_ENV: Mapping[str, str] = {"PYTHONOPTIMIZE": "2"}
+
+
+def daemon_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to start `supernode-agent run` in: `base` (this process's environment) plus DAEMON_ENV."""
+    return {**(os.environ if base is None else base), **DAEMON_ENV}
 
 
 def _libc() -> ctypes.CDLL | None:

@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from agent.memory import daemon_env  # noqa: E402
 from agent.sim.ports import free_port  # noqa: E402
 from timing import machine_reference  # noqa: E402
 
@@ -188,7 +189,7 @@ def main() -> int:
             config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             logs.append(open(workdir / node / "agent.log", "ab"))
             agents.append((node, subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(config_path), "run"],
-                                                  stdout=logs[-1], stderr=logs[-1], cwd=REPO)))
+                                                  stdout=logs[-1], stderr=logs[-1], cwd=REPO, env=daemon_env())))
         for cfg in cfgs:
             _wait_healthy(cfg["listen"]["port"], time.monotonic() + 60)
         time.sleep(args.warmup)

@@ -60,8 +60,9 @@ def build_venv(stage: Path, wheelhouse: Path) -> Path:
          "--no-index", "--find-links", str(wheelhouse), "--no-compile", "--no-warn-script-location",
          "supernode-agent"])
     relocate(venv)
-    # Bytecode compiled for the final path, so tracebacks name /opt/..., and nothing is written at run time.
-    run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j", "0",
+    # Bytecode compiled for the final path, so tracebacks name /opt/..., and nothing is written at run time:
+    # plain for the operator's commands, optimisation level 2 for the daemon (the unit's PYTHONOPTIMIZE=2).
+    run([str(venv / "bin" / "python"), "-m", "compileall", "-q", "-j", "0", "-o", "0", "-o", "2",
          "-s", str(stage), "-p", "/", str(venv / "lib")])
     return venv
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
+from agent.memory import daemon_env
 from tests.helpers import REPO, free_port, wait_for
 
 
@@ -42,7 +42,7 @@ class AgentProcess:
 
     def start(self) -> "AgentProcess":
         self.write_config(self.config)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
+        env = {**daemon_env(), "PYTHONUNBUFFERED": "1", **self.env}  # as the systemd unit runs it
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(self.config_path), "run"],
                                      stdout=self._log, stderr=self._log, env=env, cwd=REPO,

@@ -119,3 +119,26 @@ def test_a_reader_that_leaves_early_is_not_an_error(tmp_path):
                           timeout=60)
     os.close(w)
     assert "Traceback" not in proc.stderr and proc.returncode == 0, proc.stderr
+
+
+def test_the_cli_works_in_the_daemons_environment_without_docstrings(tmp_path):
+    """The unit runs every command (ExecStartPre's check-config, the daemon) under PYTHONOPTIMIZE=2, where
+    docstrings are None: a command that built its help from one must still start."""
+    from agent.memory import DAEMON_ENV
+
+    assert cli("--help", env=dict(DAEMON_ENV)).returncode == 0
+    (tmp_path / "admin.token").write_text("t0ken\n")
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump({
+        "agent": {"rack": "r01", "node": "node01", "state_dir": str(tmp_path / "state")},
+        "listen": {"address": "127.0.0.1", "port": 0},
+        "secrets": {"admin_token": {"file": str(tmp_path / "admin.token")}}}))
+    check = cli("check-config", str(tmp_path / "agent.yaml"), env=dict(DAEMON_ENV))
+    assert check.returncode == 0 and ": ok (" in check.stdout, check.stdout + check.stderr
+    import os
+
+    rules = subprocess.run([sys.executable, "-m", "agent.remediation.alert_rules", "--check"], capture_output=True,
+                           text=True, cwd=REPO, env={**os.environ, **DAEMON_ENV}, timeout=60)
+    assert rules.returncode == 0, rules.stderr
+    probe = subprocess.run([sys.executable, "-c", "import sys; print(sys.flags.optimize)"], capture_output=True,
+                           text=True, env={**os.environ, **DAEMON_ENV})
+    assert probe.stdout.strip() == "2"  # the variable really takes effect: the commands above ran at level 2

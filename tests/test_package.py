@@ -100,9 +100,14 @@ def test_deb_installs_verifies_and_purges(tmp_path, wheelhouse):
         print(f"installed unit exposure: {score}")
         assert score == readme_exposure(), "README states another exposure than the tool reports"
 
-        # The unit's ExecStartPre, as systemd runs it, and the operator's command on PATH.
+        # The unit's ExecStartPre, as systemd runs it (in the unit's environment), and the operator's command on PATH.
         pre = next(l for l in unit_text.splitlines() if l.startswith("ExecStartPre=")).split("=", 1)[1].split()
-        check = _run(pre)
+        unit_env = dict(l.split("=", 1)[1].split("=", 1) for l in unit_text.splitlines() if l.startswith("Environment="))
+        # the bytecode the daemon runs under that environment ships compiled: nothing is written at run time
+        level = unit_env.get("PYTHONOPTIMIZE")
+        assert level and list(Path("/opt/supernode-agent/lib").glob(f"python3*/site-packages/agent/__pycache__/"
+                                                                     f"daemon.cpython-*.opt-{level}.pyc"))
+        check = _run(pre, env={**os.environ, **unit_env})
         assert check.returncode == 0 and ": ok (" in check.stdout, check.stdout + check.stderr
         assert _run(["/usr/bin/supernode-agent", "--help"]).returncode == 0
 

@@ -37,6 +37,15 @@ def test_unit_is_notify_with_watchdog_and_restart():
         assert line in text, line
 
 
+def test_unit_runs_the_daemon_as_the_demo_and_the_tests_do():
+    """The environment the demo, the tests' daemons and the benchmarks start `run` in is the unit's."""
+    from agent.memory import DAEMON_ENV
+
+    env = dict(line.split("=", 1)[1].split("=", 1) for line in UNIT.read_text().splitlines()
+               if line.startswith("Environment="))
+    assert DAEMON_ENV and env == dict(DAEMON_ENV)
+
+
 def test_security_exposure_score(tmp_path):
     analyze = require_binary("systemd-analyze")
     unit = installed_unit(tmp_path)

@@ -72,7 +72,7 @@ def render(template: str, settings: DetectorSettings | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])  # no docstring under python -OO
     p.add_argument("--check", action="store_true", help="exit 1 when the rules file differs from a fresh render")
     args = p.parse_args(argv)
     text = render(TEMPLATE.read_text())
