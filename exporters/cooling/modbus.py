@@ -77,6 +77,7 @@ class ModbusSource:
         self.info: dict[str, str] = {}  # static facts read from the device (firmware), for the _info metric
         self._gateway: Gateway | None = None
         self._plans: list[tuple[Block, list[Point], list[_PointPlan]]] | None = None
+        self._leak_sensors: list[tuple[str, str]] | None = None
 
     # -- Source protocol ----------------------------------------------------------
 
@@ -156,7 +157,14 @@ class ModbusSource:
 
         The agent names these as "unknown" (fault="source_down") when the
         device stops answering, instead of letting their series fall silent.
+        The leak watch asks twice a second: they follow from the profile and the wiring alone, so worked
+        out once (a copy each time: the caller may keep it).
         """
+        if self._leak_sensors is None:
+            self._leak_sensors = self._wired_leak_sensors()
+        return list(self._leak_sensors)
+
+    def _wired_leak_sensors(self) -> list[tuple[str, str]]:
         out: set[tuple[str, str]] = set()
         for block in self.blocks:
             for p in block.points:
