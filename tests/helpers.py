@@ -55,6 +55,12 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
     return ports.free_port(kind)
 
 
+def unit_environment(unit_text: str) -> dict[str, str]:
+    """The variables a systemd unit's `Environment=NAME=value` lines set (one assignment a line, as ours has)."""
+    return dict(line.split("=", 1)[1].split("=", 1) for line in unit_text.splitlines()
+                if line.startswith("Environment="))
+
+
 def require_binary(name: str) -> str:
     """Path of a real peer's binary. Missing: fail (make test installs it), unless explicitly allowed to skip."""
     path = shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None)

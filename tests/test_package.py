@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, require_binary
+from tests.helpers import REPO, require_binary, unit_environment
 
 
 def _load_builder():
@@ -102,7 +102,7 @@ def test_deb_installs_verifies_and_purges(tmp_path, wheelhouse):
 
         # The unit's ExecStartPre, as systemd runs it (in the unit's environment), and the operator's command on PATH.
         pre = next(l for l in unit_text.splitlines() if l.startswith("ExecStartPre=")).split("=", 1)[1].split()
-        unit_env = dict(l.split("=", 1)[1].split("=", 1) for l in unit_text.splitlines() if l.startswith("Environment="))
+        unit_env = unit_environment(unit_text)
         # the bytecode the daemon runs under that environment ships compiled: nothing is written at run time
         level = unit_env.get("PYTHONOPTIMIZE")
         assert level and list(Path("/opt/supernode-agent/lib").glob(f"python3*/site-packages/agent/__pycache__/"

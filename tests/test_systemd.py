@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import REPO, require_binary
+from tests.helpers import REPO, require_binary, unit_environment
 
 UNIT = REPO / "systemd" / "supernode-agent.service"
 
@@ -41,9 +41,7 @@ def test_unit_runs_the_daemon_as_the_demo_and_the_tests_do():
     """The environment the demo, the tests' daemons and the benchmarks start `run` in is the unit's."""
     from agent.memory import DAEMON_ENV
 
-    env = dict(line.split("=", 1)[1].split("=", 1) for line in UNIT.read_text().splitlines()
-               if line.startswith("Environment="))
-    assert DAEMON_ENV and env == dict(DAEMON_ENV)
+    assert DAEMON_ENV and unit_environment(UNIT.read_text()) == dict(DAEMON_ENV)
 
 
 def test_security_exposure_score(tmp_path):

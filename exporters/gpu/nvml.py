@@ -118,8 +118,8 @@ class _GpuPlan:
     def __init__(self, base: dict[str, str]):
         self.labels: dict[tuple, dict[str, str]] = {(): base}  # never mutated once built
         self.info: dict[str, str] | None = None
-        # (ids, fills, how many of them are read every cycle): rebuilt after a field answers NotSupported
-        self.fields: tuple[list, list, int] | None = None
+        # (ids, fills) read every cycle and (ids, fills) of the error counters: rebuilt after a NotSupported
+        self.fields: tuple[tuple[list, list], tuple[list, list]] | None = None
         self.links: list[tuple] | None = None
         self.counters: list[Reading] | None = None  # the error counters' readings of their last read
         self.counters_due = 0  # the cycle that reads them again
@@ -479,9 +479,9 @@ class NvmlSource:
                 if v is not None:
                     c.add(M.ECC, v, c.with_("type", tlabel, "scope", slabel))
 
-    def _field_plan(self, c: _GpuCycle) -> tuple[list, list, int]:
-        """The batched field ids still asked of this GPU, for each the family and labels it fills, and how many
-        of them (the first ones) are read every cycle; the rest are error counters (`_read_counters`).
+    def _field_plan(self, c: _GpuCycle) -> tuple[tuple[list, list], tuple[list, list]]:
+        """The batched field ids still asked of this GPU and for each the family and labels it fills: those read
+        every cycle, and the error counters' (`_read_counters`).
 
         Built once per GPU (and again after a field answers NotSupported), so
         a cycle does no label or lookup work per field beyond the reading itself.
@@ -495,19 +495,19 @@ class NvmlSource:
                 if (c.uuid, f"field:{f.id}") not in unsup:
                     ids.append(f.id)
                     fills.append((M.TEMPERATURE, c.with_("sensor", "memory"), 1.0) if key == "memory_temp" else None)
-            nvlink = [f for f in self._p.nvlink_fields if (c.uuid, f"field:{f.id}") not in unsup]
-            for f in nvlink:
-                if f.metric not in _COUNTER_METRICS:
-                    self._plan_link_field(c, f, ids, fills)
-            every_cycle = len(ids)
+            counter_ids: list = []
+            counter_fills: list = []
             for f in self._p.c2c_fields:
                 if (c.uuid, f"field:{f.id}") not in unsup:
-                    ids.append(f.id)
-                    fills.append((M.C2C_ERRORS, c.with_("type", f.label), 1.0))
-            for f in nvlink:
-                if f.metric in _COUNTER_METRICS:
-                    self._plan_link_field(c, f, ids, fills)
-            plan = c.plan.fields = (ids, fills, every_cycle)
+                    counter_ids.append(f.id)
+                    counter_fills.append((M.C2C_ERRORS, c.with_("type", f.label), 1.0))
+            for f in self._p.nvlink_fields:
+                if (c.uuid, f"field:{f.id}") not in unsup:
+                    if f.metric in _COUNTER_METRICS:
+                        self._plan_link_field(c, f, counter_ids, counter_fills)
+                    else:
+                        self._plan_link_field(c, f, ids, fills)
+            plan = c.plan.fields = ((ids, fills), (counter_ids, counter_fills))
         return plan
 
     def _plan_link_field(self, c: _GpuCycle, f: LinkField, ids: list, fills: list) -> None:
@@ -521,8 +521,7 @@ class NvmlSource:
     def _read_fields(self, c: _GpuCycle, h: Any, counters: bool) -> None:
         """One batch: the fields read every cycle, or (`counters`) the error counters' fields."""
         lib = self._lib
-        ids, fills, every_cycle = self._field_plan(c)
-        ids, fills = (ids[every_cycle:], fills[every_cycle:]) if counters else (ids[:every_cycle], fills[:every_cycle])
+        ids, fills = self._field_plan(c)[1 if counters else 0]
         if not ids:
             return
         values = c.ask("nvmlDeviceGetFieldValues", M.NVLINK_ERRORS, lib.nvmlDeviceGetFieldValues, h, ids)
