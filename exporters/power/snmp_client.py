@@ -109,7 +109,9 @@ class SnmpClient:
 
             self._backend = EngineBackend(host, port, credentials, timeout, retries)
         self.max_rows, self.max_requests = max_rows, max_requests
-        self._rows: dict[str, list[Oid]] = {}  # column -> row OIDs of its last walk (segment boundaries)
+        # column -> the row indexes (OID suffixes) of its last walk, in order: how many segments it needs, and
+        # where they part
+        self._rows: dict[str, list[Oid]] = {}
         # Varbinds in the largest GETBULK answer the agent cut short (fewer than asked, none at the end of its MIB):
         # an agent that caps answers (snmpsim near 60) reads no more rows per request with more cursors, so more
         # segments than that cap allows only cost requests. 0 = never seen a cut answer.
@@ -144,8 +146,8 @@ class SnmpClient:
         out: list[_Cursor] = []
         for o in oids:
             n = want[o] if total <= budget else max(1, want[o] * budget // total)
-            rows = self._rows.get(o, [])
-            bounds = [rows[k * (len(rows) + 1) // n - 1] for k in range(1, n)]
+            rows, prefix = self._rows.get(o, []), prefixes[o]
+            bounds = [prefix + rows[k * (len(rows) + 1) // n - 1] for k in range(1, n)]
             out += [_Cursor(o, start, bound) for start, bound in zip([prefixes[o]] + bounds, bounds + [None])]
         return out
 
@@ -166,6 +168,7 @@ class SnmpClient:
         out: dict[str, dict[tuple[int, ...], Any]] = {o: {} for o in oids}
         prefixes = {o: _oid(o) for o in oids}
         pending = self._cursors(oids, prefixes, max_repetitions)
+        split = {o: sum(c.col == o for c in pending) > 1 for o in oids}
         reps, limit = max_repetitions, MAX_CURSORS
         sent = 0
         while pending:
@@ -185,35 +188,41 @@ class SnmpClient:
                 raise SourceError("protocol", f"{self.where}: empty GETBULK response")
             if len(vbs) < len(batch) * reps and all(v is not END for _, v in vbs):
                 self._answer_cap = max(self._answer_cap, len(vbs))
-            done: set[int] = set()
-            for i, (oid, value) in enumerate(vbs):
-                k = i % len(batch)
-                if k in done:
-                    continue
-                c = batch[k]
-                prefix = prefixes[c.col]
+            n = len(batch)
+            finished: list[_Cursor] = []
+            for k, c in enumerate(batch):  # a GETBULK answer is rows of one varbind per cursor, in cursor order
+                if self._advance(c, vbs[k::n], prefixes[c.col], out[c.col]):
+                    finished.append(c)
+            pending = [c for c in batch if c not in finished] + pending[limit:] if finished else pending
+        for o in oids:
+            if split[o]:  # segments fill a column out of order: rows go back in OID order
+                out[o] = dict(sorted(out[o].items()))
+            self._rows[o] = list(out[o])
+        return out
+
+    def _advance(self, c: _Cursor, answer: list[tuple[Oid, Any]], prefix: Oid, column: dict[Oid, Any]) -> bool:
+        """Take one cursor's varbinds of an answer into its column; True once the cursor reached its end (the
+        end of the MIB view, the column's, or its segment's bound)."""
+        plen, bound, pos = len(prefix), c.bound, c.pos
+        try:
+            for oid, value in answer:
                 if value is END:
-                    done.add(k)
-                    continue
-                if oid <= c.pos:
+                    return True
+                if oid <= pos:
                     raise SourceError("protocol", f"{self.where}: OID not increasing in column {c.col} "
-                                                  f"({'.'.join(map(str, oid))} after {'.'.join(map(str, c.pos))})")
-                if oid[:len(prefix)] != prefix or (c.bound is not None and oid > c.bound):
-                    done.add(k)
-                    continue
-                column = out[c.col]
+                                                  f"({'.'.join(map(str, oid))} after {'.'.join(map(str, pos))})")
+                if oid[:plen] != prefix or (bound is not None and oid > bound):
+                    return True
                 if len(column) >= self.max_rows:
                     raise SourceError("protocol", f"{self.where}: column {c.col} has more than {self.max_rows} rows "
                                                   f"(max_walk_rows)")
-                column[oid[len(prefix):]] = value
-                c.pos = oid
-                if oid == c.bound:
-                    done.add(k)
-            pending = [c for k, c in enumerate(batch) if k not in done] + pending[limit:]
-        for o in oids:  # segments fill a column out of order: rows go back in OID order
-            out[o] = dict(sorted(out[o].items()))
-            self._rows[o] = [prefixes[o] + index for index in out[o]]
-        return out
+                column[oid[plen:]] = value
+                pos = oid
+                if oid == bound:
+                    return True
+            return False
+        finally:
+            c.pos = pos
 
     def close(self) -> None:
         self._backend.close()
