@@ -368,6 +368,13 @@ class RedfishSourceSettings(SafetySourceSettings):
         return self
 
 
+class LinksSettings(SourceSettings):
+    counters_interval: float = Field(default=5.0, ge=0, le=3600, description=(
+        "Seconds between reads of the ports' error counters (IB PortCounters, Ethernet statistics), rounded to a "
+        "whole number of polls and at least one: state, speed, traffic and the kernel's down counts (flaps) are "
+        "read every poll. Between reads the last read stands. 0: every poll."))
+
+
 class NvmlSettings(SourceSettings):
     backend: Literal["nvml", "sim"] = Field(default="nvml", description="Real NVML or the simulator's twin.")
     sim_url: str | None = Field(default=None, description="Simulator URL when backend is sim.")
@@ -402,7 +409,7 @@ class DomSettings(SourceSettings):
 class Sources(Strict):
     nvml: NvmlSettings = NvmlSettings()
     # Each source's defaults live in its settings class, so a partial section keeps the others' defaults.
-    links: SourceSettings = SourceSettings()
+    links: LinksSettings = LinksSettings()
     dom: DomSettings = DomSettings()
     cdu: SafetySourceSettings = SafetySourceSettings()
     leak: LeakSourceSettings = LeakSourceSettings()

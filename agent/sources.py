@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from agent.config import LoadedConfig, NvmlSettings
+from agent.config import LinksSettings, LoadedConfig, NvmlSettings
 from agent.runtime import ScheduledSource
 from exporters.base import Source
 
@@ -44,8 +44,8 @@ def _nvml(loaded: LoadedConfig) -> list[ScheduledSource]:
     return [ScheduledSource(src, settings)]
 
 
-def counters_every(settings: NvmlSettings) -> int:
-    """Polls between reads of the NVML error counters: `counters_interval` in whole polls, at least one."""
+def counters_every(settings: NvmlSettings | LinksSettings) -> int:
+    """Polls between reads of a source's error counters: `counters_interval` in whole polls, at least one."""
     return max(1, round(settings.counters_interval / settings.interval))
 
 
@@ -60,7 +60,8 @@ def _links(loaded: LoadedConfig) -> list[ScheduledSource]:
     out: list[ScheduledSource] = []
     if s.links.enabled:
         out.append(ScheduledSource(LinkSource(cfg.inventory.ports, s.sysfs_root, device=cfg.agent.node,
-                                              timeout=s.links.timeout), s.links))
+                                              timeout=s.links.timeout, counters_every=counters_every(s.links)),
+                                   s.links))
     if s.dom.enabled:
         out.append(ScheduledSource(DomSource(cfg.inventory.ports, make_reader(s.dom.dom_dir, s.dom.ethtool),
                                              device=cfg.agent.node, concurrency=s.dom.concurrency,

@@ -50,6 +50,8 @@ def test_minimal_config_loads_with_observe_default(tmp_path):
     (lambda c: c.update(sources={"cdu": {"interval": -1}}), "sources.cdu.interval", "greater than 0"),
     (lambda c: c.update(sources={"nvml": {"counters_interval": -5}}), "sources.nvml.counters_interval",
      "greater than or equal to 0"),
+    (lambda c: c.update(sources={"links": {"counters_interval": "often"}}), "sources.links.counters_interval",
+     "valid number"),
     (lambda c: c.update(inventory={"ports": [{"name": "eth0"}, {"name": "eth0"}]}), "inventory", "appears twice"),
     (lambda c: c.update(inventory={"nodes": ["node01"], "leak_zones": [{"name": "z", "nodes": ["node09"]}]}),
      "inventory", "not in inventory.nodes"),
@@ -69,18 +71,21 @@ def assert_named(cfg: dict, mutate, path: str, expect: str, tmp_path: Path) -> N
     assert expect in msg, msg
 
 
-@pytest.mark.parametrize("nvml, every", [
+@pytest.mark.parametrize("source", ["nvml", "links"])
+@pytest.mark.parametrize("settings, every", [
     ({}, 1),  # the shipped 5 s interval: the counters every poll, as before
     ({"interval": 1.0, "timeout": 1.0}, 5),  # the demo's 1 s: every fifth poll
     ({"interval": 2.0, "counters_interval": 5.0}, 2),  # rounded to whole polls
     ({"interval": 1.0, "timeout": 1.0, "counters_interval": 0}, 1),
     ({"interval": 10.0, "counters_interval": 5.0}, 1),  # never less than every poll
 ])
-def test_nvml_error_counters_are_read_every_whole_number_of_polls(tmp_path, nvml, every):
-    from agent.sources import counters_every
+def test_error_counters_are_read_every_whole_number_of_polls(tmp_path, source, settings, every):
+    from agent.sources import _links, counters_every
 
-    loaded = parse_config(minimal(tmp_path, sources={"nvml": nvml}))
-    assert counters_every(loaded.config.sources.nvml) == every
+    loaded = parse_config(minimal(tmp_path, sources={source: settings}, inventory={"ports": [{"name": "eth0"}]}))
+    assert counters_every(getattr(loaded.config.sources, source)) == every
+    if source == "links":  # and the link source is built with it
+        assert [s.source.counters_every for s in _links(loaded) if s.source.name == "links"] == [every]
 
 
 def test_secret_file_missing_is_named(tmp_path):

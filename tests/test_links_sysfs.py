@@ -113,6 +113,62 @@ def test_ethernet_state_counters_and_carrier_flaps(tree: Path):
     assert _by(third.readings, LINK_UP)["eth2"] == 0.0
 
 
+def _errors(readings) -> dict[tuple[str, str], tuple[float, float, Quality]]:
+    return {(r.labels["port"], r.labels["counter"]): (r.value, r.timestamp, r.quality)
+            for r in readings if r.spec is LINK_ERRORS}
+
+
+def test_error_counters_are_read_every_counters_every_polls_and_at_once_after_a_missed_poll(tree: Path):
+    """sources.links.counters_interval: error counters every fourth poll here (polls 1, 5, 9, 13); state,
+    traffic and the kernel's down count (flaps) every poll; in between the last read is given again with its
+    own timestamp, and a port that missed a poll reads them at once."""
+    ib = "class/infiniband/mlx5_0/ports/1"
+    source = LinkSource([IB[0], ETH[0]], tree, counters_every=4)
+    first = _errors(_poll(source).readings)
+    assert first[("mlx5_0/1", "symbol_error")][0] == 12 and first[("eth0", "rx_crc_errors")][0] == 2
+    _set(tree, f"{ib}/counters/symbol_error", "500")
+    _set(tree, f"{ib}/counters/port_rcv_errors", "junk")  # a fault shows once its counter is read
+    _set(tree, "class/net/eth0/statistics/rx_crc_errors", "9")
+    _set(tree, f"{ib}/counters/link_downed", "5")  # two downs and ups: counted at once, not at the next read
+    _set(tree, f"{ib}/counters/port_rcv_data", "250000100")
+    for _ in range(3):  # polls 2 to 4: held
+        result = _poll(source)
+        errors = _errors(result.readings)
+        assert errors[("mlx5_0/1", "symbol_error")] == first[("mlx5_0/1", "symbol_error")]  # value and timestamp
+        assert errors[("eth0", "rx_crc_errors")] == first[("eth0", "rx_crc_errors")]
+        assert errors[("mlx5_0/1", "link_downed")][0] == 5 and _by(result.readings, LINK_FLAPS)["mlx5_0/1"] == 2.0
+        assert _by(result.readings, LINK_RX_BYTES)["mlx5_0/1"] == 4 * 250000100
+        assert errors.keys() == first.keys()  # every counter given, once
+        assert len([r for r in result.readings if r.spec is LINK_SATURATED]) == 12  # one per IB counter
+    fifth = _poll(source)  # its turn: read
+    errors = _errors(fifth.readings)
+    assert errors[("mlx5_0/1", "symbol_error")][0] == 500 and errors[("eth0", "rx_crc_errors")][0] == 9
+    assert errors[("mlx5_0/1", "port_rcv_errors")][2] is Quality.SENSOR_FAULT
+    assert fifth.partial_errors == {"decode": 1}
+    sixth = _errors(_poll(source).readings)  # the fault is held too, as a fault
+    assert sixth[("mlx5_0/1", "port_rcv_errors")][2] is Quality.SENSOR_FAULT
+
+    # mlx5_0 is gone for poll 7 (a driver reload): back at poll 8, it reads its counters at once; eth0, which
+    # missed nothing, waits for its turn at poll 9.
+    (tree / "class/infiniband/mlx5_0").rename(tree / "gone")
+    assert not any(p == "mlx5_0/1" for p, _ in _errors(_poll(source).readings))
+    (tree / "gone").rename(tree / "class/infiniband/mlx5_0")
+    _set(tree, f"{ib}/counters/symbol_error", "3")  # reset by the reload
+    _set(tree, "class/net/eth0/statistics/rx_crc_errors", "10")
+    eighth = _errors(_poll(source).readings)
+    assert eighth[("mlx5_0/1", "symbol_error")][0] == 3 and eighth[("eth0", "rx_crc_errors")][0] == 9
+    assert _errors(_poll(source).readings)[("eth0", "rx_crc_errors")][0] == 10  # poll 9
+
+    # A poll that fails as a whole (poll 10) breaks every port's chain: poll 11 reads them all, off its turn.
+    (tree / "class").rename(tree / "elsewhere")
+    with pytest.raises(SourceError):
+        _poll(source)
+    (tree / "elsewhere").rename(tree / "class")
+    _set(tree, "class/net/eth0/statistics/rx_crc_errors", "11")
+    assert _errors(_poll(source).readings)[("eth0", "rx_crc_errors")][0] == 11
+    asyncio.run(source.close())
+
+
 def test_missing_port_and_unreadable_state_are_partial(tree: Path):
     (tree / "class/net/eth1/operstate").unlink()
     source = LinkSource([PortSpec("eth0"), PortSpec("eth1"), PortSpec("eth9"), PortSpec("mlx5_9/1", "ib")], tree)

@@ -90,6 +90,7 @@ class PortSample:
     traffic: dict[str, int] = field(default_factory=dict)  # metric -> value in base units
     problems: list[str] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)  # series whose attribute held no well-formed value
+    counters_read: bool = True  # False: a poll between two reads of the error counters (only the down counter)
 
 
 def port_dir(sysfs_root: Path, port: PortSpec) -> Path:
@@ -152,13 +153,16 @@ class SysfsReader:
         self.ib_counters: dict[str, int] = require(profile, "infiniband.error_counters", dict, where)
         self.ib_down_counter: str = require(profile, "infiniband.down_counter", str, where)
         self.ib_traffic: dict[str, dict] = require(profile, "infiniband.traffic", dict, where)
+        # What a poll between two counter reads reads of the error counters: the down count, for flaps.
+        self._ib_down_only = {k: v for k, v in self.ib_counters.items() if k == self.ib_down_counter}
         self.eth_up = set(require(profile, "ethernet.up_states", list, where))
         self.eth_counters: list[str] = require(profile, "ethernet.error_counters", list, where)
         self.eth_traffic: dict[str, dict] = require(profile, "ethernet.traffic", dict, where)
         self._dirs: dict[str, str] = {}  # port name -> its directory
 
-    def read(self, port: PortSpec) -> PortSample:
-        sample = PortSample(port)
+    def read(self, port: PortSpec, counters: bool = True) -> PortSample:
+        """One port's sample; without `counters`, of its error counters only the kernel's down count (flaps)."""
+        sample = PortSample(port, counters_read=counters)
         base = self._dirs.get(port.name)
         if base is None:
             base = self._dirs[port.name] = str(port_dir(self.root, port))
@@ -168,12 +172,12 @@ class SysfsReader:
             sample.problems.append(f"{base}: port not present")
             return sample
         if port.kind == "ib":
-            self._read_ib(base, sample)
+            self._read_ib(base, sample, counters)
         else:
-            self._read_eth(base, sample)
+            self._read_eth(base, sample, counters)
         return sample
 
-    def _read_ib(self, base: str, s: PortSample) -> None:
+    def _read_ib(self, base: str, s: PortSample, counters: bool = True) -> None:
         for attr in ("state", "phys_state"):
             text = _read(f"{base}/{attr}")
             m = _CODE.match(text or "")
@@ -191,7 +195,7 @@ class SysfsReader:
         elif rate:
             s.problems.append(f"{base}/rate: not '<n> Gb/sec': {rate[:40]!r}")
             s.faults.append((LINK_SPEED, {"port": s.port.name}))
-        for name, width in self.ib_counters.items():
+        for name, width in (self.ib_counters if counters else self._ib_down_only).items():
             value = _read_int(f"{base}/counters/{name}", s, fault=(LINK_ERRORS, {"port": s.port.name, "counter": name}))
             if value is not None:
                 s.errors[name] = value
@@ -199,7 +203,7 @@ class SysfsReader:
         s.down_count = s.errors.get(self.ib_down_counter)
         self._read_traffic(f"{base}/counters", self.ib_traffic, s)
 
-    def _read_eth(self, base: str, s: PortSample) -> None:
+    def _read_eth(self, base: str, s: PortSample, counters: bool = True) -> None:
         operstate = _read(f"{base}/operstate")
         if operstate is None:
             s.problems.append(f"{base}/operstate: unreadable")
@@ -216,7 +220,7 @@ class SysfsReader:
                 s.speed_bps = mbps * 1e6
         s.carrier_changes = _read_int(f"{base}/carrier_changes", s, fault=(LINK_CARRIER_CHANGES, {"port": s.port.name}))
         s.down_count = _read_int(f"{base}/carrier_down_count", s)
-        for name in self.eth_counters:
+        for name in (self.eth_counters if counters else ()):
             value = _read_int(f"{base}/statistics/{name}", s, fault=(LINK_ERRORS, {"port": s.port.name, "counter": name}))
             if value is not None:
                 s.errors[name] = value
@@ -294,7 +298,7 @@ class LinkSource:
     """Source `links`: one poll reads every watched port's sysfs directory (in a worker thread)."""
 
     def __init__(self, ports: Iterable[Any], sysfs_root: Path | str = Path("/sys"), name: str = "links",
-                 device: str = "ports", timeout: float = 2.0):
+                 device: str = "ports", timeout: float = 2.0, counters_every: int = 1):
         self.name = name
         self.device = device
         self.ports: list[PortSpec] = as_port_specs(ports)
@@ -303,20 +307,55 @@ class LinkSource:
         self.timeout = timeout
         self.last_problems: list[str] = []  # what the last poll could not read, for logs and probe
         self._caller = BlockingCaller(f"{name}-{device}")
+        # Error counters are read every `counters_every` polls (sources.links.counters_interval): on an HCA each
+        # counters/ file read is a query to the firmware, and they change rarely. In between, a port's last
+        # error readings are given again with their own timestamps, so a rate spans the real interval between
+        # reads. port -> (the poll that last read it whole, its held error readings).
+        self.counters_every = max(1, counters_every)
+        self._polls = 0
+        self._held: dict[str, tuple[int, list[Reading]]] = {}
 
-    def _read_all(self) -> list[PortSample]:
-        return [self.reader.read(p) for p in self.ports]
+    def _counters_due(self, port: PortSpec) -> bool:
+        """Read this port's error counters this poll: their turn, or the port missed the last poll (absent,
+        unreadable, or the poll failed), so what is held may predate a reset or a swap."""
+        held = self._held.get(port.name)
+        return (self._polls - 1) % self.counters_every == 0 or held is None or held[0] != self._polls - 1
+
+    def _read_all(self, due: list[bool]) -> list[PortSample]:
+        return [self.reader.read(p, counters) for p, counters in zip(self.ports, due)]
+
+    def _counter_readings(self, s: PortSample, readings: list[Reading]) -> list[Reading]:
+        """The port's error readings to give with this poll's: held ones between reads (kept fresh ones after a
+        read); none for a port that could not be read, so its next poll reads them at once."""
+        name = s.port.name
+        if not s.present or s.up is None:
+            self._held.pop(name, None)
+            return []
+        if s.counters_read:
+            down = self.reader.ib_down_counter if s.port.kind == "ib" else None  # read every poll, never held
+            kept = [r for r in readings if (r.spec is LINK_ERRORS or r.spec is LINK_SATURATED)
+                    and r.labels.get("counter") != down]
+            self._held[name] = (self._polls, kept)
+            return []
+        held = self._held[name][1]
+        self._held[name] = (self._polls, held)
+        return held
 
     async def poll(self) -> PollResult:
+        self._polls += 1  # first: a poll that fails still breaks every port's chain of held counters
         if not (self.reader.root / "class").is_dir():
             raise SourceError("config", f"links: {self.reader.root / 'class'} does not exist (sysfs_root)")
-        samples = await self._caller.call(self._read_all, timeout=self.timeout)
+        due = [self.counters_every == 1 or self._counters_due(p) for p in self.ports]
+        samples = await self._caller.call(self._read_all, due, timeout=self.timeout)
         readings: list[Reading] = []
         errors: dict[str, int] = {}
         self.last_problems = []
         for s in samples:
             self.tracker.update(s)
-            readings.extend(sample_readings(s, self.tracker.flaps[s.port.name]))
+            fresh = sample_readings(s, self.tracker.flaps[s.port.name])
+            readings.extend(fresh)
+            if self.counters_every > 1:
+                readings.extend(self._counter_readings(s, fresh))
             if s.problems:
                 kind = "driver" if not s.present or s.up is None else "decode"
                 errors[kind] = errors.get(kind, 0) + 1
