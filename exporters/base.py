@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+from typing import Any, Callable, Hashable, Protocol, TypeVar, runtime_checkable
 
 from exporters.model import PollResult, SourceError
 
@@ -68,6 +68,39 @@ class BlockingCaller:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class HeldCounters:
+    """Which devices (GPUs, ports) read their error counters this cycle, and what to give between reads.
+
+    Error counters change rarely and can be costly to read (an NVML batch of ~1,000 fields on a GB200 node, a
+    firmware query per file on an HCA), so a device reads them every `every` cycles and, in between, gives its
+    last read's readings again with their own timestamps: a rate is never taken over a sample read twice. A
+    device that missed a cycle (lost, hung, absent, renumbered, or the whole poll failed) reads them again at
+    once, so counters from before a reset or a swap are never given as its current ones.
+    """
+
+    def __init__(self, every: int):
+        self.every = max(1, every)
+        self._held: dict[Hashable, tuple[int, int, list[Any]]] = {}  # key -> (last cycle read, cycle due, readings)
+
+    def due(self, key: Hashable, cycle: int) -> bool:
+        held = self._held.get(key)
+        return held is None or held[0] != cycle - 1 or cycle >= held[1]
+
+    def read(self, key: Hashable, cycle: int, readings: list[Any]) -> None:
+        """The device read its counters in `cycle`: these readings stand until its next read."""
+        self._held[key] = (cycle, cycle + self.every, readings)
+
+    def again(self, key: Hashable, cycle: int) -> list[Any]:
+        """The device was read in `cycle` without its counters (not `due`): the readings of their last read."""
+        _, due, readings = self._held[key]
+        self._held[key] = (cycle, due, readings)
+        return readings
+
+    def forget(self, key: Hashable) -> None:
+        """The device could not be read: its next read reads the counters."""
+        self._held.pop(key, None)
 
 
 class EventStream:

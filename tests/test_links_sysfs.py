@@ -119,9 +119,9 @@ def _errors(readings) -> dict[tuple[str, str], tuple[float, float, Quality]]:
 
 
 def test_error_counters_are_read_every_counters_every_polls_and_at_once_after_a_missed_poll(tree: Path):
-    """sources.links.counters_interval: error counters every fourth poll here (polls 1, 5, 9, 13); state,
-    traffic and the kernel's down count (flaps) every poll; in between the last read is given again with its
-    own timestamp, and a port that missed a poll reads them at once."""
+    """sources.links.counters_interval: error counters every fourth poll here (polls 1, 5, 9 while nothing is
+    missed); state, traffic and the kernel's down count (flaps) every poll; in between the last read is given
+    again with its own timestamp, and a port that missed a poll reads them at once."""
     ib = "class/infiniband/mlx5_0/ports/1"
     source = LinkSource([IB[0], ETH[0]], tree, counters_every=4)
     first = _errors(_poll(source).readings)

@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 from exporters.gpu import nvml_metrics as M
-from exporters.base import BlockingCaller, EventStream, off_loop
+from exporters.base import BlockingCaller, EventStream, HeldCounters, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.gpu.nvml_lanes import GpuLanes
 from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_profile
@@ -113,7 +113,7 @@ class _GpuPlan:
     the field batch and the per-link calls. Keyed by index too, since every label set carries
     `gpu` (the index) and NVML renumbers GPUs when one falls off the bus."""
 
-    __slots__ = ("labels", "info", "fields", "links", "counters", "counters_due", "last_cycle")
+    __slots__ = ("labels", "info", "fields", "links")
 
     def __init__(self, base: dict[str, str]):
         self.labels: dict[tuple, dict[str, str]] = {(): base}  # never mutated once built
@@ -121,9 +121,6 @@ class _GpuPlan:
         # (ids, fills) read every cycle and (ids, fills) of the error counters: rebuilt after a NotSupported
         self.fields: tuple[tuple[list, list], tuple[list, list]] | None = None
         self.links: list[tuple] | None = None
-        self.counters: list[Reading] | None = None  # the error counters' readings of their last read
-        self.counters_due = 0  # the cycle that reads them again
-        self.last_cycle = -1  # the last cycle that read this GPU through
 
 
 class _GpuCycle:
@@ -179,7 +176,7 @@ class NvmlSource:
                  xid_events: bool = True, device: str = "gpus", profile: NvmlProfile | None = None,
                  event_wait_ms: int = 500, gpu_timeout: float = 0.5, counters_every: int = 1):
         self.device = device
-        self._counters_every = max(1, counters_every)
+        self._held = HeldCounters(counters_every)  # by (index, uuid), as the plans
         self._cycle = 0
         self._lib = lib
         self._expected = node_inventory_gpu_count
@@ -325,25 +322,20 @@ class NvmlSource:
         if plan is None:
             plan = self._plans[(i, uuid)] = _GpuPlan({"gpu": str(i), "uuid": uuid})
         c = _GpuCycle(self, uuid, partial, ts, plan)
-        cycle = self._cycle
-        # A GPU that missed a cycle (lost, hung, renumbered) reads its counters again at once.
-        counters = plan.counters is None or plan.last_cycle != cycle - 1 or cycle >= plan.counters_due
+        key, cycle = (i, uuid), self._cycle
         try:
-            self._read_gpu(c, h, counters)
+            self._read_gpu(c, h, key, cycle)
         except self._lost:
-            plan.counters = None
+            self._held.forget(key)
             self._log_once(("lost", uuid), "gpu lost gpu=%s uuid=%s", i, uuid)
             return [self._lost_reading(i, ts)]
-        plan.last_cycle = cycle
-        if counters:
-            plan.counters_due = cycle + self._counters_every
         self._logged.discard(("lost", uuid))
         return c.out
 
     def _lost_reading(self, i: int, ts: float) -> Reading:
         return Reading(M.GPU_UP, 0.0, {"gpu": str(i), "uuid": self._uuids.get(i, "")}, Quality.OK, ts)
 
-    def _read_gpu(self, c: _GpuCycle, h: Any, counters: bool = True) -> None:
+    def _read_gpu(self, c: _GpuCycle, h: Any, key: tuple[int, str], cycle: int) -> None:
         lib = self._lib
         st = self._static.get(c.uuid) or self._read_static(c, h)
         if c.plan.info is None:
@@ -389,13 +381,13 @@ class NvmlSource:
             c.add(M.PERSISTENCE, 1.0 if v == lib.NVML_FEATURE_ENABLED else 0.0)
         self._read_fields(c, h, counters=False)
         self._read_links(c, h, counters=False)
-        if counters:
+        if self._held.due(key, cycle):
             start = len(c.out)
             self._read_counters(c, h)
             # what answered NotSupported was said once, in this read, and is not given again
-            c.plan.counters = [r for r in c.out[start:] if r.quality is not Quality.UNSUPPORTED]
+            self._held.read(key, cycle, [r for r in c.out[start:] if r.quality is not Quality.UNSUPPORTED])
         else:
-            c.out += c.plan.counters or ()
+            c.out += self._held.again(key, cycle)
         stream = self.event_stream
         if stream is None or not stream.attached:
             self._read_xids(c)

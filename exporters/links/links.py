@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from exporters.base import BlockingCaller
+from exporters.base import BlockingCaller, HeldCounters
 from exporters.links.links_profile import load_links_profile, require
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, counter, gauge, make_reading
 from exporters.links.ports import PortSpec, as_port_specs
@@ -307,19 +307,14 @@ class LinkSource:
         self.timeout = timeout
         self.last_problems: list[str] = []  # what the last poll could not read, for logs and probe
         self._caller = BlockingCaller(f"{name}-{device}")
-        # Error counters are read every `counters_every` polls (sources.links.counters_interval): on an HCA each
-        # counters/ file read is a query to the firmware, and they change rarely. In between, a port's last
-        # error readings are given again with their own timestamps, so a rate spans the real interval between
-        # reads. port -> (the poll that last read it whole, its held error readings).
-        self.counters_every = max(1, counters_every)
+        # Error counters every `counters_every` polls (sources.links.counters_interval), by port: on an HCA each
+        # counters/ file read is a query to the firmware, and they change rarely.
+        self._held = HeldCounters(counters_every)
         self._polls = 0
-        self._held: dict[str, tuple[int, list[Reading]]] = {}
 
-    def _counters_due(self, port: PortSpec) -> bool:
-        """Read this port's error counters this poll: their turn, or the port missed the last poll (absent,
-        unreadable, or the poll failed), so what is held may predate a reset or a swap."""
-        held = self._held.get(port.name)
-        return (self._polls - 1) % self.counters_every == 0 or held is None or held[0] != self._polls - 1
+    @property
+    def counters_every(self) -> int:
+        return self._held.every
 
     def _read_all(self, due: list[bool]) -> list[PortSample]:
         return [self.reader.read(p, counters) for p, counters in zip(self.ports, due)]
@@ -329,23 +324,21 @@ class LinkSource:
         read); none for a port that could not be read, so its next poll reads them at once."""
         name = s.port.name
         if not s.present or s.up is None:
-            self._held.pop(name, None)
+            self._held.forget(name)
             return []
         if s.counters_read:
             down = self.reader.ib_down_counter if s.port.kind == "ib" else None  # read every poll, never held
             kept = [r for r in readings if (r.spec is LINK_ERRORS or r.spec is LINK_SATURATED)
                     and r.labels.get("counter") != down]
-            self._held[name] = (self._polls, kept)
+            self._held.read(name, self._polls, kept)
             return []
-        held = self._held[name][1]
-        self._held[name] = (self._polls, held)
-        return held
+        return self._held.again(name, self._polls)
 
     async def poll(self) -> PollResult:
         self._polls += 1  # first: a poll that fails still breaks every port's chain of held counters
         if not (self.reader.root / "class").is_dir():
             raise SourceError("config", f"links: {self.reader.root / 'class'} does not exist (sysfs_root)")
-        due = [self.counters_every == 1 or self._counters_due(p) for p in self.ports]
+        due = [self._held.due(p.name, self._polls) for p in self.ports]  # all, when nothing is held (every poll)
         samples = await self._caller.call(self._read_all, due, timeout=self.timeout)
         readings: list[Reading] = []
         errors: dict[str, int] = {}

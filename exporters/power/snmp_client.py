@@ -188,12 +188,9 @@ class SnmpClient:
                 raise SourceError("protocol", f"{self.where}: empty GETBULK response")
             if len(vbs) < len(batch) * reps and all(v is not END for _, v in vbs):
                 self._answer_cap = max(self._answer_cap, len(vbs))
-            n = len(batch)
-            finished: list[_Cursor] = []
-            for k, c in enumerate(batch):  # a GETBULK answer is rows of one varbind per cursor, in cursor order
-                if self._advance(c, vbs[k::n], prefixes[c.col], out[c.col]):
-                    finished.append(c)
-            pending = [c for c in batch if c not in finished] + pending[limit:] if finished else pending
+            n = len(batch)  # a GETBULK answer is rows of one varbind per cursor, in cursor order
+            pending = [c for k, c in enumerate(batch)
+                       if not self._advance(c, vbs[k::n], prefixes[c.col], out[c.col])] + pending[limit:]
         for o in oids:
             if split[o]:  # segments fill a column out of order: rows go back in OID order
                 out[o] = dict(sorted(out[o].items()))
