@@ -6,8 +6,10 @@ scheduler) at the demo's intervals (NVML, links, CDUs, PDU every 1 s, leak every
 The simulator runs in a process of its own, so nothing it does is counted.
 
 Printed:
-- the agent process's CPU as a percentage of one core over --seconds (default 120), after a warm-up,
-  and its resident memory at the end;
+- the agent process's CPU as a percentage of one core over --seconds (default 120), after a warm-up:
+  the median of --windows (default 4) equal windows of that span, with their range (this VM's speed
+  moves within minutes: one figure over the whole span hides how much), and its resident memory at the
+  end;
 - the same run's per-source poll costs: every source of the same config polled alone in this process,
   median CPU per poll divided by its interval, summed: the CPU the polls alone need; and the ratio
   agent CPU / polls' CPU (aim <= 1.5: overhead around the polls is small). A poll is measured paced
@@ -163,6 +165,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--warmup", type=float, default=20.0)
+    ap.add_argument("--windows", type=int, default=4, help="the agent's CPU is the median of this many windows")
     ap.add_argument("--polls", type=int, default=20, help="back-to-back polls per source")
     ap.add_argument("--paced-seconds", type=float, default=10.0, help="how long each source is polled at its interval")
     ap.add_argument("--default-intervals", action="store_true", help="the shipped intervals, not the demo's")
@@ -193,9 +196,10 @@ def main() -> int:
         for cfg in cfgs:
             _wait_healthy(cfg["listen"]["port"], time.monotonic() + 60)
         time.sleep(args.warmup)
-        c0, t0 = [_cpu_seconds(a.pid) for _, a in agents], time.monotonic()
-        time.sleep(args.seconds)
-        c1, t1 = [_cpu_seconds(a.pid) for _, a in agents], time.monotonic()
+        marks = [([_cpu_seconds(a.pid) for _, a in agents], time.monotonic())]
+        for _ in range(max(1, args.windows)):
+            time.sleep(args.seconds / max(1, args.windows))
+            marks.append(([_cpu_seconds(a.pid) for _, a in agents], time.monotonic()))
         rss = [_rss_mib(a.pid) for _, a in agents]
         costs = asyncio.run(_poll_costs(workdir / "node01" / "agent.yaml", args.polls, args.paced_seconds))
     finally:
@@ -211,17 +215,22 @@ def main() -> int:
         for log in logs:
             log.close()
 
-    pcts = [100 * (b - a) / (t1 - t0) for a, b in zip(c0, c1)]
+    # per agent: its CPU % in each window
+    windows = [[100 * (c1[k] - c0[k]) / (t1 - t0) for (c0, t0), (c1, t1) in zip(marks, marks[1:])]
+               for k in range(len(agents))]
+    pcts = [statistics.median(w) for w in windows]
+    span = marks[-1][1] - marks[0][1]
     print(f"machine: {machine_reference()}")
     if args.layout == "demo":
         print(f"layout: demo ({len(agents)} agents, Redfish BMC and CDU, "
               f"{'etcd coordination' if coordinated else 'no etcd installed: static coordination'})")
-        for (node, _), pct, mib in zip(agents, pcts, rss):
-            print(f"  {node}: {pct:.2f} % of a core, {mib:.1f} MiB")
+        for (node, _), pct, w, mib in zip(agents, pcts, windows, rss):
+            print(f"  {node}: {pct:.2f} % of a core ({min(w):.2f}-{max(w):.2f}), {mib:.1f} MiB")
     agent_pct, rss = pcts[0], rss[0]
     paced_pct = 100 * sum(cpu / interval for _, cpu, _, interval in costs)
     warm_pct = 100 * sum(cpu / interval for _, _, cpu, interval in costs)
-    print(f"agent CPU: {agent_pct:.2f} % of a core over {t1 - t0:.0f} s; resident memory {rss:.1f} MiB")
+    print(f"agent CPU: {agent_pct:.2f} % of a core, median of {len(windows[0])} windows over {span:.0f} s "
+          f"(range {min(windows[0]):.2f}-{max(windows[0]):.2f} %); resident memory {rss:.1f} MiB")
     print(f"  {'poll':29s} {'paced':>9s} {'back-to-back':>13s}  every")
     for name, paced, warm, interval in costs:
         print(f"  {name:29s} {paced * 1000:6.2f} ms {warm * 1000:10.2f} ms  {interval:g} s = {100 * paced / interval:.2f} %")
