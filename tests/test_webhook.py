@@ -40,7 +40,11 @@ async def serve(eng, max_body=65536):
     add_remediation_routes(app, eng, SecretStr(ADMIN), SecretStr(TOKEN), max_body)
     reg = CollectorRegistry()
     reg.register(eng.collector())
-    app.router.add_get("/metrics", lambda r: web.Response(body=generate_latest(reg), content_type="text/plain"))
+
+    async def metrics(_: web.Request) -> web.Response:  # aiohttp deprecates plain-function handlers
+        return web.Response(body=generate_latest(reg), content_type="text/plain")
+
+    app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
