@@ -196,9 +196,10 @@ def main() -> int:
         for cfg in cfgs:
             _wait_healthy(cfg["listen"]["port"], time.monotonic() + 60)
         time.sleep(args.warmup)
+        n_windows = max(1, args.windows)
         marks = [([_cpu_seconds(a.pid) for _, a in agents], time.monotonic())]
-        for _ in range(max(1, args.windows)):
-            time.sleep(args.seconds / max(1, args.windows))
+        for _ in range(n_windows):
+            time.sleep(args.seconds / n_windows)
             marks.append(([_cpu_seconds(a.pid) for _, a in agents], time.monotonic()))
         rss = [_rss_mib(a.pid) for _, a in agents]
         costs = asyncio.run(_poll_costs(workdir / "node01" / "agent.yaml", args.polls, args.paced_seconds))
@@ -229,7 +230,7 @@ def main() -> int:
     agent_pct, rss = pcts[0], rss[0]
     paced_pct = 100 * sum(cpu / interval for _, cpu, _, interval in costs)
     warm_pct = 100 * sum(cpu / interval for _, _, cpu, interval in costs)
-    print(f"agent CPU: {agent_pct:.2f} % of a core, median of {len(windows[0])} windows over {span:.0f} s "
+    print(f"agent CPU: {agent_pct:.2f} % of a core, median of {n_windows} windows over {span:.0f} s "
           f"(range {min(windows[0]):.2f}-{max(windows[0]):.2f} %); resident memory {rss:.1f} MiB")
     print(f"  {'poll':29s} {'paced':>9s} {'back-to-back':>13s}  every")
     for name, paced, warm, interval in costs:

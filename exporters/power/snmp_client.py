@@ -148,7 +148,7 @@ class SnmpClient:
             n = want[o] if total <= budget else max(1, want[o] * budget // total)
             rows, prefix = self._rows.get(o, []), prefixes[o]
             bounds = [prefix + rows[k * (len(rows) + 1) // n - 1] for k in range(1, n)]
-            out += [_Cursor(o, start, bound) for start, bound in zip([prefixes[o]] + bounds, bounds + [None])]
+            out += [_Cursor(o, start, bound) for start, bound in zip([prefix] + bounds, bounds + [None])]
         return out
 
     async def walk_columns(self, oids: list[str], max_repetitions: int = 10) -> dict[str, dict[tuple[int, ...], Any]]:
