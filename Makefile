@@ -8,7 +8,7 @@ DEB_PACKAGES := snmp prometheus prometheus-alertmanager prometheus-snmp-exporter
                 iproute2 mbpoll ethtool systemd python3-venv chromium chromium-driver etcd-server etcd-client
 PYTEST_ARGS ?=
 
-.PHONY: demo test fuzz venv peers dashboards bench clean lint deb screenshot
+.PHONY: demo test fuzz venv peers dashboards bench clean lint deb screenshot gpu-check-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ screenshot: $(STAMP) peers
 
 bench: $(STAMP) peers
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# The pure-Python dependencies of bench/gpu_check.py, for a GPU machine whose Python has none of ours:
+# a device run carries build/gpu-deps and runs `python3 bench/gpu_check.py --deps build/gpu-deps --out DIR`.
+gpu-check-deps: $(STAMP)
+	$(PY) bench/gpu_check.py --write-deps build/gpu-deps
 
 clean:
 	rm -rf $(VENV) build *.egg-info
