@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -201,10 +202,7 @@ def exporter(lib: ReadOnlyNvml, cycles: int, out_dir: Path) -> dict[str, Any]:
                 cpus.append(time.process_time() - c0)
         finally:
             await src.close()
-        families: dict[str, int] = {}
-        for r in result.readings:
-            if r.quality is not Quality.UNSUPPORTED:
-                families[r.spec.name] = families.get(r.spec.name, 0) + 1
+        families = Counter(r.spec.name for r in result.readings if r.quality is not Quality.UNSUPPORTED)
         (out_dir / "probe.prom").write_bytes(render_readings(result.readings))
         return {"first_poll_wall_ms": first_wall * 1e3, "cycles": cycles,
                 "poll_wall_ms": _median(walls) * 1e3, "poll_cpu_ms": _median(cpus) * 1e3,
@@ -236,20 +234,18 @@ def peer(runs: int, out_dir: Path) -> dict[str, Any]:
     return {"runs": runs, "wall_ms": _median(walls) * 1e3, "cpu_ms": _median(cpus) * 1e3}
 
 
-def _one(readings: list, spec: Any, gpu: str, **labels: str) -> float | None:
-    for r in readings:
-        if r.spec is spec and r.labels.get("gpu") == gpu and r.ok and all(
-                r.labels.get(k) == v for k, v in labels.items()):
-            return r.value
-    return None
-
-
 def versus_nvidia_smi(capture: str, readings: list) -> list[dict[str, Any]]:
     """The exporter's values against nvidia-smi's for each GPU, matched by PCI bus id."""
     from agent.sim.nvml_capture import nvml_answers, parse
+    from agent.snapshot import Snapshot
     from exporters.gpu import nvml_metrics as M
 
-    info = {r.labels["pci_bus_id"].upper(): r.labels for r in readings if r.spec is M.GPU_INFO}
+    snap = Snapshot(time.time(), readings)  # its `value`: the one OK reading of a family and labels, or None
+
+    def one(spec: Any, gpu: str, **labels: str) -> float | None:
+        return snap.value(spec.name, gpu=gpu, **labels)
+
+    info = {r.labels["pci_bus_id"].upper(): r.labels for r in snap.select(M.GPU_INFO.name)}
     out = []
     for raw in parse(capture).gpus:
         smi = nvml_answers(raw)
@@ -258,25 +254,25 @@ def versus_nvidia_smi(capture: str, readings: list) -> list[dict[str, Any]]:
             out.append({"pci_bus_id": smi["pci_bus_id"], "error": "no GPU of the exporter at this bus id"})
             continue
         g = labels["gpu"]
-        ecc = [_one(readings, M.ECC, g, type=t, scope="aggregate") for t in ("corrected", "uncorrected")]
-        remap = [_one(readings, M.REMAPPED, g, kind=k) for k in ("correctable", "uncorrectable")]
-        remap += [_one(readings, M.REMAP_PENDING, g), _one(readings, M.REMAP_FAILURE, g)]
+        ecc = [one(M.ECC, g, type=t, scope="aggregate") for t in ("corrected", "uncorrected")]
+        remap = [one(M.REMAPPED, g, kind=k) for k in ("correctable", "uncorrectable")]
+        remap += [one(M.REMAP_PENDING, g), one(M.REMAP_FAILURE, g)]
         limits = (("current", "limit_mw"), ("default", "default_limit_mw"), ("min", "min_limit_mw"),
                   ("max", "max_limit_mw"))
         static = {
             **{k: (labels.get(k), smi[k]) for k in ("name", "uuid", "serial", "vbios")},
-            **{f"power_limit_{k}_w": (_one(readings, M.POWER_LIMIT, g, limit=k), smi[key] / 1000) for k, key in limits},
-            "memory_total_bytes": (_one(readings, M.MEMORY_TOTAL, g), float(smi["mem_total"])),
-            "persistence": (_one(readings, M.PERSISTENCE, g), float(smi["persistence"])),
+            **{f"power_limit_{k}_w": (one(M.POWER_LIMIT, g, limit=k), smi[key] / 1000) for k, key in limits},
+            "memory_total_bytes": (one(M.MEMORY_TOTAL, g), float(smi["mem_total"])),
+            "persistence": (one(M.PERSISTENCE, g), float(smi["persistence"])),
             "ecc_aggregate": (ecc, [float(x) for x in smi["ecc_aggregate"]]),
             "remapped_rows": (remap, [float(x) for x in smi["remap"]]),
         }
         moving = {
-            "power_w": (_one(readings, M.POWER, g), smi["power_mw"] / 1000),
-            "temperature_gpu_c": (_one(readings, M.TEMPERATURE, g, sensor="gpu"), float(smi["temp_c"])),
-            "temperature_memory_c": (_one(readings, M.TEMPERATURE, g, sensor="memory"), float(smi["mem_temp_c"])),
-            "clock_sm_hz": (_one(readings, M.CLOCK, g, clock="sm"), smi["sm_mhz"] * 1e6),
-            "utilization_gpu": (_one(readings, M.UTILIZATION, g, engine="gpu"), smi["util_gpu"] / 100),
+            "power_w": (one(M.POWER, g), smi["power_mw"] / 1000),
+            "temperature_gpu_c": (one(M.TEMPERATURE, g, sensor="gpu"), float(smi["temp_c"])),
+            "temperature_memory_c": (one(M.TEMPERATURE, g, sensor="memory"), float(smi["mem_temp_c"])),
+            "clock_sm_hz": (one(M.CLOCK, g, clock="sm"), smi["sm_mhz"] * 1e6),
+            "utilization_gpu": (one(M.UTILIZATION, g, engine="gpu"), smi["util_gpu"] / 100),
         }
         out.append({"gpu": g, "pci_bus_id": smi["pci_bus_id"],
                     "static": {k: {"exporter": a, "nvidia_smi": b, "agree": a == b} for k, (a, b) in static.items()},
@@ -296,10 +292,7 @@ def _section(summary: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
 
 def _counts(values: list[Any]) -> str:
     """[1, 1, 1, 'NotSupported'] -> "1 x3, NotSupported x1": a link list in one line."""
-    seen: dict[str, int] = {}
-    for v in values:
-        seen[str(v)] = seen.get(str(v), 0) + 1
-    return ", ".join(f"{k} x{n}" for k, n in seen.items())
+    return ", ".join(f"{k} x{n}" for k, n in Counter(map(str, values)).items())
 
 
 def report(summary: dict[str, Any]) -> list[str]:
