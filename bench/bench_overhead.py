@@ -15,7 +15,11 @@ Printed:
   agent CPU / polls' CPU (aim <= 1.5: overhead around the polls is small). A poll is measured paced
   at its source's interval (at most 2 s apart; --paced-seconds per source), as the agent polls it:
   a poll after an idle gap costs up to twice one run back to back with warm caches. The back-to-back
-  figure is printed too, as a lower bound.
+  figure is printed too, as a lower bound;
+- the wake-up floor: how often the agent was woken in its windows (context switches of its event loop
+  and of its other threads, a second), and the CPU of a bare process woken as often with nothing else
+  to do (bench/wake_floor.py, --floor-seconds, run while the agent runs): what this machine charges
+  before any work, so the agent's figure can be read against it.
 
 With --default-intervals the same node runs at the shipped defaults instead (NVML, links, CDUs, PDU
 every 5 s, DOM every 30 s, leak every 0.5 s), as a production agent would.
@@ -28,8 +32,8 @@ every 5 s, DOM every 30 s, leak every 0.5 s), as a production agent would.
   coordination through a one-member etcd (leases, watches, shared polls). Each agent's CPU is printed;
   the polls' costs and the ratio are node01's.
 
-    python bench/bench_overhead.py [--seconds 120] [--polls 20] [--paced-seconds 10] [--default-intervals]
-                                   [--layout issue|demo]
+    python bench/bench_overhead.py [--seconds 120] [--polls 20] [--paced-seconds 10] [--floor-seconds 30]
+                                   [--default-intervals] [--layout issue|demo]
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from agent.memory import daemon_env  # noqa: E402
 from agent.sim.ports import free_port  # noqa: E402
 from timing import machine_reference  # noqa: E402
+from wake_floor import context_switches, floor_percent  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -168,6 +173,7 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=4, help="the agent's CPU is the median of this many windows")
     ap.add_argument("--polls", type=int, default=20, help="back-to-back polls per source")
     ap.add_argument("--paced-seconds", type=float, default=10.0, help="how long each source is polled at its interval")
+    ap.add_argument("--floor-seconds", type=float, default=30.0, help="how long the wake-up floor's peer runs")
     ap.add_argument("--default-intervals", action="store_true", help="the shipped intervals, not the demo's")
     ap.add_argument("--layout", choices=("issue", "demo"), default="issue",
                     help="issue 14's node (default), or what `make demo` runs now (Redfish, every agent, etcd)")
@@ -197,11 +203,17 @@ def main() -> int:
             _wait_healthy(cfg["listen"]["port"], time.monotonic() + 60)
         time.sleep(args.warmup)
         n_windows = max(1, args.windows)
+        first = agents[0][1].pid
+        switched = [context_switches(first)]
         marks = [([_cpu_seconds(a.pid) for _, a in agents], time.monotonic())]
         for _ in range(n_windows):
             time.sleep(args.seconds / n_windows)
             marks.append(([_cpu_seconds(a.pid) for _, a in agents], time.monotonic()))
+        switched.append(context_switches(first))
         rss = [_rss_mib(a.pid) for _, a in agents]
+        span = marks[-1][1] - marks[0][1]
+        wakes = [(after - before) / span for before, after in zip(*switched)]  # (event loop, other threads) a second
+        floor = floor_percent(wakes[0], wakes[1], args.floor_seconds, env=daemon_env())
         costs = asyncio.run(_poll_costs(workdir / "node01" / "agent.yaml", args.polls, args.paced_seconds))
     finally:
         for _, agent in agents:
@@ -220,7 +232,6 @@ def main() -> int:
     windows = [[100 * (c1[k] - c0[k]) / (t1 - t0) for (c0, t0), (c1, t1) in zip(marks, marks[1:])]
                for k in range(len(agents))]
     pcts = [statistics.median(w) for w in windows]
-    span = marks[-1][1] - marks[0][1]
     print(f"machine: {machine_reference()}")
     if args.layout == "demo":
         print(f"layout: demo ({len(agents)} agents, Redfish BMC and CDU, "
@@ -238,6 +249,9 @@ def main() -> int:
     print(f"polls alone, paced at their intervals: {paced_pct:.2f} % of a core; ratio agent / polls: "
           f"{agent_pct / paced_pct:.2f}x")
     print(f"polls alone, back to back (warm caches, a lower bound): {warm_pct:.2f} %; ratio {agent_pct / warm_pct:.2f}x")
+    print(f"wake-ups: {sum(wakes):.1f} a second ({wakes[0]:.1f} on the event loop, {wakes[1]:.1f} on other threads); "
+          f"a bare process woken as often, nothing else to do (peer, same run): {floor:.2f} % of a core; "
+          f"the agent above that floor: {agent_pct - floor:.2f} %")
     return 0
 
 
