@@ -16,10 +16,11 @@ Printed:
   at its source's interval (at most 2 s apart; --paced-seconds per source), as the agent polls it:
   a poll after an idle gap costs up to twice one run back to back with warm caches. The back-to-back
   figure is printed too, as a lower bound;
-- the wake-up floor: how often the agent was woken in its windows (context switches of its event loop
-  and of its other threads, a second), and the CPU of a bare process woken as often with nothing else
-  to do (bench/wake_floor.py, --floor-seconds, run while the agent runs): what this machine charges
-  before any work, so the agent's figure can be read against it.
+- the wake-up floor: how often the agent was woken in its windows (voluntary context switches of its
+  event loop and of its other threads, a second; preemptions are printed apart), and the CPU of a
+  bare process woken as often with nothing else to do (bench/wake_floor.py, --floor-seconds, run
+  while the agent runs): what this machine charges before any work, so the agent's figure can be
+  read against it.
 
 With --default-intervals the same node runs at the shipped defaults instead (NVML, links, CDUs, PDU
 every 5 s, DOM every 30 s, leak every 0.5 s), as a production agent would.
@@ -212,8 +213,8 @@ def main() -> int:
         switched.append(context_switches(first))
         rss = [_rss_mib(a.pid) for _, a in agents]
         span = marks[-1][1] - marks[0][1]
-        wakes = [(after - before) / span for before, after in zip(*switched)]  # (event loop, other threads) a second
-        floor = floor_percent(wakes[0], wakes[1], args.floor_seconds, env=daemon_env())
+        loop_wakes, thread_wakes, preempted = ((after - before) / span for before, after in zip(*switched))
+        floor = floor_percent(loop_wakes, thread_wakes, args.floor_seconds, env=daemon_env())
         costs = asyncio.run(_poll_costs(workdir / "node01" / "agent.yaml", args.polls, args.paced_seconds))
     finally:
         for _, agent in agents:
@@ -249,7 +250,8 @@ def main() -> int:
     print(f"polls alone, paced at their intervals: {paced_pct:.2f} % of a core; ratio agent / polls: "
           f"{agent_pct / paced_pct:.2f}x")
     print(f"polls alone, back to back (warm caches, a lower bound): {warm_pct:.2f} %; ratio {agent_pct / warm_pct:.2f}x")
-    print(f"wake-ups: {sum(wakes):.1f} a second ({wakes[0]:.1f} on the event loop, {wakes[1]:.1f} on other threads); "
+    print(f"wake-ups: {loop_wakes + thread_wakes:.1f} a second ({loop_wakes:.1f} on the event loop, {thread_wakes:.1f} "
+          f"on other threads; besides, {preempted:.1f} preemptions a second); "
           f"a bare process woken as often, nothing else to do (peer, same run): {floor:.2f} % of a core; "
           f"the agent above that floor: {agent_pct - floor:.2f} %")
     return 0

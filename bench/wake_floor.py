@@ -3,9 +3,9 @@
 Why it is measured: on a virtual machine a wake-up from idle costs far more than on bare metal (the
 vCPU halted, caches cold when it resumes), and an agent that polls many small devices every second is
 woken tens of times a second: by its timers, by each device's reply, by its driver threads handing
-work back. bench_overhead counts the agent's wake-ups (context switches of all its threads) in its
-windows and runs this peer, a bare process woken as often, in the same run, so the agent's CPU can be
-read against what the machine charges before any work is done.
+work back. bench_overhead counts the agent's wake-ups (voluntary context switches of all its threads)
+in its windows and runs this peer, a bare process woken as often, in the same run, so the agent's CPU
+can be read against what the machine charges before any work is done.
 
 The peer wakes the way the agent does: an asyncio loop on its main thread (the agent's loop, woken by
 timers and sockets) and one plain thread waiting on an Event with a timeout (the agent's driver and
@@ -23,22 +23,34 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 
-def context_switches(pid: int) -> tuple[int, int]:
-    """(switches of the process's main thread, of all its other threads) so far: voluntary and involuntary."""
-    main = others = 0
+class Switches(NamedTuple):
+    """A process's context switches so far. A voluntary switch is a thread going to sleep, so each is one
+    wake-up to come; an involuntary one is a running thread preempted, not a wake-up, and is kept apart."""
+
+    loop: int  # voluntary, the main thread's (the agent's event loop)
+    threads: int  # voluntary, all its other threads'
+    preempted: int  # involuntary, all threads
+
+
+def context_switches(pid: int) -> Switches:
+    loop = threads = preempted = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:  # a thread that ended meanwhile
             continue
-        n = sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
-        if int(tid) == pid:
-            main += n
-        else:
-            others += n
-    return main, others
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                if int(tid) == pid:
+                    loop += int(line.split()[1])
+                else:
+                    threads += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                preempted += int(line.split()[1])
+    return Switches(loop, threads, preempted)
 
 
 def floor_percent(loop_per_s: float, thread_per_s: float, seconds: float, env: dict[str, str] | None = None) -> float:
