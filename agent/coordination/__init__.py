@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from agent.coordination.records import REJECTED_RECORDS
 from exporters.model import counter, gauge
 
 COORDINATION_UP = gauge("supernode_coordination_up", (
@@ -73,3 +74,7 @@ class CoordinationCollector:
             facts.add_metric(["out"], c.facts_published)
             facts.add_metric(["in"], c.facts_received)
             yield facts
+        rejected = CounterMetricFamily(REJECTED_RECORDS.name, REJECTED_RECORDS.help, labels=["key_kind", "why"])
+        for (kind, why), n in sorted(c.rejections.counts.items()):
+            rejected.add_metric([kind, why], n)
+        yield rejected

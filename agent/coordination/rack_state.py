@@ -41,6 +41,7 @@ import logging
 from typing import Any, Callable
 
 from agent.coordination.etcd import KV, EtcdError, cmp_create, cmp_mod, op_delete, op_get, op_put
+from agent.coordination.records import ActionsDoc, Rejections, actions_doc, drains_doc
 
 log = logging.getLogger("supernode.coordination")
 CONTENTION_TRIES = 30
@@ -56,8 +57,10 @@ class RackState:
     def __init__(self, loaded):
         self.guardrails = loaded.config.remediation.guardrails
         self.reservation_seconds = loaded.config.coordination.drain_reservation_seconds
+        self.skew = loaded.config.coordination.max_clock_skew_seconds
+        self.inventory_nodes = frozenset(loaded.config.inventory.nodes or [loaded.config.agent.node])
+        self.rejections = Rejections()
         self.local_pending: dict[str, Any] = {}  # rack approval id -> engine Pending
-        self._engine_callbacks: list[Any] = []
         self._written: dict[str, KV] = {}  # guard key -> our own last write (ahead of the mirror until its event)
         self._reservations: list[tuple[str, asyncio.Future]] = []  # action counts waiting for the next txn
         self._reserver: asyncio.Task | None = None
@@ -69,15 +72,19 @@ class RackState:
         kvs = [kv for kv in (self.mirror.get(key), self._written.get(key)) if kv is not None]
         return max(kvs, key=lambda kv: kv.mod_revision) if kvs else None
 
-    async def _update(self, key: str, decide: Callable[[dict[str, Any]], tuple[Any, dict[str, Any] | None]],
+    async def _update(self, key: str, parse: Callable[[KV | None], Any],
+                      decide: Callable[[Any], tuple[Any, dict[str, Any] | None]],
                       read_first: bool = False) -> tuple[bool, Any]:
-        """(True, answer) of `decide(doc)` once its new doc is written over an unchanged key, or once it wrote
-        nothing (None) on a value just read (a refusal is never decided on a value that may be stale); (False,
-        None) when CONTENTION_TRIES racing agents won every time. EtcdError passes through."""
+        """(True, answer) of `decide(parse(kv))` once its new doc is written over an unchanged key, or once it
+        wrote nothing (None) on a value just read (a refusal is never decided on a value that may be stale);
+        (False, None) when CONTENTION_TRIES racing agents won every time. EtcdError passes through.
+
+        `parse` validates the record (agent.coordination.records): what fails is dropped and counted there, and
+        the new doc written back holds only valid entries, so a garbled record is repaired by the next write."""
         fresh = read_first
         kv = await self.client.get(key) if read_first else self._known(key)
         for _ in range(CONTENTION_TRIES):
-            doc = json.loads(kv.value) if kv is not None else {}
+            doc = parse(kv)
             answer, new = decide(doc)
             if new is None:
                 if fresh:
@@ -104,9 +111,10 @@ class RackState:
         atomically; degraded (etcd unreachable): this agent's own count, as without coordination."""
         if not self.up():
             return guard.check_blast_radius(drained, rack_nodes, node)
-        def decide(doc: dict[str, Any]) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
+
+        def decide(doc: dict[str, float]) -> tuple[tuple[str, str] | None, dict[str, Any] | None]:
             now = self.clock()
-            held = {n: t for n, t in doc.items() if now - float(t) < self.reservation_seconds}
+            held = {n: t for n, t in doc.items() if now - t < self.reservation_seconds}
             in_flight = sorted(set(held) - {node} - set(drained))
             blocked = guard.check_blast_radius(sorted(set(drained) | set(in_flight)), rack_nodes, node)
             if blocked:
@@ -118,28 +126,32 @@ class RackState:
             return None, held
 
         try:
-            done, answer = await self._update(f"{self.root}/guard/drains", decide)
+            done, answer = await self._update(f"{self.root}/guard/drains", self._drains, decide)
         except EtcdError as exc:
             log.warning("rack drain count unavailable; counting alone", extra={"error": str(exc)[:200]})
+            return guard.check_blast_radius(drained, rack_nodes, node)
+        except Exception:  # a bug here must never stop a drain: count alone, as without coordination
+            log.exception("rack drain count failed; counting alone")
             return guard.check_blast_radius(drained, rack_nodes, node)
         if not done:
             return "rack_contention", f"could not reserve a drain of {node}: {CONTENTION_TRIES} agents raced for it"
         return answer
 
-    async def release_drain(self, node: str) -> None:
-        return None  # reservations lapse by themselves; the scheduler's state is the truth after that
+    def _drains(self, kv: KV | None) -> dict[str, float]:
+        """The valid drain reservations of a guard/drains record (inventory nodes, times not in the future)."""
+        return drains_doc(kv.value if kv is not None else None, self.inventory_nodes, self.clock(), self.skew,
+                          self.rejections, kv.key if kv is not None else "", kv.mod_revision if kv is not None else 0)
 
     # -- breaker and rates --------------------------------------------------------------------------------
 
-    def _actions_doc(self) -> dict[str, Any]:
-        kv = self.mirror.get(f"{self.root}/guard/actions")
-        try:
-            return json.loads(kv.value) if kv is not None else {}
-        except ValueError:
-            return {}
+    def _actions(self, kv: KV | None, count: bool = True) -> ActionsDoc:
+        return actions_doc(kv.value if kv is not None else None, self.inventory_nodes, self.clock(), self.skew,
+                           self.rejections if count else None, kv.key if kv is not None else "",
+                           kv.mod_revision if kv is not None else 0)
 
     def breaker_open(self) -> bool:
-        return bool(self._actions_doc().get("breaker", {}).get("open"))
+        """Asked for every incidents view: not counted again here (the record was counted when a step read it)."""
+        return bool(self._actions(self.mirror.get(f"{self.root}/guard/actions"), count=False).breaker.get("open"))
 
     async def reserve_action(self, kind: str, guard: Any) -> tuple[str, str] | None:
         """Count one action of `kind` rack-wide (breaker window, hourly rate), or say which limit blocks it.
@@ -162,7 +174,7 @@ class RackState:
             batch, self._reservations = self._reservations, []
             answers: list[tuple[str, str] | None]
             try:
-                done, answers = await self._update(f"{self.root}/guard/actions",
+                done, answers = await self._update(f"{self.root}/guard/actions", self._actions,
                                                    lambda doc: self._count_actions(doc, [k for k, _ in batch]))
                 if not done:
                     answers = [("rack_contention", f"could not count a {k} action rack-wide: too many agents raced")
@@ -170,24 +182,22 @@ class RackState:
             except EtcdError as exc:
                 log.warning("rack action count unavailable; counting alone", extra={"error": str(exc)[:200]})
                 answers = [None] * len(batch)
-            except Exception as exc:  # a bug here fails these steps, said why; it never hangs them
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
+            except Exception:  # a bug here must never stop a step: count alone, as without coordination
+                log.exception("rack action count failed; counting alone")
+                answers = [None] * len(batch)
             for (_, fut), answer in zip(batch, answers):
                 if not fut.done():
                     fut.set_result(answer)
 
-    def _count_actions(self, doc: dict[str, Any], kinds: list[str]
+    def _count_actions(self, doc: ActionsDoc, kinds: list[str]
                        ) -> tuple[list[tuple[str, str] | None], dict[str, Any] | None]:
         """Each action's verdict in turn (the one that reaches breaker_max_actions runs and opens the breaker,
         the ones after it are blocked), and the doc to write (None when none of them was counted)."""
         s = self.guardrails
         now = self.clock()
-        breaker = doc.get("breaker") or {}
-        recent = [t for t in doc.get("recent", []) if now - t <= s.breaker_window_seconds]
-        counts = {k: [t for t in v if now - t <= 3600] for k, v in (doc.get("kinds") or {}).items()}
+        breaker = doc.breaker
+        recent = [t for t in doc.recent if now - t <= s.breaker_window_seconds]
+        counts = {k: [t for t in v if now - t <= 3600] for k, v in doc.kinds.items()}
         answers: list[tuple[str, str] | None] = []
         for kind in kinds:
             if breaker.get("open"):
@@ -210,13 +220,13 @@ class RackState:
         return answers, {"recent": recent, "kinds": counts, "breaker": breaker}
 
     async def reset_breaker(self, who: str) -> bool:
-        def decide(doc: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
-            if not doc:
+        def decide(doc: ActionsDoc) -> tuple[bool, dict[str, Any] | None]:
+            if not (doc.breaker or doc.recent or doc.kinds):
                 return False, None
-            was = bool((doc.get("breaker") or {}).get("open"))
-            return was, dict(doc, recent=[], breaker={"open": False, "reset_by": who, "at": self.clock()})
+            was = bool(doc.breaker.get("open"))
+            return was, dict(doc.as_json(), recent=[], breaker={"open": False, "reset_by": who, "at": self.clock()})
 
-        done, was = await self._update(f"{self.root}/guard/actions", decide, read_first=True)
+        done, was = await self._update(f"{self.root}/guard/actions", self._actions, decide, read_first=True)
         return bool(done and was)
 
     # -- approvals ----------------------------------------------------------------------------------------

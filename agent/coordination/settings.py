@@ -82,6 +82,10 @@ class Coordination(_Strict):
         "etcd unreachable: each agent polls the rack's leak inputs itself, at most this often."))
     drain_reservation_seconds: float = Field(default=30.0, gt=0, le=600, description=(
         "etcd: how long a drain counted in the rack's reservation (before the scheduler shows it) holds a place."))
+    max_clock_skew_seconds: float = Field(default=5.0, ge=0, le=300, description=(
+        "How far ahead of this agent's clock a time written by another agent (a drain reservation, an action "
+        "count, a fact, an approval) may be; a later one cannot be true and the record is rejected (counted in "
+        "supernode_coordination_rejected_records_total). Keep the rack's clocks in sync (NTP)."))
     etcd: EtcdSettings | None = None
 
     @model_validator(mode="after")

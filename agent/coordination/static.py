@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from agent.coordination.facts import FactExchange, encode
+from agent.coordination.records import Rejections
 from agent.coordination.shared import SharedDevices, shared_devices
 
 log = logging.getLogger("supernode.coordination")
@@ -46,9 +47,6 @@ class LocalRack:
         return guard.check_blast_radius(drained, rack_nodes, node)
 
     async def reserve_action(self, kind: str, guard: Any) -> tuple[str, str] | None:
-        return None
-
-    async def release_drain(self, node: str) -> None:
         return None
 
     def pending_added(self, pending: Any, incident: Any) -> None:
@@ -117,6 +115,7 @@ class StaticCoordinator:
         self.subscribers: set[asyncio.Queue] = set()
         self.tasks: list[asyncio.Task] = []
         self.streams_up: dict[str, bool] = {}  # peer -> its stream is open
+        self.rejections = Rejections()  # records from peers that failed validation (agent.coordination.records)
 
     def polls(self, device: str) -> bool:
         nodes = self.pollers.get(device)

@@ -90,6 +90,10 @@ class Pending:
                 "created_at": self.created_at, "expires_at": self.expires_at}
 
 
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
 def action_id(incident_id: str, step: int, target: str, phase: str = "apply") -> str:
     return hashlib.sha1(f"{incident_id}|{step}|{target}|{phase}".encode()).hexdigest()[:16]
 
@@ -525,10 +529,26 @@ class RemediationEngine:
             return []
         try:
             targets = await self.resolve_targets(step.targets, inc)
-        except ActionError as exc:
+        except Exception as exc:  # ActionError (a device count), or a bug: this step fails, said why; no other
             return [self._result(inc, book, step, action_id(inc.id, idx, ""), "", "failed",
-                                 {"phase": "apply", "error": f"targets: {exc}"})]
-        return list(await asyncio.gather(*(self.run_step(inc, book, idx, step, tgt) for tgt in targets)))
+                                 {"phase": "apply", "error": f"targets: {_error_text(exc)}"})]
+        return list(await asyncio.gather(*(self._run_step_isolated(inc, book, idx, step, tgt) for tgt in targets)))
+
+    async def _run_step_isolated(self, inc: Incident, book: Playbook, idx: int, step: Step,
+                                 target: Mapping[str, str]) -> str:
+        """One step on one target, ending in its own recorded outcome whatever goes wrong inside it.
+
+        Why: the steps of a playbook run together (a leak drains and caps at once); an exception from
+        coordination (a value read from etcd), a device adapter or a bug in one of them used to propagate and
+        cancel its siblings, so a bad record in etcd took the leak's GPU caps with the drain."""
+        try:
+            return await self.run_step(inc, book, idx, step, target)
+        except Exception as exc:
+            tgt = target_str(target)
+            log.exception("remediation step failed", extra={"incident": inc.id, "action": step.action,
+                                                             "target": tgt})
+            return self._result(inc, book, step, action_id(inc.id, idx, tgt), tgt, "failed",
+                                {"phase": "apply", "error": _error_text(exc), "exception": type(exc).__name__})
 
     def _count_repair(self, cls: str, seconds: float) -> None:
         buckets, total, count = self.repairs.get(cls, ([0] * len(DURATION_BUCKETS), 0.0, 0))
@@ -595,7 +615,7 @@ class RemediationEngine:
         async def again() -> None:
             await asyncio.sleep(delay)
             if self.started and inc.state != "resolved":
-                await self.run_step(inc, book, idx, step, target)
+                await self._run_step_isolated(inc, book, idx, step, target)
         self._spawn(again())
         return delay
 

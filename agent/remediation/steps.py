@@ -19,7 +19,11 @@ OUTCOMES = ("mitigated", "partial", "failed", "observed")
 
 
 async def run_graph(steps: Sequence[Step], run_one: Callable[[int, Step], Awaitable[list[str]]]) -> list[list[str]]:
-    """Run every step as its own task (started in list order); `after` waits for the named steps to finish."""
+    """Run every step as its own task (started in list order); `after` waits for the named steps to finish.
+
+    A step that raises ends as ["failed"] on its own: its exception never cancels the other steps (a leak's
+    GPU caps must not depend on its drain's bookkeeping). `run_one` records the failure it can name; this is
+    the last line for one it could not."""
     ids = {s.id: i for i, s in enumerate(steps) if s.id}
     tasks: list[asyncio.Task] = []
 
@@ -31,10 +35,14 @@ async def run_graph(steps: Sequence[Step], run_one: Callable[[int, Step], Awaita
     for i, step in enumerate(steps):
         tasks.append(asyncio.get_running_loop().create_task(one(i, step)))
     try:
-        return list(await asyncio.gather(*tasks))
+        done = await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         for t in tasks:
             t.cancel()
+    for r in done:
+        if isinstance(r, BaseException) and not isinstance(r, Exception):
+            raise r  # cancellation of the playbook itself (the agent stops)
+    return [["failed"] if isinstance(r, Exception) else r for r in done]
 
 
 def outcome(steps: Sequence[Step], results: Sequence[Sequence[str]], mode: str) -> str:
