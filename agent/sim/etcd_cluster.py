@@ -175,6 +175,43 @@ class EtcdCluster:
             return base64.b64decode(kvs[0]["value"]) if kvs else None
         return None
 
+    def _call(self, path: str, body: dict) -> dict:
+        """One JSON-gateway call on the first member that answers (what a test or an attacker writes directly)."""
+        data = json.dumps(body).encode()
+        errors = []
+        for m in self.members:
+            req = urllib.request.Request(f"{m.url}/v3/{path}", data=data, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    return json.load(resp)
+            except (OSError, ValueError) as exc:
+                errors.append(f"{m.name}: {exc}")
+        raise OSError("no etcd member answered: " + "; ".join(errors))
+
+    def put(self, key: str, value: bytes | str, lease: int = 0) -> int:
+        """Write one key directly (not through an agent); the revision it got."""
+        raw = value.encode() if isinstance(value, str) else value
+        body = {"key": base64.b64encode(key.encode()).decode(), "value": base64.b64encode(raw).decode()}
+        if lease:
+            body["lease"] = str(lease)
+        return int(self._call("kv/put", body)["header"]["revision"])
+
+    def delete(self, key: str) -> None:
+        self._call("kv/deleterange", {"key": base64.b64encode(key.encode()).decode()})
+
+    def lease_grant(self, ttl: int) -> int:
+        return int(self._call("lease/grant", {"TTL": str(ttl)})["ID"])
+
+    def lease_of(self, key: str) -> int:
+        """The lease a key is held under (0: none, or no such key)."""
+        for m in self.members:
+            try:
+                kvs = self._range(m, key.encode())
+            except (OSError, ValueError):
+                continue
+            return int(kvs[0].get("lease", 0)) if kvs else 0
+        return 0
+
     def stop(self) -> None:
         for m in self.members:
             m.stop()
