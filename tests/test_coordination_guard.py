@@ -8,44 +8,18 @@ never pass a limit. A person resets the breaker on another agent than the one th
 from __future__ import annotations
 
 import asyncio
-import types
 
 import pytest
 
-from agent.config import parse_config
-from agent.coordination.etcd_rack import EtcdCoordinator
 from agent.remediation.guardrails import Guardrails
-from agent.snapshot import SnapshotStore
+from tests.coordination_inprocess import rack as _rack, stop as _stop
 from tests.etcd import running_etcd
 from tests.helpers import await_for
-
-NODES = ["n1", "n2", "n3"]
 
 
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory):
     yield from running_etcd(tmp_path_factory.mktemp("etcd-guard"), 1)
-
-
-def _coordinator(tmp_path, etcd, node: str, prefix: str, **guardrails) -> EtcdCoordinator:
-    loaded = parse_config({"agent": {"rack": "r1", "node": node, "state_dir": str(tmp_path / node)},
-                           "inventory": {"nodes": NODES},
-                           "remediation": {"guardrails": guardrails},
-                           "coordination": {"backend": "etcd", "etcd": {"endpoints": etcd.endpoints, "prefix": prefix}}})
-    return EtcdCoordinator(loaded)
-
-
-async def _rack(tmp_path, etcd, prefix: str, **guardrails) -> list[EtcdCoordinator]:
-    coords = [_coordinator(tmp_path, etcd, n, prefix, **guardrails) for n in NODES]
-    for c in coords:
-        await c.start(types.SimpleNamespace(store=SnapshotStore(), scheduler=types.SimpleNamespace(poll_now=None)))
-    await await_for(lambda: all(c.up() for c in coords), 30, what="three coordinators up")
-    return coords
-
-
-async def _stop(coords: list[EtcdCoordinator]) -> None:
-    for c in coords:
-        await c.stop()
 
 
 def test_racing_agents_never_pass_the_rack_hourly_rate(tmp_path, etcd):

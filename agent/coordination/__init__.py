@@ -26,6 +26,12 @@ COORDINATION_POLLING = gauge("supernode_coordination_polling", (
 COORDINATION_MEMBERS = gauge("supernode_coordination_members", "Agents of the rack alive in etcd, as this agent sees them.")
 COORDINATION_FENCED = counter("supernode_coordination_fenced_total", (
     "Shared actuator writes refused because this agent could not prove it leads the rack."))
+COORDINATION_NO_LEADER = gauge("supernode_coordination_no_leader_seconds", (
+    "etcd: how long this agent, coordinating, has seen no rack leader (a leader key held under a current "
+    "member's live lease); 0 while it sees one or while it is degraded. Shared steps (valves, outlets) wait "
+    "for a leader meanwhile."))
+COORDINATION_LEASE_TTL = gauge("supernode_coordination_lease_ttl_seconds", (
+    "etcd: the lease TTL of this agent's membership, leadership and poller slots (coordination.lease_ttl_seconds)."))
 COORDINATION_FACTS = counter("supernode_coordination_facts_total", (
     "Shared-device polls published to the rack (direction=out) or taken from another poller (in)."), ("direction",))
 
@@ -69,6 +75,9 @@ class CoordinationCollector:
             yield fam
         if c.backend == "etcd":
             yield GaugeMetricFamily(COORDINATION_MEMBERS.name, COORDINATION_MEMBERS.help, value=len(c.members()))
+            yield GaugeMetricFamily(COORDINATION_NO_LEADER.name, COORDINATION_NO_LEADER.help,
+                                    value=c.no_leader_seconds())
+            yield GaugeMetricFamily(COORDINATION_LEASE_TTL.name, COORDINATION_LEASE_TTL.help, value=c.ttl)
             yield CounterMetricFamily(COORDINATION_FENCED.name, COORDINATION_FENCED.help, value=c.fenced_total)
             facts = CounterMetricFamily(COORDINATION_FACTS.name, COORDINATION_FACTS.help, labels=["direction"])
             facts.add_metric(["out"], c.facts_published)

@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable
 
 from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
-                                     cmp_mod, cmp_value, op_put)
+                                     cmp_mod, cmp_value, op_delete, op_put)
 from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
 from agent.coordination.rack_state import RackState
 from agent.coordination.shared import SharedDevices, leader_jobs, ranked, shared_devices
@@ -84,6 +84,7 @@ class EtcdCoordinator(RackState):
         self.align: Callable[[str, float, float], bool] | None = None
         self._aligned_at: dict[str, float] = {}  # job -> when this standby last checked its phase
         self.fenced_total = 0
+        self._leaderless_since: float | None = None  # monotonic; while coordinating with no valid leader
         self.sessions = 0
         self.last_error: str | None = None
         RackState.__init__(self, loaded)
@@ -115,8 +116,37 @@ class EtcdCoordinator(RackState):
         return {d: self.polls(d) for d in self.shared.devices}
 
     def leader_node(self) -> str | None:
+        """The rack's leader as the mirror proves it, or None (see `_leader_problem`)."""
         kv = self.mirror.get(f"{self.root}/leader")
-        return kv.value.decode() if kv is not None else None
+        return None if kv is None or self._leader_problem(kv) else kv.value.decode()
+
+    def _leader_problem(self, kv: KV) -> tuple[str, str] | None:
+        """(why, detail) when the leader key names no leader: only a current member's live lease makes one.
+
+        A key written without a lease (a "ghost"), under a lease that is not its node's member lease, or naming a
+        node outside the inventory would otherwise stop every agent from campaigning (the key exists) while no
+        agent leads: shared steps (the zone valve) would silently do nothing."""
+        if not kv.lease:
+            return "no_lease", "the leader key is held under no lease"
+        node = kv.value.decode(errors="replace")
+        if node not in self.inventory_nodes:
+            return "unknown_node", f"the leader key names {node[:60]!r}, not a node of the rack"
+        member = self.mirror.get(f"{self.root}/members/{node}")
+        if member is None or member.lease != kv.lease:
+            return "not_member", f"the leader key's lease is not {node}'s live member lease"
+        return None
+
+    def no_leader_seconds(self) -> float:
+        """How long this agent, coordinating, has seen no leader (0 while it sees one, or while degraded)."""
+        since = self._leaderless_since
+        return 0.0 if since is None or not self.up() else max(0.0, MONOTONIC() - since)
+
+    def _track_leader(self) -> None:
+        if self.up() and self.leader_node() is None:
+            if self._leaderless_since is None:
+                self._leaderless_since = MONOTONIC()
+        else:
+            self._leaderless_since = None
 
     def describe(self) -> dict[str, Any]:
         """What the status page says of the rack's coordination: up or degraded (and why), who leads, who is alive."""
@@ -126,8 +156,11 @@ class EtcdCoordinator(RackState):
                 "why": "" if up else (self.last_error or "no etcd session yet")}
 
     def members(self) -> list[str]:
+        """The rack's live agents: inventory nodes whose member key is held under a lease and names them."""
         pre = f"{self.root}/members/"
-        return sorted(k[len(pre):] for k in self.mirror if k.startswith(pre))
+        return sorted(k[len(pre):] for k, kv in self.mirror.items()
+                      if k.startswith(pre) and kv.lease and k[len(pre):] in self.inventory_nodes
+                      and kv.value == k[len(pre):].encode())
 
     def bind(self, engine: Any) -> None:
         """The remediation engine running now: told when this agent becomes leader (carry on the shared
@@ -435,6 +468,7 @@ class EtcdCoordinator(RackState):
             await self._campaign()
             await self._claim_slots()
             self._leadership_edges()
+            self._track_leader()
             self._changed.clear()
             try:
                 async with asyncio.timeout(0.5):
@@ -448,9 +482,20 @@ class EtcdCoordinator(RackState):
         if kv is not None:
             if kv.lease == self.lease and kv.value.decode() == self.node:
                 self.token = kv.mod_revision  # ours (a session that reused its lease)
-            elif self.token:
+                return
+            if self.token:
                 self.token = 0
-            return
+            problem = self._leader_problem(kv)
+            if problem is None:
+                return
+            # Not a leader: remove it (only if unchanged since we read it), so the next round elects one.
+            self.rejections.reject("leader", problem[0], key, kv.mod_revision, problem[1])
+            ok, _, _ = await self.client.txn([cmp_mod(key, kv.mod_revision)], [op_delete(key)])
+            if ok:
+                log.warning("rack leader key removed: it named no leader", extra={"why": problem[1]})
+                self.mirror.pop(key, None)
+            else:
+                return
         self.token = 0
         ok, _, rev = await self.client.txn([cmp_create(key, 0)], [op_put(key, self.node, self.lease)])
         if ok:

@@ -135,7 +135,8 @@ def drains_doc(raw: bytes | str | None, nodes: Iterable[str], now: float, skew: 
     out: dict[str, float] = {}
     for name, t in doc.items():
         try:
-            out[node_name(name, f"drains.{str(name)[:40]}", nodes)] = wall_time(t, f"drains.{name}", now, skew)
+            node = node_name(name, f"drains.{str(name)[:40]}", nodes)
+            out[node] = wall_time(t, f"drains.{node}", now, skew)
         except RecordError as exc:
             if rejections is not None:
                 rejections.error("guard_drains", key, revision, exc)

@@ -40,6 +40,9 @@ class LocalRack:
     def role(self) -> str:
         return "leader" if self.is_leader() else "follower"
 
+    def leader_node(self) -> str | None:
+        return self.leader
+
     def up(self) -> bool:
         return True
 

@@ -527,6 +527,11 @@ class RemediationEngine:
         """One step on each of its targets; a target list that cannot be read is a failed step, said why."""
         if inc.state == "resolved":
             return []
+        if step.targets in SHARED_TARGETS and self.rack.role() == "follower" and self.rack.leader_node() is None:
+            # Followers leave shared devices to the leader; with none, nobody would drive them: say so.
+            self._block(inc, book, step, action_id(inc.id, idx, ""), "", "no_leader",
+                        "the rack has no leader now: the agent elected next carries this step on")
+            return ["blocked"]
         try:
             targets = await self.resolve_targets(step.targets, inc)
         except Exception as exc:  # ActionError (a device count), or a bug: this step fails, said why; no other
