@@ -36,8 +36,11 @@ demo: $(STAMP) peers
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# Test modules run on TEST_WORKERS parallel workers (pytest-xdist; a module stays on one worker with its peers):
+# the suite mostly waits on real peers, so 2 cores carry several modules at once. The 25 slowest tests are listed.
+TEST_WORKERS ?= 3
 test: $(STAMP) peers lint
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The property-based tests with the deep hypothesis profile (many random examples; minutes, not seconds).
 fuzz: $(STAMP)

@@ -26,6 +26,16 @@ else:
     _hypothesis_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs modules on parallel workers), each worker hands out loopback ports
+    from its own slice of the range (agent/sim/ports.py), so two workers never start peers on one port."""
+    import os
+
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit():
+        os.environ["SUPERNODE_PORT_SLICE"] = f"{int(worker[2:])}/{int(count)}"
+
+
 def pytest_collection_modifyitems(config, items):
     """Every hypothesis test carries the `fuzz` marker, so `make fuzz` (pytest -m fuzz) finds them all."""
     import pytest

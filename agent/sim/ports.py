@@ -10,6 +10,7 @@ so two peers started together never get the same one.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -37,6 +38,21 @@ def _bindable(port: int, kind: int) -> bool:
     return True
 
 
+def _slice(low: int, high: int) -> tuple[int, int]:
+    """This process's share of [low, high]: `SUPERNODE_PORT_SLICE=i/n` (set by the test suite for each of its n
+    parallel workers) gives the i-th of n equal parts, so two workers never hand out the same port: the
+    "handed out before" memory below is per process and cannot see another worker's choices."""
+    raw = os.environ.get("SUPERNODE_PORT_SLICE", "")
+    try:
+        i, n = (int(x) for x in raw.split("/"))
+    except ValueError:
+        return low, high
+    if not 0 <= i < n:
+        return low, high
+    width = (high - low + 1) // n
+    return low + i * width, low + (i + 1) * width - 1
+
+
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
     """A port on 127.0.0.1 that is free now, outside the ephemeral range, not handed out before by this process."""
     high = _ephemeral_low() - 1
@@ -44,10 +60,11 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         with socket.socket(socket.AF_INET, kind) as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
+    low, high = _slice(_FLOOR, high)
     with _lock:
         for _ in range(1000):
-            port = random.randint(_FLOOR, high)
+            port = random.randint(low, high)
             if (kind, port) not in _given and _bindable(port, kind):
                 _given.add((kind, port))
                 return port
-    raise OSError(f"no free loopback port between {_FLOOR} and {high}")
+    raise OSError(f"no free loopback port between {low} and {high}")
