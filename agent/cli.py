@@ -165,7 +165,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_remediation(args: argparse.Namespace) -> int:
-    from agent.remediation_cli import dispatch
+    from agent.remediation.cli import dispatch
 
     return dispatch(args)
 
@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_probe_parsers(pr)
 
-    from agent.remediation_cli import add_remediation_parsers
+    from agent.remediation.cli import add_remediation_parsers
 
     add_remediation_parsers(sub)
     return p

@@ -44,7 +44,7 @@ class Agent:
         self.route_mounts: list[RouteMount] = []
         self.extra_collectors: list[Any] = []
         self.remediation: Any = None
-        self.status_hub: Any = None  # the status page's stream (agent.status_http), once the listener runs
+        self.status_hub: Any = None  # the status page's stream (agent.status.http), once the listener runs
         self.port: int | None = None
         self.started_at = time.time()
         self._runner = None

@@ -7,7 +7,7 @@ paths* only, and readings /metrics already shows) and Prometheus must scrape
 without credentials. The listener defends itself (agent.listener): connection
 cap, header/body deadlines, rate-limited logs; an optional Host allow-list
 stops DNS rebinding; `Server` names no version; every answer carries a Content
-Security Policy allowing nothing but this origin (agent.status_http).
+Security Policy allowing nothing but this origin (agent.listener).
 """
 
 from __future__ import annotations
@@ -15,20 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import aiohttp.web_response
+from agent.context import AgentContext
 from agent.auth import requires_admin
 from agent.compression import encode
 from agent.config import Listen
-from agent.listener import ACCEPT_BACKLOG, ConnectionGuard, install_log_limits
-from agent.status_http import add_security_headers, add_status_routes
-
-if TYPE_CHECKING:
-    from agent.daemon import Agent
+from agent.listener import ACCEPT_BACKLOG, ConnectionGuard, add_security_headers, install_log_limits
+from agent.status.http import add_status_routes
 
 log = logging.getLogger("supernode.http")
 
@@ -75,7 +73,7 @@ def host_filter(allowed: list[str]) -> Callable[..., Awaitable[web.StreamRespons
     return check_host
 
 
-def build_app(agent: "Agent") -> web.Application:
+def build_app(agent: AgentContext) -> web.Application:
     listen = agent.loaded.config.listen
     guard = ConnectionGuard(listen.max_connections, listen.header_timeout_seconds, listen.body_timeout_seconds)
     middlewares = [host_filter(listen.allowed_hosts)] if listen.allowed_hosts else []

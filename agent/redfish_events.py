@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from agent.context import AgentContext
 from agent.auth import caller, token_map, unauthorized
-
-if TYPE_CHECKING:
-    from agent.daemon import Agent
 
 log = logging.getLogger("supernode.redfish")
 MAX_EVENT_BYTES = 256 << 10
 PATH = "/api/v1/redfish/events/{name}"
 
 
-def mount(agent: "Agent"):
+def mount(agent: AgentContext):
     """A route mount (agent.route_mounts) reading the running config at each request (token rotation, reload)."""
 
     def add(app: web.Application) -> None:

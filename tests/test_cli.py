@@ -112,7 +112,7 @@ def test_a_reader_that_leaves_early_is_not_an_error(tmp_path):
     r, w = os.pipe()
     os.close(r)  # the reader is gone before anything is written
     # The listing itself stands in for an agent's long answer: it writes more than a pipe buffer holds.
-    code = ("import sys; import agent.remediation_cli as rc; from agent.cli import main; "
+    code = ("import sys; import agent.remediation.cli as rc; from agent.cli import main; "
             "rc.dispatch = lambda args: [print('x' * 100000, flush=True) for _ in range(3)] and 0; "
             "sys.exit(main(['incidents']))")
     proc = subprocess.run([sys.executable, "-c", code], stdout=w, stderr=subprocess.PIPE, text=True, cwd=REPO,

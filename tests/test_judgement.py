@@ -375,7 +375,7 @@ def test_a_resume_health_check_that_names_no_known_check_is_refused_naming_the_f
 
 
 def test_until_accepts_a_duration_or_an_iso_time():
-    from agent.remediation_cli import parse_until
+    from agent.remediation.cli import parse_until
 
     assert parse_until("90m", now=1000.0) == 1000.0 + 5400
     import datetime

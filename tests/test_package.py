@@ -189,5 +189,5 @@ def test_venv_install_as_readme_describes(tmp_path, wheelhouse):
     assert Path(sys.executable).resolve() != (venv / "bin" / "python").resolve()
     # the status page's files are package data: an installed agent serves them from its own tree
     files = _run([str(venv / "bin" / "python"), "-c",
-                  "import agent.status_http as s; print(' '.join(sorted(p.name for p in s.STATIC.iterdir())))"])
+                  "import agent.status.http as s; print(' '.join(sorted(p.name for p in s.STATIC.iterdir())))"])
     assert files.stdout.split() == ["icon.svg", "index.html", "status.css", "status.js"], files.stdout + files.stderr

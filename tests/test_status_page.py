@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agent.status_http import CSP
-from agent.status_peers import NodeCard
+from agent.listener import CSP
+from agent.status.peers import NodeCard
 from tests.agentproc import AgentProcess, base_config, running_agent
 from tests.helpers import REPO, free_port, wait_for
 from tests.test_tls import pki  # noqa: F401 (the fixture: a CA, a server and a client certificate)
@@ -26,9 +26,15 @@ STATIC = REPO / "agent" / "status"
 
 
 def _metric(agent: AgentProcess, name: str) -> float:
-    m = re.search(rf"^{name} (\S+)$", agent.metrics(), re.M)
-    assert m, name
-    return float(m.group(1))
+    value = _series(agent, name)
+    assert value is not None, name
+    return value
+
+
+def _series(agent: AgentProcess, name: str) -> float | None:
+    """The series' value, None while the agent (which answered) does not serve it yet (a wait's condition)."""
+    m = re.search(rf"^{re.escape(name)} (\S+)$", agent.metrics(), re.M)
+    return float(m.group(1)) if m else None
 
 
 class Stream:
@@ -126,7 +132,7 @@ def test_no_view_is_built_while_no_page_is_open(tmp_path):
                       remediation={"slurm": {"backend": "simulated"}})
     with running_agent(cfg, tmp_path) as agent:
         def polls() -> float:
-            return _metric(agent, 'supernode_source_last_success_timestamp_seconds{device="node01",source="links"}')
+            return _series(agent, 'supernode_source_last_success_timestamp_seconds{device="node01",source="links"}') or 0.0
         first = wait_for(polls, 20, what="the links source polling")
         wait_for(lambda: polls() > first + 1, 20, what="several publishes")
         assert _metric(agent, "supernode_status_page_updates_total") == 0

@@ -9,7 +9,7 @@ from agent.remediation.engine import action_id
 from agent.remediation.playbooks import load_playbooks
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot, SourceState
-from agent.status_view import ViewBuilder, coordination, sources, step_states
+from agent.status.view import ViewBuilder, coordination, sources, step_states
 from exporters.cooling import modbus_metrics as mm
 from exporters.gpu import nvml_metrics as nm
 from exporters.model import Quality, Reading

@@ -199,7 +199,7 @@ class StaticCoordinator:
     async def _subscribe(self, peer: str) -> None:
         import aiohttp
 
-        from agent.status_peers import client_ssl
+        from agent.status.peers import client_ssl
 
         url = f"{self.peers[peer]}/api/v1/coordination/facts"
         delay = 0.2

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from agent.context import AgentContext
 from agent.remediation.api import add_remediation_routes
 from agent.reliability import ComponentCollector, ObservedTime, component_counts
 from agent.remediation.detectors import Detectors
@@ -21,7 +22,6 @@ from agent.remediation.engine import Executors, RemediationEngine
 
 if TYPE_CHECKING:
     from agent.config import LoadedConfig
-    from agent.daemon import Agent
 
 log = logging.getLogger("supernode.remediation")
 
@@ -185,7 +185,7 @@ def build_engine(loaded: "LoadedConfig", coordination: Any = None) -> Remediatio
     return engine
 
 
-def attach(agent: "Agent") -> None:
+def attach(agent: AgentContext) -> None:
     """Run remediation in this agent: one engine at a time behind a hook, so a reload can swap it."""
     coordination = getattr(agent, "coordination", None)
     # A confirmation re-read asked for while the source is mid-poll (a timed poll, an event's) runs right after

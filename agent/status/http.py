@@ -15,9 +15,8 @@ is read with fetch(), not EventSource, which cannot send one). Approving calls t
 `POST /api/v1/incidents/ID/approve`.
 
 Every response of the listener carries a Content Security Policy that allows nothing but its
-own origin (no inline script or style), `nosniff` and no framing: a device string or an alert
-label that reached the page is text, never markup, and even injected markup could not load or
-run anything.
+own origin (agent/listener.py): a device string or an alert label that reached the page is text,
+never markup, and even injected markup could not load or run anything.
 """
 
 from __future__ import annotations
@@ -27,42 +26,28 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
+from agent.context import AgentContext
 from agent.auth import authorize, caller, token_map
 from agent.snapshot import Snapshot
 from exporters.model import counter, gauge
-from agent.status_peers import PeerPoller
-from agent.status_view import ViewBuilder, coordination, incidents, sources
-
-if TYPE_CHECKING:
-    from agent.daemon import Agent
+from agent.status.peers import PeerPoller
+from agent.status.view import ViewBuilder, coordination, incidents, sources
 
 log = logging.getLogger("supernode.status")
 
-STATIC = Path(__file__).resolve().parent / "status"
+STATIC = Path(__file__).resolve().parent  # the page's own files live beside this module
 FILES = {"status.js": "text/javascript", "status.css": "text/css", "icon.svg": "image/svg+xml"}
 MIN_INTERVAL = 0.25   # seconds between two builds: at most 4 updates a second
 HEARTBEAT = 5.0       # seconds without a change before a page gets a ping
 RELIABILITY_EVERY = 30.0  # seconds between two reliability reports (a read of the whole journal)
 RELIABILITY_WINDOW = 30 * 86400.0
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-       "form-action 'none'; base-uri 'none'; frame-ancestors 'none'")
 STATUS_CLIENTS = gauge("supernode_status_page_clients", "Status pages streaming now (count).")
 STATUS_BUILDS = counter("supernode_status_page_updates_total",
                         "Views of the rack the status page stream built (count); none while no page is open.")
-SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
-                    "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
-
-
-async def add_security_headers(_: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: on every answer of the listener, its own 404s and 401s included."""
-    for k, v in SECURITY_HEADERS.items():
-        response.headers.setdefault(k, v)
-
-
 def sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), default=str)}\n\n".encode()
 
@@ -83,7 +68,7 @@ class _Client:
 class StatusHub:
     """Builds the page's state while pages are open and streams it to them."""
 
-    def __init__(self, agent: "Agent"):
+    def __init__(self, agent: AgentContext):
         self.agent = agent
         self.builder = ViewBuilder()
         self.clients: set[_Client] = set()
@@ -419,7 +404,7 @@ def _static(hub: StatusHub, name: str, content_type: str) -> Any:
     return handler
 
 
-def add_status_routes(app: web.Application, agent: "Agent") -> StatusHub:
+def add_status_routes(app: web.Application, agent: AgentContext) -> StatusHub:
     """Mount the page (`/`), its files (`/status/...`), the view, the stream and the node card."""
     hub = StatusHub(agent)
     agent.store.add_listener(hub.on_publish)
