@@ -44,7 +44,7 @@ def test_remediation_uses_only_the_model_and_control_primitives():
 
 def test_the_check_sees_imports():
     # The checks above would pass vacuously if imports() found nothing.
-    assert "exporters.model" in imports(REPO / "agent" / "remediation" / "detectors.py")
+    assert "exporters.model" in imports(REPO / "agent" / "remediation" / "detectors_base.py")
     assert "agent.snapshot" in imports(REPO / "agent" / "exposition.py")
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .detectors import Detectors, _KeyState, targets_of
+from .detectors import Detectors
+from .hysteresis import _KeyState, targets_of
 from .incidents import Incident
 
 

@@ -1,0 +1,121 @@
+"""What every detector shares: the node's context, counter rates, the per-detector trackers, sensor faults.
+
+Why apart: the detector definitions live in one module per domain
+(detectors_cooling, detectors_gpu, detectors_optics, detectors_power), each a
+class over this base; `Detectors` (detectors.py) combines them into the table.
+The state they read (settings, context, rates, trackers) is created here once,
+and a reading whose quality is not ok is turned here, for every domain alike,
+into a sensor-fault observation instead of satisfying a condition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping
+
+from exporters.model import Reading
+
+from .flow_baseline import FlowBaselines
+from .hysteresis import Observation, Tracker, targets_of
+from .settings import DetectorSettings, Hold
+
+
+class _Rates:
+    """Per-series rates and deltas from counter values across snapshots.
+
+    Keyed on the reading's own timestamp: a snapshot that carries the same
+    sample again (another source published) keeps the last rate; a counter
+    reset or a first sighting gives no rate.
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[tuple, tuple[float, float, float | None]] = {}  # series -> (timestamp, value, rate)
+        self.deltas: dict[tuple, tuple[float, float]] = {}  # series -> (timestamp, value)
+
+    @staticmethod
+    def _key(r: Reading) -> tuple:
+        # Unsorted: a collector builds one series' labels in one order every poll (sorting them was a
+        # third of the NVLink detector's time); a series whose label order changed only misses one rate.
+        return r.spec.name, tuple(r.labels.items())
+
+    def rate(self, r: Reading) -> float | None:
+        key = (r.spec.name, tuple(r.labels.items()))  # _key, inlined: ~300 counters per NVML publish
+        prev = self.last.get(key)
+        ts, v = r.timestamp, r.value
+        if prev is not None and ts <= prev[0]:
+            return prev[2]
+        rate = None if prev is None or v < prev[1] else (v - prev[1]) / max(ts - prev[0], 1e-6)
+        self.last[key] = (ts, v, rate)
+        return rate
+
+    def delta(self, r: Reading) -> float | None:
+        """Increase since the previous sample (0 for a repeated sample, None on first sighting)."""
+        key = self._key(r)
+        prev = self.deltas.get(key)
+        if prev is not None and r.timestamp <= prev[0]:
+            return 0.0
+        self.deltas[key] = (r.timestamp, r.value)
+        return None if prev is None else max(0.0, r.value - prev[1])
+
+
+@dataclass
+class Context:
+    """What detectors need besides the snapshot: this node, the inventory's expectations."""
+
+    node: str
+    rack: str
+    expected_gpus: int = 0
+    power_budget_watts: float | None = None
+    # (pdu, outlet) -> the inventory node it feeds: only those outlets are watched (an outlet that feeds
+    # nothing the agent knows may be off on purpose)
+    outlet_feeds: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
+class DetectorBase:
+    """The state and reading helpers of the detector table; the domains' classes add the detectors."""
+
+    def __init__(self, settings: DetectorSettings, ctx: Context, clock: Callable[[], float] | None = None):
+        self.s = settings
+        self.ctx = ctx
+        self.rates = _Rates()
+        self.flow_baselines = FlowBaselines(settings.flow_baseline_window_seconds,
+                                            settings.flow_setpoint_settle_seconds)
+        self.flaps: dict[str, list[tuple[float, float]]] = {}
+        self.trackers: dict[str, Tracker] = {}
+        for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
+                     "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
+                     "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"):
+            hold: Hold = getattr(settings, name)
+            self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
+        self.trackers["sensor_fault"] = Tracker(Hold(fire_seconds=0.0, clear_seconds=10.0))
+        self._fault_keys = 0
+        self._faulted: frozenset[str] = frozenset()
+        # The NVLink error readings last evaluated and each link's summed rate from them (see `_nvlink`).
+        self._nvlink_rates: tuple[list[Reading], dict[tuple[str, str, str], float]] = ([], {})
+
+    def _fault(self, r: Reading) -> Observation:
+        return Observation("sensor_fault", targets_of(reading=r.reading_id()), "warning", True,
+                           detail={"quality": r.quality.value, "metric": r.spec.name})
+
+    def _ok_or_fault(self, readings: Iterable[Reading]) -> Iterator[Reading | Observation]:
+        """Yield ok readings, and a sensor-fault observation for each reading that is not ok.
+
+        An ok reading's observation (the fault cleared) is yielded only for families with a sensor-fault
+        key: elsewhere it would change nothing, and building one per reading per pass was most of the
+        cost of the cheap detectors."""
+        faulted = self._faulted_families()
+        for r in readings:
+            if r.ok:
+                if r.spec.name in faulted:
+                    yield Observation("sensor_fault", targets_of(reading=r.reading_id()), "warning", False)
+                yield r
+            else:
+                yield self._fault(r)
+
+    def _faulted_families(self) -> frozenset[str]:
+        """Metric families with a reading in the sensor-fault tracker (observed faulty, or restored)."""
+        keys = self.trackers["sensor_fault"].keys
+        if len(keys) != self._fault_keys:  # keys are only ever added: their count says when to look again
+            self._fault_keys = len(keys)
+            self._faulted = frozenset("supernode_" + dict(k).get("reading", "").split(",", 1)[0] for k in keys)
+        return self._faulted

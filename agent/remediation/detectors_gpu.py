@@ -1,0 +1,140 @@
+"""Detectors of the GPUs and their NVLinks: thermal, critical XIDs and recovery actions, lost or hung GPUs, link errors.
+
+Why apart: these read only what the NVML source publishes (about a thousand
+readings a publish on a GB200 node, hence the cached link rates) and target a
+node or one of its GPUs; nothing here reads the loop or the facility.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from exporters.model import Quality, Reading
+
+from agent.snapshot import Snapshot
+
+from .detectors_base import Context, DetectorBase
+from .hysteresis import Observation, targets_of
+
+
+def _node(r: Reading, ctx: Context) -> str:
+    return r.labels.get("node", ctx.node)
+
+
+class GpuDetectors(DetectorBase):
+    """GPUs and NVLink, methods of the detector table (`Detectors`)."""
+
+    def _gpu_thermal(self, snap: Snapshot) -> Iterator[Observation]:
+        s = self.s
+        hw: dict[tuple[str, str], bool] = {}
+        reasons = set(s.gpu_thermal_clock_events)
+        for r in snap.select("supernode_gpu_clock_event_active"):
+            if r.ok and r.label("reason") in reasons:
+                key = (_node(r, self.ctx), r.label("gpu"))
+                hw[key] = hw.get(key, False) or r.value >= 0.5
+        for item in self._ok_or_fault(snap.select("supernode_gpu_temperature_celsius", sensor="gpu")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            node, gpu = _node(item, self.ctx), item.label("gpu")
+            slowdown = snap.value("supernode_gpu_temperature_threshold_celsius", gpu=gpu, threshold="slowdown")
+            near = slowdown is not None and item.value >= slowdown - s.gpu_thermal_margin_celsius
+            far = slowdown is None or item.value < slowdown - s.gpu_thermal_clear_margin_celsius
+            throttled = hw.get((node, gpu), False)
+            cond = True if (near or throttled) else False if far else None
+            yield Observation("gpu_thermal", targets_of(node=node, gpu=gpu), "warning", cond,
+                              detail={"temperature_celsius": item.value, "slowdown_celsius": slowdown,
+                                      "thermal_clock_event": throttled})
+
+    def _gpu_xid(self, snap: Snapshot) -> Iterator[Observation]:
+        critical = set(self.s.xid_critical)
+        per_gpu: dict[tuple[str, str], list[str]] = {}
+        for r in snap.select("supernode_gpu_xid_errors_total"):
+            key = (_node(r, self.ctx), r.label("gpu"))
+            per_gpu.setdefault(key, [])
+            if not r.ok or not r.label("xid").isdigit() or int(r.label("xid")) not in critical:
+                continue
+            d = self.rates.delta(r)
+            if (d is None and r.value > 0) or (d is not None and d > 0):
+                per_gpu[key].append(f"xid {r.label('xid')}")
+        for r in snap.select("supernode_gpu_recovery_action"):
+            if r.ok and r.value >= 0.5 and r.label("action") not in ("none", ""):
+                per_gpu.setdefault((_node(r, self.ctx), r.label("gpu")), []).append(f"recovery {r.label('action')}")
+        for (node, gpu), why in per_gpu.items():
+            # A critical XID is an event: it holds the condition, and the clear hold time counts from the last one.
+            yield Observation("gpu_xid_critical", targets_of(node=node), "critical", bool(why),
+                              detail={"gpu": gpu, "why": why})
+
+    def _gpu_lost(self, snap: Snapshot) -> Iterator[Observation]:
+        up: dict[str, int] = {}
+        hung = _gpus_hung(snap, self.ctx)
+        for r in snap.select("supernode_gpu_up"):
+            if not r.ok:
+                yield self._fault(r)
+                continue
+            node = _node(r, self.ctx)
+            up[node] = up.get(node, 0) + (1 if r.value >= 0.5 else 0)
+            # A GPU whose NVML calls hang does not answer either: lost to its jobs, said why in the detail.
+            why = "hung" if (node, r.label("gpu")) in hung else "lost"
+            yield Observation("gpu_lost", targets_of(node=node, gpu=r.label("gpu")), "critical", r.value < 0.5,
+                              detail={"why": why} if r.value < 0.5 else {})
+        expected = self.ctx.expected_gpus
+        if expected:
+            for node, n in up.items():
+                yield Observation("gpu_lost", targets_of(node=node, gpu="missing"), "critical",
+                                  n < expected and len([r for r in snap.select("supernode_gpu_up")
+                                                        if _node(r, self.ctx) == node]) < expected,
+                                  detail={"seen": n, "expected": expected})
+
+    def _nvlink(self, snap: Snapshot) -> Iterator[Observation]:
+        """Per GPU: its worst link's error rate (summed over the counted types), effective BER, links down."""
+        errors = snap.by_name.get("supernode_nvlink_errors_total", [])
+        seen, per_link = self._nvlink_rates
+        # The NVML source reads error counters every few polls and gives the same readings again between
+        # reads: the same readings give the same rates (each is keyed on its own timestamp), so ~1,000 of them
+        # are not walked again. The list compare is by identity first, in C.
+        if errors != seen:
+            per_link = self._link_error_rates(errors)
+            self._nvlink_rates = (errors, per_link)
+        down: dict[tuple[str, str], list[str]] = {}
+        ber: dict[tuple[str, str], list[str]] = {}
+        for r in snap.select("supernode_nvlink_bit_error_rate", kind="effective"):
+            if r.ok:
+                key = (_node(r, self.ctx), r.label("gpu"))
+                ber.setdefault(key, [])
+                if r.value > self.s.nvlink_effective_ber:
+                    ber[key].append(r.label("link"))
+        for r in snap.select("supernode_nvlink_up"):
+            if r.ok:
+                key = (_node(r, self.ctx), r.label("gpu"))
+                down.setdefault(key, [])
+                if r.value < 0.5:
+                    down[key].append(r.label("link"))
+        worst: dict[tuple[str, str], float] = {}
+        for (node, gpu, _link), rate in per_link.items():
+            worst[(node, gpu)] = max(worst.get((node, gpu), 0.0), rate)
+        for key in set(worst) | set(down) | set(ber):
+            rate = worst.get(key, 0.0)
+            links_down, links_ber = down.get(key, []), ber.get(key, [])
+            cond = rate > self.s.nvlink_error_rate_per_second or bool(links_down) or bool(links_ber)
+            yield Observation("nvlink_errors", targets_of(node=key[0], gpu=key[1]), "critical", cond,
+                              detail={"errors_per_second": round(rate, 3), "links_down": links_down,
+                                      "links_ber_high": links_ber})
+
+    def _link_error_rates(self, errors: Iterable[Reading]) -> dict[tuple[str, str, str], float]:
+        """(node, gpu, link) -> the summed rate of its counted error types."""
+        types = set(self.s.nvlink_error_types)
+        per_link: dict[tuple[str, str, str], float] = {}
+        node, rate_of, ok = self.ctx.node, self.rates.rate, Quality.OK
+        for r in errors:  # ~1,000 a publish on a GB200 node: labels read directly
+            lab = r.labels
+            if r.quality is not ok or lab.get("type") not in types:
+                continue
+            key = (lab.get("node", node), lab.get("gpu", ""), lab.get("link", ""))
+            per_link[key] = per_link.get(key, 0.0) + (rate_of(r) or 0.0)
+        return per_link
+
+
+def _gpus_hung(snap: Snapshot, ctx: Context) -> set[tuple[str, str]]:
+    """(node, gpu) of the GPUs the NVML collector reports hung (supernode_gpu_hung 1)."""
+    return {(_node(r, ctx), r.label("gpu")) for r in snap.select("supernode_gpu_hung") if r.ok and r.value >= 0.5}
