@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from agent.config_refs import deprecation_warnings, reference_errors, secret_warnings
+from agent.config_refs import deprecation_warnings, exposure_warnings, reference_errors, secret_warnings
 from agent.coordination.settings import Coordination
 from agent.rack_file import RackFileError, with_rack_file
 from agent.remediation.settings import RemediationSettings
@@ -84,7 +84,8 @@ class Listen(Strict):
         "A connection must send its request headers within this (from connect or its previous response)."))
     body_timeout_seconds: float = Field(default=30.0, gt=0, le=600, description="A request body must arrive within this.")
     allowed_hosts: list[str] | None = Field(default=None, description=(
-        "Host header values accepted (without port), against DNS rebinding; default: any."))
+        "Host header values accepted (without port), against DNS rebinding; default: any (so Prometheus scrapes "
+        "work out of the box), with a warning at check-config and start when the address is not a loopback one."))
 
     @field_validator("address")
     @classmethod
@@ -210,6 +211,10 @@ class RedfishEndpoint(Strict):
     pinned_sha256: str | None = Field(default=None, description=(
         "Trust exactly this certificate: its SHA-256 fingerprint (64 hex digits, colons allowed), for a "
         "self-signed BMC. Verification is never skipped."))
+    event_token_secret: str | None = Field(default=None, description=(
+        "Name in `secrets` of this service's own push token (its push deliveries must carry it; another "
+        "service's token is refused on its path). Default: sources.redfish.event_token_secret, shared by every "
+        "service without its own (check-config warns: one BMC could then push in another's name)."))
 
     @field_validator("url")
     @classmethod
@@ -525,7 +530,7 @@ class LoadedConfig:
         self.admin_tokens = admin_tokens if admin_tokens is not None else _admin_tokens(config, secrets, {})
         files = {f"secrets.{name}.file": ref.file for name, ref in config.secrets.items()}
         files.update({f"auth.admin_tokens.{name}.file": ref.file for name, ref in config.auth.admin_tokens.items()})
-        self.warnings: list[str] = secret_warnings(files) + deprecation_warnings(config)
+        self.warnings: list[str] = secret_warnings(files) + deprecation_warnings(config) + exposure_warnings(config)
         """Not errors, but an operator should see them (check-config prints them, start logs them)."""
 
     def secret(self, name: str) -> SecretStr:
@@ -556,6 +561,9 @@ def _read_secrets(config: Config) -> dict[str, SecretStr]:
     for ep in config.inventory.redfish:
         if ep.password_secret is not None and ep.password_secret not in secrets:
             raise ConfigError(f"inventory.redfish.{ep.name}.password_secret: secret {ep.password_secret!r} "
+                              f"not in secrets")
+        if ep.event_token_secret is not None and ep.event_token_secret not in secrets:
+            raise ConfigError(f"inventory.redfish.{ep.name}.event_token_secret: secret {ep.event_token_secret!r} "
                               f"not in secrets")
     token = config.sources.redfish.event_token_secret
     if token is not None and token not in secrets:
