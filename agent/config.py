@@ -445,7 +445,12 @@ class StatusPage(Strict):
 
     enabled: bool = True
     max_clients: int = Field(default=8, ge=1, le=64, description=(
-        "Status pages streaming at once; more are answered 503 (each holds one connection of the listener)."))
+        "Status pages streaming at once without an admin token (anonymous); more are answered 503 (each holds "
+        "one connection of the listener). Pages with an admin token may use any free slot of these and the "
+        "reserved_admin_clients more, so anonymous pages can never lock a person with the token out."))
+    reserved_admin_clients: int = Field(default=2, ge=0, le=16, description=(
+        "Stream slots on top of max_clients that only pages with a valid admin token may take: however many "
+        "anonymous pages are open, this many people with the token still get the page."))
     peer_interval_seconds: float = Field(default=2.0, ge=0.5, le=60, description=(
         "While a page is open: how often the other nodes' agents (inventory.agent_urls) are asked."))
     peer_timeout_seconds: float = Field(default=1.5, gt=0, le=30, description="One peer's answer must come within this.")

@@ -68,10 +68,11 @@ def sse(event: str, data: Any) -> bytes:
 
 
 class _Client:
-    __slots__ = ("full", "latest", "ready")
+    __slots__ = ("admin", "full", "latest", "ready")
 
-    def __init__(self, full: bool):
+    def __init__(self, full: bool, admin: bool):
         self.full = full
+        self.admin = admin  # came with a valid admin token: may take a reserved slot
         self.latest: bytes | None = None
         self.ready = asyncio.Event()
 
@@ -317,18 +318,33 @@ class StatusHub:
         full, refusal, locked = self._full_access(request)
         return refusal if refusal is not None else (full, locked)
 
+    def _no_slot(self, admin: bool) -> str | None:
+        """Why a new stream gets no slot, or None. Anonymous pages share `max_clients` slots; a page with an admin
+        token may take any free one of those or of the `reserved_admin_clients` on top (eight anonymous pages
+        once took every slot and the person with the token got a 503)."""
+        s = self.cfg.status
+        if len(self.clients) >= s.max_clients + s.reserved_admin_clients:
+            return (f"too many status pages open (status.max_clients {s.max_clients} and "
+                    f"status.reserved_admin_clients {s.reserved_admin_clients} all taken)")
+        anonymous = sum(1 for c in self.clients if not c.admin)
+        if not admin and anonymous >= s.max_clients:
+            return (f"too many status pages open without an admin token (status.max_clients {s.max_clients}); "
+                    f"status.reserved_admin_clients {s.reserved_admin_clients} more are kept for the admin token")
+        return None
+
     async def stream(self, request: web.Request) -> web.StreamResponse:
         admitted = self._admit(request)
         if isinstance(admitted, web.Response):
             return admitted
         full, locked = admitted
-        if len(self.clients) >= self.cfg.status.max_clients:
-            return web.json_response({"error": f"too many status pages open (status.max_clients "
-                                               f"{self.cfg.status.max_clients})"}, status=503)
+        admin = caller(request, token_map(self.agent.loaded.admin_tokens)) is not None
+        full_up = self._no_slot(admin)
+        if full_up is not None:
+            return web.json_response({"error": full_up}, status=503)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        client = _Client(full)
+        client = _Client(full, admin)
         self.clients.add(client)
         self._start()
         try:
