@@ -34,6 +34,7 @@ from aiohttp import web
 from agent.auth import authorize, caller, token_map
 from agent.snapshot import Snapshot
 from exporters.model import counter, gauge
+from exporters.validation import terminal_safe
 from agent.status_peers import PeerPoller
 from agent.status_view import ViewBuilder, coordination, incidents, sources
 
@@ -61,6 +62,24 @@ async def add_security_headers(_: web.Request, response: web.StreamResponse) -> 
     """on_response_prepare: on every answer of the listener, its own 404s and 401s included."""
     for k, v in SECURITY_HEADERS.items():
         response.headers.setdefault(k, v)
+
+
+def shown(value: Any) -> Any:
+    """The view with every string (values and keys) as the CLI prints it (`terminal_safe`): each control or format
+    character escaped (`\\u202e`, `\\u200b`, `\\x1b`).
+
+    Why here, on the server, in the one view every page and `/api/v1/status` read: a bidi override (U+202E) in an
+    alert summary or a device name reordered what the page showed, and a zero-width character hides text. The
+    browser only ever puts these strings in text nodes (never markup); escaping them before they leave the agent
+    covers every place the page shows text (cells, titles, the approve dialog) with the CLI's own function, so
+    page and CLI show the same characters, and no JavaScript copy of Unicode's categories can drift from it."""
+    if isinstance(value, str):
+        return terminal_safe(value)
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [shown(v) for v in value]
+    return value
 
 
 def sse(event: str, data: Any) -> bytes:
@@ -203,7 +222,7 @@ class StatusHub:
             rows = await self._incident_rows(engine)
             view["incidents"] = incidents(engine, rows, time.time())
             view["reliability"] = await self._reliability_report(engine)
-        return view
+        return shown(view)
 
     async def _incident_rows(self, engine: Any) -> dict[str, list[Any]]:
         """Each open incident's journal rows, read incrementally off the event loop."""
@@ -350,7 +369,7 @@ class StatusHub:
         try:
             if full:
                 who = caller(request, token_map(self.agent.loaded.admin_tokens)) or "anonymous (auth.open_reads)"
-                await resp.write(sse("hello", {"incidents": True, "who": who}))
+                await resp.write(sse("hello", {"incidents": True, "who": terminal_safe(who)}))
             else:
                 await resp.write(sse("hello", {"incidents": False, "locked": locked}))
             if full in self._last:
