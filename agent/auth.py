@@ -8,7 +8,7 @@ How a route uses it::
 
     @requires_admin(tokens)
     async def handler(request: web.Request, who: str) -> web.Response: ...
-    # who: the token's name, or the client certificate's subject under mTLS
+    # who: the token's name; under mTLS `<token name> (<certificate subject>)`
 
 `tokens` is a mapping name -> SecretStr, a single SecretStr (named "admin"),
 or a callable returning either, so a reload (token rotation) applies to the
@@ -55,8 +55,10 @@ def client_subject(request: web.Request) -> str | None:
 
 
 def caller(request: web.Request, tokens: Mapping[str, SecretStr]) -> str | None:
-    """Who sent this request: the name of the bearer token it carries (or, under mTLS, the client
-    certificate's subject), None when it carries no valid token.
+    """Who sent this request: the name of the bearer token it carries, None when it carries no valid token.
+
+    Under mTLS it is `<token name> (<certificate subject>)`: the token names the person (or system) that
+    holds it, the certificate the machine it came from; an audit needs both, so neither replaces the other.
 
     The header must be ASCII (a non-UTF-8 or non-ASCII header is simply not a valid token, a 401,
     never an exception); every configured token is compared, each in constant time.
@@ -76,7 +78,8 @@ def caller(request: web.Request, tokens: Mapping[str, SecretStr]) -> str | None:
             match = name
     if match is None:
         return None
-    return client_subject(request) or match
+    subject = client_subject(request)
+    return f"{match} ({subject})" if subject else match
 
 
 def unauthorized() -> web.Response:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from agent.config_refs import deprecation_warnings, reference_errors, secret_warnings
+from agent.config_refs import deprecation_warnings, exposure_warnings, reference_errors, secret_warnings
 from agent.coordination.settings import Coordination
 from agent.rack_file import RackFileError, with_rack_file
 from agent.remediation.settings import RemediationSettings
@@ -84,7 +84,8 @@ class Listen(Strict):
         "A connection must send its request headers within this (from connect or its previous response)."))
     body_timeout_seconds: float = Field(default=30.0, gt=0, le=600, description="A request body must arrive within this.")
     allowed_hosts: list[str] | None = Field(default=None, description=(
-        "Host header values accepted (without port), against DNS rebinding; default: any."))
+        "Host header values accepted (without port), against DNS rebinding; default: any (so Prometheus scrapes "
+        "work out of the box), with a warning at check-config and start when the address is not a loopback one."))
 
     @field_validator("address")
     @classmethod
@@ -210,6 +211,10 @@ class RedfishEndpoint(Strict):
     pinned_sha256: str | None = Field(default=None, description=(
         "Trust exactly this certificate: its SHA-256 fingerprint (64 hex digits, colons allowed), for a "
         "self-signed BMC. Verification is never skipped."))
+    event_token_secret: str | None = Field(default=None, description=(
+        "Name in `secrets` of this service's own push token (its push deliveries must carry it; another "
+        "service's token is refused on its path). Default: sources.redfish.event_token_secret, shared by every "
+        "service without its own (check-config warns: one BMC could then push in another's name)."))
 
     @field_validator("url")
     @classmethod
@@ -345,6 +350,10 @@ class RedfishSourceSettings(SafetySourceSettings):
     event_retry_seconds: float = Field(default=0.5, gt=0, le=300, description=(
         "After the event stream drops (or a push subscription is lost): wait this long before opening it "
         "again, doubling up to 60 s; polling carries the detectors meanwhile."))
+    event_min_poll_seconds: float = Field(default=1.0, ge=0, le=60, description=(
+        "At most one poll forced by events (SSE or push) per service this often: the first event after a quiet "
+        "spell is read at once, the others inside the window share one poll at its end (a burst of pushes "
+        "cannot turn into a burst of BMC reads; the last event is always followed by a read)."))
     login_retry_seconds: float = Field(default=5.0, gt=0, le=300, description=(
         "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
     watch_rack_trays: bool = Field(default=False, description=(
@@ -440,7 +449,12 @@ class StatusPage(Strict):
 
     enabled: bool = True
     max_clients: int = Field(default=8, ge=1, le=64, description=(
-        "Status pages streaming at once; more are answered 503 (each holds one connection of the listener)."))
+        "Status pages streaming at once without an admin token (anonymous); more are answered 503 (each holds "
+        "one connection of the listener). Pages with an admin token may use any free slot of these and the "
+        "reserved_admin_clients more, so anonymous pages can never lock a person with the token out."))
+    reserved_admin_clients: int = Field(default=2, ge=0, le=16, description=(
+        "Stream slots on top of max_clients that only pages with a valid admin token may take: however many "
+        "anonymous pages are open, this many people with the token still get the page."))
     peer_interval_seconds: float = Field(default=2.0, ge=0.5, le=60, description=(
         "While a page is open: how often the other nodes' agents (inventory.agent_urls) are asked."))
     peer_timeout_seconds: float = Field(default=1.5, gt=0, le=30, description="One peer's answer must come within this.")
@@ -525,7 +539,7 @@ class LoadedConfig:
         self.admin_tokens = admin_tokens if admin_tokens is not None else _admin_tokens(config, secrets, {})
         files = {f"secrets.{name}.file": ref.file for name, ref in config.secrets.items()}
         files.update({f"auth.admin_tokens.{name}.file": ref.file for name, ref in config.auth.admin_tokens.items()})
-        self.warnings: list[str] = secret_warnings(files) + deprecation_warnings(config)
+        self.warnings: list[str] = secret_warnings(files) + deprecation_warnings(config) + exposure_warnings(config)
         """Not errors, but an operator should see them (check-config prints them, start logs them)."""
 
     def secret(self, name: str) -> SecretStr:
@@ -556,6 +570,9 @@ def _read_secrets(config: Config) -> dict[str, SecretStr]:
     for ep in config.inventory.redfish:
         if ep.password_secret is not None and ep.password_secret not in secrets:
             raise ConfigError(f"inventory.redfish.{ep.name}.password_secret: secret {ep.password_secret!r} "
+                              f"not in secrets")
+        if ep.event_token_secret is not None and ep.event_token_secret not in secrets:
+            raise ConfigError(f"inventory.redfish.{ep.name}.event_token_secret: secret {ep.event_token_secret!r} "
                               f"not in secrets")
     token = config.sources.redfish.event_token_secret
     if token is not None and token not in secrets:

@@ -11,6 +11,7 @@ with a sidecar), but should be told.
 
 from __future__ import annotations
 
+import ipaddress
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -129,6 +130,25 @@ def deprecation_warnings(config: "Config") -> list[str]:
     if coord is not None and coord.peers_ca_file is not None:
         out.append("coordination.peers_ca_file is deprecated: set status.peer_tls.ca_file (the same peers' CA; "
                    "status.peer_tls also gives a client certificate for peers that require one)")
+    return out
+
+
+def exposure_warnings(config: "Config") -> list[str]:
+    """Defaults that are safe on the loopback but widen who can reach the agent once it listens elsewhere.
+
+    Why warnings and not errors: the open Host default keeps Prometheus scrapes working out of the box, and
+    one push token for every BMC is how older configs work; an operator should still see what they cost."""
+    out = []
+    listen = config.listen
+    if listen.allowed_hosts is None and not ipaddress.ip_address(listen.address).is_loopback:
+        out.append(f"listen.allowed_hosts is not set while listening on {listen.address}: any Host header is "
+                   f"accepted, so a web page can reach this agent through DNS rebinding; list the names and "
+                   f"addresses it is reached by (Prometheus scrapes, peers, the status page)")
+    shared = [ep.name for ep in config.inventory.redfish if ep.event_token_secret is None]
+    if config.sources.redfish.event_token_secret is not None and len(shared) > 1:
+        out.append(f"sources.redfish.event_token_secret is the push token of {len(shared)} Redfish services "
+                   f"({', '.join(shared)}): any of them can push events in another's name; give each "
+                   f"inventory.redfish entry its own event_token_secret")
     return out
 
 

@@ -144,6 +144,13 @@ def polled_redfish(loaded: LoadedConfig) -> list[Any]:
     return [ep for ep in cfg.inventory.redfish if ep.kind == "cdu" or ep.node == me or watch]
 
 
+def push_token_secret(cfg: Any, ep: Any) -> str | None:
+    """The secret name of a Redfish service's push token: its own (inventory.redfish.N.event_token_secret), else
+    the one every service without its own shares (sources.redfish.event_token_secret). The subscription hands it
+    to the service and the push endpoint checks a delivery for that service against it, and only it."""
+    return ep.event_token_secret or cfg.sources.redfish.event_token_secret
+
+
 def rack_leader(cfg: Any) -> str:
     """The node whose agent drives shared rack devices: remediation.rack_leader, else the first inventory node."""
     return cfg.remediation.rack_leader or (cfg.inventory.nodes[0] if cfg.inventory.nodes else cfg.agent.node)
@@ -156,13 +163,15 @@ def _redfish(loaded: LoadedConfig) -> list[ScheduledSource]:
         return []
     from exporters.redfish.source import RedfishSource
 
-    token = loaded.secret(s.event_token_secret).get_secret_value() if s.event_token_secret else None
     out: list[ScheduledSource] = []
     for ep in polled_redfish(loaded):
         dest = f"{s.event_destination.rstrip('/')}/api/v1/redfish/events/{ep.name}" if s.event_destination else None
+        token_name = push_token_secret(cfg, ep)
+        token = loaded.secret(token_name).get_secret_value() if token_name else None
         src = RedfishSource(ep.name, redfish_client(loaded, ep), kind=ep.kind, profile=ep.profile,
                             zone=cfg.inventory.redfish_zone(ep), rediscover_s=s.rediscover_seconds, events=s.events,
-                            push_destination=dest, push_token=token, event_retry_s=s.event_retry_seconds)
+                            push_destination=dest, push_token=token, event_retry_s=s.event_retry_seconds,
+                            event_min_poll_s=s.event_min_poll_seconds)
         out.append(ScheduledSource(src, s))
     return out
 

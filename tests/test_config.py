@@ -178,3 +178,24 @@ def test_pdu_profile_auto_is_accepted_and_a_typo_still_is_not(tmp_path):
     assert loaded.config.inventory.pdus[0].profile == "auto"
     assert "no profile 'autp'" in error_of(minimal(tmp_path, inventory={"pdus": [{"name": "p1", "profile": "autp"}]}),
                                            tmp_path)
+
+
+def test_check_config_warns_of_an_open_host_header_on_a_routable_listener(tmp_path):
+    """DNS rebinding reaches a listener on a routable address that accepts any Host: check-config says so (the
+    loopback and an allowed_hosts list are quiet); the default still loads, so Prometheus scrapes keep working."""
+    cli = [sys.executable, "-m", "agent.cli", "check-config"]
+
+    def stderr_for(address: str, allowed_hosts: list[str] | None = None) -> str:
+        cfg = minimal(tmp_path)
+        cfg["listen"] = {"address": address, "port": 0, **({"allowed_hosts": allowed_hosts} if allowed_hosts else {})}
+        path = tmp_path / "agent.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        out = subprocess.run(cli + [str(path)], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stderr
+
+    for address in ("0.0.0.0", "10.1.2.3", "::"):
+        err = stderr_for(address)
+        assert f"warning: listen.allowed_hosts is not set while listening on {address}" in err, err
+    for quiet in (stderr_for("127.0.0.1"), stderr_for("::1"), stderr_for("10.1.2.3", ["node01.example"])):
+        assert "allowed_hosts" not in quiet, quiet

@@ -71,6 +71,8 @@ def test_bad_values_are_named(tmp_path, mutate, field, expect):
      "secret 'nope' not in secrets"),
     (lambda c: c.update(sources={"redfish": {"event_token_secret": "nope"}}), "sources.redfish.event_token_secret",
      "secret 'nope'"),
+    (lambda c: _tray(c).update(event_token_secret="nope"), "inventory.redfish.node01-bmc.event_token_secret",
+     "secret 'nope' not in secrets"),
     (lambda c: c["inventory"].update(rack_valve="cdu9:valve"), "inventory.rack_valve", "CDU 'cdu9' not in"),
     (lambda c: _tray(c).update(profile="hpe-ilo"), "inventory.redfish.node01-bmc.profile", "no profile 'hpe-ilo'"),
 ])
@@ -85,3 +87,19 @@ def test_a_ca_file_that_is_not_a_ca_is_named(tmp_path):
     _tray(cfg).pop("pinned_sha256")
     _tray(cfg)["ca_file"] = str(bad)
     assert_named(cfg, lambda c: None, "inventory.redfish.node01-bmc.ca_file", str(bad), tmp_path)
+
+
+def test_one_push_token_for_several_services_loads_with_a_warning_and_own_tokens_are_quiet(tmp_path):
+    """A shared sources.redfish.event_token_secret lets any BMC push in another's name: still accepted (older
+    configs), but check-config and the start log say so; a token per service is quiet."""
+    cfg = rack(tmp_path)
+    for name in ("push_all", "push_tray", "push_cdu"):
+        (tmp_path / name).write_text(f"{name}-token\n")
+        cfg["secrets"][name] = {"file": str(tmp_path / name)}
+    cfg["sources"] = {"redfish": {"event_token_secret": "push_all"}}
+    warnings = parse_config(cfg).warnings
+    assert any("sources.redfish.event_token_secret is the push token of 2 Redfish services (node01-bmc, cdu-r)" in w
+               for w in warnings), warnings
+    _tray(cfg)["event_token_secret"] = "push_tray"
+    cfg["inventory"]["redfish"][1]["event_token_secret"] = "push_cdu"
+    assert not [w for w in parse_config(cfg).warnings if "event_token_secret" in w]

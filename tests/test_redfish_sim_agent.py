@@ -8,7 +8,9 @@ what the test changes.
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 
 import pytest
 
@@ -81,6 +83,11 @@ def _ready(agent) -> None:
              what="the tray BMC polled")
 
 
+def _stream_up(agent, transport: str = "sse", timeout: float = 20, what: str = "event stream up") -> None:
+    wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport=transport) == 1.0,
+             timeout, what=what)
+
+
 def test_a_tray_leak_caps_and_drains_that_node_and_powers_the_tray_off_once_approved(cluster, tmp_path):
     cluster.scontrol("update", "NodeName=node01", "State=RESUME")
     wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="node01 idle at the start")
@@ -122,8 +129,7 @@ def test_an_event_brings_a_tray_leak_to_the_detector_long_before_any_poll(tmp_pa
     with sim_rack(tmp_path) as rack, \
             running_agent(_config(rack, tmp_path, mode="observe", interval=600, timeout=2.0), tmp_path) as agent:
         _ready(agent)
-        wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0, 20,
-                 what="SSE stream open")
+        _stream_up(agent)
         before = _value(agent, "supernode_redfish_requests_total", bmc=BMC)
         rack.inject("tray-leak", node="node01", detector="1")
         wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident from the event")
@@ -138,8 +144,7 @@ def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp
             _config(rack, tmp_path, mode="observe", interval=1.0, timeout=1.0, event_retry_seconds=12), tmp_path) \
             as agent:
         _ready(agent)
-        wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0, 20,
-                 what="SSE stream open")
+        _stream_up(agent)
         logins = _value(agent, "supernode_redfish_logins_total", bmc=BMC)
         rack.inject("bmc-sessions-expire", node="node01")  # the BMC drops its sessions: the stream ends
         wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 0.0, 20,
@@ -291,3 +296,80 @@ def test_probe_logs_in_with_a_session_and_says_when_the_login_is_refused(tmp_pat
         assert refused.returncode != 0 and "auth:" in refused.stderr and "--user" in refused.stderr, refused.stderr
         anonymous = probe("--target", url, "--ca-file", rf["ca_file"])
         assert anonymous.returncode != 0 and "no credentials configured" in anonymous.stderr, anonymous.stderr
+
+
+def _scrape_with(agent, name: str, **labels: str) -> str | None:
+    """The whole /metrics text once it carries the series (so other series can be read from the same scrape)."""
+    text = agent.metrics()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return text if re.search(rf"^{name}\{{{re.escape(want)}\}} [1-9]", text, re.M) else None
+
+
+def test_a_malformed_event_stream_is_counted_dropped_reopened_and_the_next_leak_still_arrives(tmp_path):
+    """The BMC writes a 2 MiB line, data that is no JSON, bytes that are no UTF-8 on its SSE stream (a 48 MiB line
+    once made aiohttp raise LineTooLong, which ended the watch silently with the stream still counted up). Each
+    time: counted by reason, the stream down in the poll that follows at once, reopened with backoff. Polls are
+    600 s apart, so the last leak can only come through the reopened stream."""
+    with sim_rack(tmp_path) as rack, running_agent(
+            _config(rack, tmp_path, mode="observe", interval=600, timeout=2.0, event_retry_seconds=5), tmp_path) \
+            as agent:
+        _ready(agent)
+        _stream_up(agent)
+        bus = rack.sim.devices[BMC].events
+        for kind, reason in (("long-line", "too_long"), ("not-json", "not_json"), ("not-utf8", "not_utf8")):
+            opened = bus.streams_opened
+            assert "1 SSE stream" in rack.inject("bmc-event-garbage", node="node01", frame=kind)
+            text = wait_for(lambda: _scrape_with(agent, "supernode_redfish_event_stream_errors_total", bmc=BMC,
+                                                 reason=reason), 30, interval=0.05, what=f"{kind} counted as {reason}")
+            # The poll the failure forced at once says the stream is down (it is reopened 5 s later).
+            assert re.search(rf'^supernode_redfish_event_stream_up\{{bmc="{BMC}",transport="sse"\}} 0', text, re.M)
+            wait_for(lambda: bus.streams_opened > opened, 30, what=f"stream reopened after {kind}")
+            wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0,
+                     30, what=f"stream up again after {kind}")
+        rack.inject("tray-leak", node="node01", detector="1")
+        wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident through the reopened stream")
+
+
+def test_each_bmc_pushes_with_its_own_token_and_a_burst_of_pushes_is_a_few_polls(tmp_path):
+    """events: push with a token per service: BMC A's token is refused on B's path; 100 pushes in a burst (each
+    once forced a poll: 100 pushes, 148 detector reads) are a bounded number of detector reads, and a leak pushed
+    right after the burst is still read."""
+    min_poll = 10.0
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path, mode="observe", interval=600, timeout=2.0, events="push",
+                      event_min_poll_seconds=min_poll)
+        tokens = {BMC: "push-token-of-the-tray", "rfcdu1": "push-token-of-the-cdu"}
+        for ep in cfg["inventory"]["redfish"]:
+            if ep["name"] in tokens:
+                (tmp_path / f"{ep['name']}.push").write_text(tokens[ep["name"]] + "\n")
+                cfg["secrets"][f"push_{ep['name']}"] = {"file": str(tmp_path / f"{ep['name']}.push")}
+                ep["event_token_secret"] = f"push_{ep['name']}"
+        cfg["sources"]["redfish"].update(event_destination=f"http://127.0.0.1:{cfg['listen']['port']}")
+        device = rack.sim.devices[BMC]
+        with running_agent(cfg, tmp_path) as agent:
+            _ready(agent)
+            wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="push") == 1.0,
+                     20, what="push subscription made")
+            sub = next(iter(device.events.subscriptions.values()))
+            assert sub.headers == {"Authorization": f"Bearer {tokens[BMC]}"}  # its own token, not a shared one
+            record = {"Events": [{"MessageId": "Environmental.1.1.LeakDetectedCritical"}]}
+            path = "/api/v1/redfish/events/{}"
+            assert agent.request("POST", path.format("rfcdu1"), record, token=tokens[BMC])[0] == 401
+            assert agent.request("POST", path.format(BMC), record, token=tokens["rfcdu1"])[0] == 401
+
+            def detector_reads() -> int:
+                return max(n for p, n in device.reads.items() if "/LeakDetectors/" in p)
+            before = detector_reads()
+            started = time.monotonic()
+            for _ in range(100):
+                assert agent.request("POST", path.format(BMC), record, token=tokens[BMC])[0] == 204
+            windows = math.ceil((time.monotonic() - started) / min_poll)  # coalescing windows the burst spanned
+            # At most one forced poll a window, and one after the window's last push; nothing else polls (600 s).
+            bound = 2 * windows + 1
+            wait_for(lambda: (_metric(agent, "supernode_redfish_event_polls_coalesced_total", bmc=BMC) or 0)
+                     >= 100 - bound, 30, what="pushes coalesced")
+            # A leak right after the burst: its push lands inside the window, and the poll at the window's end
+            # reads it (the last event is never dropped).
+            rack.inject("tray-leak", node="node01", detector="0")
+            wait_for(lambda: _open(agent, "leak"), 3 * min_poll, interval=0.05, what="leak incident from the push")
+            assert detector_reads() - before <= bound + 1, (detector_reads() - before, bound)

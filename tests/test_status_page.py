@@ -327,3 +327,32 @@ def test_more_pages_than_max_clients_are_refused_and_the_page_can_be_switched_of
             status, body = agent.get(path)
             assert status == 404 and b"status.enabled" in body, path
         assert agent.get("/metrics")[0] == 200
+
+
+def test_anonymous_pages_cannot_take_the_slots_kept_for_the_admin_token(tmp_path):
+    """Anonymous streams fill their own slots (the next is a 503), and a page with the admin token still gets
+    its stream and its hello: anonymous pages once took every slot and the admin's stream got a 503."""
+    cfg = base_config(tmp_path, token=TOKEN, inventory={"nodes": ["node01"]},
+                      status={"max_clients": 3, "reserved_admin_clients": 1},
+                      remediation={"slurm": {"backend": "simulated"}})
+    with running_agent(cfg, tmp_path) as agent:
+        held = [Stream(agent.port) for _ in range(3)]
+        try:
+            for s in held:
+                assert s.resp.status == 200 and s.event("hello")["incidents"] is False
+            extra = Stream(agent.port)
+            assert extra.resp.status == 503
+            assert b"status.max_clients 3" in extra.resp.read()
+            extra.close()
+            admin = Stream(agent.port, token=TOKEN)
+            assert admin.resp.status == 200
+            assert admin.event("hello") == {"incidents": True, "who": "admin"}
+            assert "incidents" in admin.event()
+            # The reserved slot taken, the listener's bound holds for the token too.
+            second = Stream(agent.port, token=TOKEN)
+            assert second.resp.status == 503 and b"reserved_admin_clients 1" in second.resp.read()
+            second.close()
+            admin.close()
+        finally:
+            for s in held:
+                s.close()

@@ -98,9 +98,14 @@ def test_mutual_tls_guards_metrics_and_webhook(tmp_path, pki):
         assert _get(url + "/api/v1/alerts", good, data)[0] == 401  # TLS alone is not enough: token too
         status, body = _get(url + "/api/v1/alerts", good, data, token="hook-token")
         assert status == 200, body
-        # Under mTLS the caller recorded for an admin action is the client certificate's subject.
+        # Under mTLS the caller recorded for an admin action names both: the token (who holds it) and the
+        # client certificate's subject (the machine it came from); neither replaces the other.
         status, body = _get(url + "/api/v1/breaker/reset", good, b"", token="admin-token-for-tests")
-        assert status == 200 and json.loads(body)["by"] == "CN=alertmanager", body
+        assert status == 200 and json.loads(body)["by"] == "admin (CN=alertmanager)", body
+        status, body = _get(url + "/api/v1/journal", good, token="admin-token-for-tests")
+        assert status == 200, body
+        resets = [e for e in json.loads(body)["entries"] if e["kind"] == "breaker"]
+        assert [e["detail"]["by"] for e in resets] == ["admin (CN=alertmanager)"], resets
     finally:
         proc.terminate()
         proc.wait(10)

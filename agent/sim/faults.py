@@ -455,3 +455,20 @@ def _bmc_auth(sim: "Simulator", p: dict[str, Any]) -> str:
 def _bmc_expire(sim: "Simulator", p: dict[str, Any]) -> str:
     dev = _bmc(sim, p)
     return f"{dev.name} dropped {dev.expire_sessions()} session(s)"
+
+
+GARBAGE_KINDS = ("long-line", "not-json", "not-utf8")
+
+
+@fault("bmc-event-garbage", "The Redfish service writes one malformed frame to its open SSE streams (--frame): "
+       "long-line (one data line of --mib MiB), not-json or not-utf8. A client must survive it and reconnect.", BMC,
+       Param("frame", str, True, None, "long-line, not-json or not-utf8"),
+       Param("mib", float, False, 2.0, "long-line: the line's size in MiB (default 2)"))
+def _bmc_event_garbage(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["frame"] not in GARBAGE_KINDS:
+        raise FaultError(f"frame: expected one of {', '.join(GARBAGE_KINDS)}, got {p['frame']!r}")
+    if not 0 < p["mib"] <= 64:
+        raise FaultError("mib: expected more than 0 and at most 64")
+    dev = _bmc(sim, p)
+    n = dev.events.send_garbage(p["frame"], int(p["mib"] * (1 << 20)))
+    return f"{dev.name}: {p['frame']} written to {n} SSE stream(s)"

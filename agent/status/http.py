@@ -34,6 +34,7 @@ from agent.context import AgentContext
 from agent.auth import authorize, caller, token_map
 from agent.snapshot import Snapshot
 from exporters.model import counter, gauge
+from exporters.validation import terminal_safe
 from agent.status.peers import PeerPoller
 from agent.status.view import ViewBuilder, coordination, incidents, sources
 
@@ -48,15 +49,34 @@ RELIABILITY_WINDOW = 30 * 86400.0
 STATUS_CLIENTS = gauge("supernode_status_page_clients", "Status pages streaming now (count).")
 STATUS_BUILDS = counter("supernode_status_page_updates_total",
                         "Views of the rack the status page stream built (count); none while no page is open.")
+def shown(value: Any) -> Any:
+    """The view with every string (values and keys) as the CLI prints it (`terminal_safe`): each control or format
+    character escaped (`\\u202e`, `\\u200b`, `\\x1b`).
+
+    Why here, on the server, in the one view every page and `/api/v1/status` read: a bidi override (U+202E) in an
+    alert summary or a device name reordered what the page showed, and a zero-width character hides text. The
+    browser only ever puts these strings in text nodes (never markup); escaping them before they leave the agent
+    covers every place the page shows text (cells, titles, the approve dialog) with the CLI's own function, so
+    page and CLI show the same characters, and no JavaScript copy of Unicode's categories can drift from it."""
+    if isinstance(value, str):
+        return terminal_safe(value)
+    if isinstance(value, dict):
+        return {shown(k): shown(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [shown(v) for v in value]
+    return value
+
+
 def sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), default=str)}\n\n".encode()
 
 
 class _Client:
-    __slots__ = ("full", "latest", "ready")
+    __slots__ = ("admin", "full", "latest", "ready")
 
-    def __init__(self, full: bool):
+    def __init__(self, full: bool, admin: bool):
         self.full = full
+        self.admin = admin  # came with a valid admin token: may take a reserved slot
         self.latest: bytes | None = None
         self.ready = asyncio.Event()
 
@@ -187,7 +207,7 @@ class StatusHub:
             rows = await self._incident_rows(engine)
             view["incidents"] = incidents(engine, rows, time.time())
             view["reliability"] = await self._reliability_report(engine)
-        return view
+        return shown(view)
 
     async def _incident_rows(self, engine: Any) -> dict[str, list[Any]]:
         """Each open incident's journal rows, read incrementally off the event loop."""
@@ -302,24 +322,39 @@ class StatusHub:
         full, refusal, locked = self._full_access(request)
         return refusal if refusal is not None else (full, locked)
 
+    def _no_slot(self, admin: bool) -> str | None:
+        """Why a new stream gets no slot, or None. Anonymous pages share `max_clients` slots; a page with an admin
+        token may take any free one of those or of the `reserved_admin_clients` on top (eight anonymous pages
+        once took every slot and the person with the token got a 503)."""
+        s = self.cfg.status
+        if len(self.clients) >= s.max_clients + s.reserved_admin_clients:
+            return (f"too many status pages open (status.max_clients {s.max_clients} and "
+                    f"status.reserved_admin_clients {s.reserved_admin_clients} all taken)")
+        anonymous = sum(1 for c in self.clients if not c.admin)
+        if not admin and anonymous >= s.max_clients:
+            return (f"too many status pages open without an admin token (status.max_clients {s.max_clients}); "
+                    f"status.reserved_admin_clients {s.reserved_admin_clients} more are kept for the admin token")
+        return None
+
     async def stream(self, request: web.Request) -> web.StreamResponse:
         admitted = self._admit(request)
         if isinstance(admitted, web.Response):
             return admitted
         full, locked = admitted
-        if len(self.clients) >= self.cfg.status.max_clients:
-            return web.json_response({"error": f"too many status pages open (status.max_clients "
-                                               f"{self.cfg.status.max_clients})"}, status=503)
+        admin = caller(request, token_map(self.agent.loaded.admin_tokens)) is not None
+        full_up = self._no_slot(admin)
+        if full_up is not None:
+            return web.json_response({"error": full_up}, status=503)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                            "X-Accel-Buffering": "no"})
         await resp.prepare(request)
-        client = _Client(full)
+        client = _Client(full, admin)
         self.clients.add(client)
         self._start()
         try:
             if full:
                 who = caller(request, token_map(self.agent.loaded.admin_tokens)) or "anonymous (auth.open_reads)"
-                await resp.write(sse("hello", {"incidents": True, "who": who}))
+                await resp.write(sse("hello", {"incidents": True, "who": terminal_safe(who)}))
             else:
                 await resp.write(sse("hello", {"incidents": False, "locked": locked}))
             if full in self._last:

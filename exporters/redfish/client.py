@@ -42,6 +42,44 @@ class NotFound(SourceError):
         self.uri = uri
 
 
+class EventStreamError(SourceError):
+    """The event stream ended or could not be read; `reason` (a short fixed word) is what the stream failures
+    counter is labelled with: too_long, not_utf8, not_json, connection, timeout, auth, protocol, unexpected."""
+
+    def __init__(self, reason: str, message: str):
+        kind = reason if reason in ("connection", "timeout", "auth", "protocol", "tls") else "decode"
+        super().__init__(kind, message)
+        self.reason = reason
+
+
+async def _sse_data(stream: aiohttp.StreamReader, uri: str) -> AsyncIterator[str]:
+    """The data of each event of an SSE byte stream (its `data:` lines joined), lines split from raw chunks so
+    none is buffered past MAX_EVENT_BYTES; `EventStreamError` too_long or not_utf8."""
+    buf = bytearray()
+    data: list[str] = []
+    size = 0
+    async for chunk in stream.iter_any():
+        buf += chunk
+        while (nl := buf.find(b"\n")) >= 0:
+            raw = bytes(buf[:nl]).rstrip(b"\r")
+            del buf[:nl + 1]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise EventStreamError("not_utf8", f"event stream {uri}: a line is not UTF-8") from None
+            if not line:
+                if data:
+                    yield "\n".join(data)
+                data, size = [], 0
+            elif line.startswith("data:"):
+                size += len(raw)
+                if size > MAX_EVENT_BYTES:
+                    raise EventStreamError("too_long", f"event stream {uri}: one event over {MAX_EVENT_BYTES} bytes")
+                data.append(line[5:].removeprefix(" "))
+        if len(buf) > MAX_EVENT_BYTES:
+            raise EventStreamError("too_long", f"event stream {uri}: a line over {MAX_EVENT_BYTES} bytes")
+
+
 @dataclass
 class ClientStats:
     requests: int = 0
@@ -292,7 +330,16 @@ class RedfishClient:
     # -- server-sent events ------------------------------------------------------------
 
     async def events(self, uri: str, on_open: Callable[[], Any] | None = None) -> AsyncIterator[dict[str, Any]]:
-        """The JSON payloads of an SSE stream (ServerSentEventUri), until it ends; SourceError when it cannot open.
+        """The JSON payloads of an SSE stream (ServerSentEventUri), until it ends.
+
+        Every way it can fail is an `EventStreamError` (a `SourceError` whose `reason` names it): the stream could
+        not open (its kind), a line or an event over `MAX_EVENT_BYTES` (`too_long`), a line that is not UTF-8
+        (`not_utf8`), data that is not a JSON object (`not_json`), the connection lost (`connection`), or
+        anything else the HTTP stack raised (`unexpected`). Why every way: a 48 MiB line made aiohttp's line
+        reader raise `LineTooLong`, which is no `ClientError`; it escaped and ended the watch silently, with
+        no reconnect and the stream still counted up. Lines are split here, from raw chunks, so no line can
+        grow past the bound in a buffer first; a record that cannot be read ends the stream (a source sending
+        garbage does not keep its fast path), and the watch's reconnect polls for whatever it said.
 
         `on_open` is called once the service accepted the stream (before any event arrives)."""
         for attempt in (0, 1):
@@ -306,32 +353,28 @@ class RedfishClient:
         if resp.status != 200:
             resp.release()
             kind = "auth" if resp.status in (401, 403) else "protocol"
-            raise SourceError(kind, f"GET {uri} (event stream): HTTP {resp.status}")
+            raise EventStreamError(kind, f"GET {uri} (event stream): HTTP {resp.status}")
         if on_open is not None:
             on_open()
         try:
-            data: list[str] = []
-            size = 0
-            async for raw in resp.content:
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if not line:
-                    if data:
-                        payload = "\n".join(data)
-                        data, size = [], 0
-                        try:
-                            obj = json.loads(payload)
-                        except (ValueError, RecursionError):
-                            continue  # a keep-alive or a record we cannot read: the poll that follows tells
-                        if isinstance(obj, dict):
-                            yield obj
-                    continue
-                if line.startswith("data:"):
-                    size += len(line)
-                    if size > MAX_EVENT_BYTES:
-                        raise SourceError("decode", f"{uri}: one event over {MAX_EVENT_BYTES} bytes")
-                    data.append(line[5:].removeprefix(" "))
+            async for data in _sse_data(resp.content, uri):
+                if not data.strip():
+                    continue  # an empty data field: a keep-alive
+                try:
+                    obj = json.loads(data)
+                except (ValueError, RecursionError):
+                    raise EventStreamError("not_json", f"event stream {uri}: an event's data is not JSON") from None
+                if not isinstance(obj, dict):
+                    raise EventStreamError("not_json", f"event stream {uri}: an event's data is not a JSON object")
+                yield obj
+        except SourceError:
+            raise
+        except asyncio.TimeoutError:
+            raise EventStreamError("timeout", f"event stream {uri}: timed out") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise SourceError("connection", f"event stream {uri}: {type(exc).__name__}: {exc}") from None
+            raise EventStreamError("connection", f"event stream {uri}: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # the HTTP stack's own errors (LineTooLong...): the stream is over, say why
+            raise EventStreamError("unexpected", f"event stream {uri}: {type(exc).__name__}: {exc}") from None
         finally:
             resp.release()
 

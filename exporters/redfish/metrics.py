@@ -67,9 +67,19 @@ EVENT_STREAM_UP = gauge(
     "supernode_redfish_event_stream_up",
     "1 while the event subscription (SSE stream or push subscription) is live; 0 while polling alone carries the "
     "leak detectors (the stream dropped, or the service offers none).", ["bmc", "transport"])
+EVENT_STREAM_ERRORS = counter(
+    "supernode_redfish_event_stream_errors_total",
+    "Times the SSE event stream ended or could not be opened, by reason: too_long (a line or event over 1 MiB), "
+    "not_utf8, not_json, connection, timeout, auth, tls, protocol, ended (the service closed it), unexpected; "
+    "each is followed by a poll at once and a reconnect with backoff.", ["bmc", "reason"])
+EVENT_POLLS_COALESCED = counter(
+    "supernode_redfish_event_polls_coalesced_total",
+    "Events (SSE or push) whose immediate re-read was folded into a poll already due: at most one forced poll per "
+    "sources.redfish.event_min_poll_seconds per service, the last event always followed by one.", ["bmc"])
 
 ALL: dict[str, MetricSpec] = {m.name: m for m in (
     DETECTOR_STATE, CONNECTOR_TEMPERATURE, CONNECTOR_PRESSURE, CONNECTOR_FLOW, CONNECTOR_HEAT, CONNECTOR_VALVE,
-    PUMP_SPEED, RESERVOIR_LEVEL, HEALTH, SERVICE_INFO, REQUESTS, LOGINS, DISCOVERIES, EVENTS, EVENT_STREAM_UP)}
+    PUMP_SPEED, RESERVOIR_LEVEL, HEALTH, SERVICE_INFO, REQUESTS, LOGINS, DISCOVERIES, EVENTS, EVENT_STREAM_UP,
+    EVENT_STREAM_ERRORS, EVENT_POLLS_COALESCED)}
 # Labels the collector fills itself; a profile field names only the others (point).
 AUTO_LABELS = {"bmc", "equipment", "connector", "loop", "pump", "reservoir"}

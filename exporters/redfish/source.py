@@ -39,7 +39,7 @@ class RedfishSource:
     def __init__(self, device: str, client: RedfishClient, *, kind: str = "tray", profile: Profile | str = "dmtf",
                  zone: str | None = None, rediscover_s: float = 600.0, events: str = "auto",
                  push_destination: str | None = None, push_token: str | None = None, event_retry_s: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic):
+                 event_min_poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
         self.device = device
         self.kind = kind
         self.client = client
@@ -50,7 +50,8 @@ class RedfishSource:
         self.poll_trigger = PollTrigger()
         self.events = EventWatch(client, self.profile, self.poll_trigger.fire, mode=events,  # type: ignore[arg-type]
                                  push_destination=push_destination, push_token=push_token, context=device,
-                                 retry_s=event_retry_s, retry_max_s=max(60.0, event_retry_s)) \
+                                 retry_s=event_retry_s, retry_max_s=max(60.0, event_retry_s),
+                                 min_poll_s=event_min_poll_s) \
             if events != "off" else None
         self.tree: Tree | None = None
         self.discoveries: Counter[str] = Counter()
@@ -164,6 +165,9 @@ class RedfishSource:
                                timestamp=now))
             out += [Reading(rm.EVENTS, float(n), {**bmc, "triggered": str(hit).lower()}, timestamp=now)
                     for hit, n in sorted(ev.received.items())]
+            out += [Reading(rm.EVENT_STREAM_ERRORS, float(n), {**bmc, "reason": reason}, timestamp=now)
+                    for reason, n in sorted(ev.failures.items())]
+            out.append(Reading(rm.EVENT_POLLS_COALESCED, float(ev.coalesced), bmc, timestamp=now))
         return out
 
     # -- for the agent ----------------------------------------------------------------------

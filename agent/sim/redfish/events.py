@@ -180,6 +180,7 @@ class EventBus:
         self.backlog: deque[Event] = deque(maxlen=backlog)
         self.log: deque[Event] = deque(maxlen=1000)  # the manager's event log (LogService entries); ClearLog empties it
         self.streams: set[SseClient] = set()
+        self.streams_opened = 0  # every SSE stream ever opened (a client's reconnects show here)
         self.subscriptions: dict[str, Subscription] = {}
         self._sub_ids = itertools.count(1)
         self.retry_attempts = retry_attempts
@@ -255,9 +256,22 @@ class EventBus:
     # -- SSE streams --------------------------------------------------------------
 
     def open_stream(self, match: Callable[[Event], bool], session: str | None) -> SseClient:
+        self.streams_opened += 1
         client = SseClient(match, session)
         self.streams.add(client)
         return client
+
+    def send_garbage(self, kind: str, size: int = 2 << 20) -> int:
+        """Write a malformed frame to every open SSE stream, as a broken or hostile BMC might: `long-line` (one
+        data line of `size` bytes, no newline inside), `not-json` (data that is no JSON), `not-utf8` (bytes
+        that are no UTF-8). Returns how many streams got it. Call on the service's loop."""
+        frames = {"long-line": b"data: {\"x\": \"" + b"x" * size + b"\"}\n\n",
+                  "not-json": b"data: {this is not json\n\n",
+                  "not-utf8": b"data: {\"Events\": [\"\xff\xfe\xc3\x28\"]}\n\n"}
+        frame = frames[kind]  # KeyError: the fault kind checked it first
+        for client in list(self.streams):
+            client.queue.put_nowait(frame)
+        return len(self.streams)
 
     def close_stream(self, client: SseClient) -> None:
         self.streams.discard(client)

@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -149,6 +150,7 @@ class RedfishService:
         # what tests look at
         self.peak_connections = 0
         self.requests_total = 0
+        self.reads: Counter[str] = Counter()  # GETs by path: how often each resource (a leak detector) was read
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._listening = asyncio.Lock()
@@ -310,6 +312,8 @@ class RedfishService:
                 request.transport.abort()
             return web.Response(status=503)
         self.requests_total += 1
+        if request.method == "GET":
+            self.reads[request.path.rstrip("/")] += 1
         if self._runner is not None and self._runner.server is not None:
             self.peak_connections = max(self.peak_connections, len(self._runner.server.connections))
         if self.slow_s:
@@ -618,7 +622,7 @@ class RedfishService:
                     continue
                 if event is None:
                     break
-                await resp.write(self._sse_frame(event))
+                await resp.write(event if isinstance(event, bytes) else self._sse_frame(event))  # bytes: a fault
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
