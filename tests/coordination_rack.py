@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import re
 import signal
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from agent.demo import agent_config
 from tests.agentproc import AgentProcess
@@ -28,6 +29,39 @@ def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str],
                            "etcd": {"endpoints": endpoints, "prefix": "/supernode-test"}}
     cfg["remediation"]["guardrails"].update(guardrails)
     return cfg
+
+
+@contextmanager
+def etcd_rack(base: Path, nodes: tuple[str, ...], ttl: float = 5.0,
+              configure: Callable[[dict[str, Any]], None] | None = None) -> Iterator[tuple[Any, Any, list[AgentProcess]]]:
+    """(etcd, sim, agents): a real 3-member etcd cluster, the simulated rack and one agent per node coordinating
+    through it (each config passed to `configure` first); everything stopped on the way out (a paused agent too)."""
+    from tests.etcd import running_etcd
+    from tests.simrack import SimRack
+
+    gen = running_etcd(base / "etcd", 3)
+    etcd = next(gen)
+    sim = SimRack(base, nodes=len(nodes), gpus=2).start()
+    agents: list[AgentProcess] = []
+    try:
+        for node in nodes:
+            work = base / node
+            work.mkdir()
+            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=ttl)
+            if configure is not None:
+                configure(cfg)
+            agents.append(AgentProcess(cfg, work).start())
+        yield etcd, sim, agents
+    finally:
+        for a in agents:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            a.stop()
+        sim.stop()
+        try:
+            next(gen)
+        except StopIteration:
+            pass
 
 
 def static_configs(sim: Any, base: Path, nodes: list[str], pollers: dict[str, list[str]]
