@@ -126,6 +126,23 @@ def results(agent: AgentProcess, action: str, **match: Any) -> list[dict[str, An
             and all(e.get(k) == v for k, v in match.items())]
 
 
+def set_maintenance(agent: AgentProcess, node: str, on: bool) -> dict:
+    """A person puts `node` in maintenance (or ends it) on `agent`; the maintenance view it answers."""
+    status, body = agent.request("POST", "/api/v1/maintenance", body={"node": node, "on": on}, token=TOKEN)
+    assert status == 200, body
+    return json.loads(body)["maintenance"]
+
+
+def xid_alert(agent: AgentProcess, node: str, status: str, starts: str) -> int:
+    """One Alertmanager delivery (payload version 4) about a critical XID on `node`, to `agent`'s webhook."""
+    alert = {"status": status, "labels": {"alertname": "SupernodeGpuXidCritical", "detector": "gpu_xid_critical",
+                                          "node": node, "severity": "critical"},
+             "annotations": {}, "startsAt": starts, "fingerprint": f"xid-{node}-{starts}",
+             "endsAt": "2026-12-01T01:00:00Z" if status == "resolved" else "0001-01-01T00:00:00Z"}
+    body = {"version": "4", "status": status, "receiver": "agent", "groupKey": "{}", "alerts": [alert]}
+    return agent.request("POST", "/api/v1/alerts", body=body, token=TOKEN)[0]
+
+
 def alive(agents: list[AgentProcess]) -> list[AgentProcess]:
     return [a for a in agents if a.proc is not None and a.proc.poll() is None]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import TOKEN, incidents, journal, metric, results, static_configs
+from tests.coordination_rack import incidents, journal, metric, results, set_maintenance, static_configs, xid_alert
 from tests.helpers import wait_for
 from tests.simrack import SimRack
 
@@ -54,25 +54,12 @@ def test_a_node_that_polls_nothing_shared_still_drains_on_a_leak_in_its_zone(sta
     assert not results(node01, "drain", target="node=node02")
 
 
-def xid_alert(agent: AgentProcess, node: str, status: str, starts: str) -> int:
-    """One Alertmanager delivery (payload version 4) about a critical XID on `node`, to `agent`'s webhook."""
-    alert = {"status": status, "labels": {"alertname": "SupernodeGpuXidCritical", "detector": "gpu_xid_critical",
-                                          "node": node, "severity": "critical"},
-             "annotations": {}, "startsAt": starts, "fingerprint": f"xid-{node}-{starts}",
-             "endsAt": "2026-12-01T01:00:00Z" if status == "resolved" else "0001-01-01T00:00:00Z"}
-    body = {"version": "4", "status": status, "receiver": "agent", "groupKey": "{}", "alerts": [alert]}
-    return agent.request("POST", "/api/v1/alerts", body=body, token=TOKEN)[0]
-
 
 def test_maintenance_set_on_a_nodes_own_agent_holds_on_its_peers_for_that_node_only(static_rack):
     _, (node01, node02) = static_rack
 
-    def maintenance(agent: AgentProcess, node: str, on: bool) -> None:
-        status, body = agent.request("POST", "/api/v1/maintenance", body={"node": node, "on": on}, token=TOKEN)
-        assert status == 200, body
-
-    maintenance(node02, "node02", True)
-    maintenance(node02, "node01", True)  # node02's agent cannot speak for node01: that holds on node02 alone
+    set_maintenance(node02, "node02", True)
+    set_maintenance(node02, "node01", True)  # node02's agent cannot speak for node01: that holds on node02 alone
     wait_for(lambda: incidents(node01).get("maintenance", {}).get("node02", {}).get("set_via") == "node02", 30,
              what="node01 knowing node02 is in maintenance, from node02's agent")
     assert "node01" not in incidents(node01)["maintenance"]
@@ -83,7 +70,7 @@ def test_maintenance_set_on_a_nodes_own_agent_holds_on_its_peers_for_that_node_o
     assert not results(node01, "drain", target="node=node02", result="done")
 
     assert xid_alert(node01, "node02", "resolved", "2026-12-01T00:00:00Z") == 200
-    maintenance(node02, "node02", False)
+    set_maintenance(node02, "node02", False)
     wait_for(lambda: "node02" not in incidents(node01).get("maintenance", {"node02": 1}), 30,
              what="node01 knowing node02's maintenance is over")
     assert xid_alert(node01, "node02", "firing", "2026-12-01T00:10:00Z") == 200

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import TOKEN, etcd_rack, incidents, is_up, journal, leaders, metric, results
+from tests.coordination_rack import (etcd_rack, incidents, is_up, journal, leaders, metric, results, set_maintenance,
+                                     xid_alert)
 from tests.helpers import wait_for
 from tests.simrack import SimRack
 
@@ -40,20 +43,6 @@ def rack(tmp_path_factory):
         yield Rack(etcd, sim, agents)
 
 
-def set_maintenance(agent: AgentProcess, node: str, on: bool) -> dict:
-    status, body = agent.request("POST", "/api/v1/maintenance", body={"node": node, "on": on}, token=TOKEN)
-    assert status == 200, body
-    return json.loads(body)["maintenance"]
-
-
-def xid_alert(agent: AgentProcess, node: str, status: str, starts: str) -> int:
-    """One Alertmanager delivery (payload version 4) about a critical XID on `node`, to `agent`'s webhook."""
-    alert = {"status": status, "labels": {"alertname": "SupernodeGpuXidCritical", "detector": "gpu_xid_critical",
-                                          "node": node, "severity": "critical"},
-             "annotations": {}, "startsAt": starts, "fingerprint": f"xid-{node}-{starts}",
-             "endsAt": "2026-12-01T01:00:00Z" if status == "resolved" else "0001-01-01T00:00:00Z"}
-    body = {"version": "4", "status": status, "receiver": "agent", "groupKey": "{}", "alerts": [alert]}
-    return agent.request("POST", "/api/v1/alerts", body=body, token=TOKEN)[0]
 
 
 def blocked_by_maintenance(agent: AgentProcess, action: str, target: str) -> list[dict]:
@@ -131,3 +120,46 @@ def test_a_forged_maintenance_record_is_rejected_counted_and_silences_nothing(ra
              what="node01 draining node02 despite the forged record")
     for key in forged:
         rack.etcd.delete(key)
+
+
+# -- the validator and a static peer's word, without a daemon ------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                    max_leaves=12)
+RECORD = st.fixed_dictionaries({}, optional={"by": JSON | st.text(max_size=20), "since": JSON | st.floats(0, 2000),
+                                             "until": JSON | st.floats(0, 4000), "set_via": JSON | st.sampled_from(NODES)})
+
+
+@given(node=st.sampled_from(NODES) | st.text(max_size=10), doc=RECORD | JSON)
+def test_a_maintenance_record_is_a_valid_record_or_a_counted_rejection_never_a_crash(node, doc):
+    from agent.coordination.maintenance import RackMaintenance
+    from agent.coordination.records import Rejections
+
+    rejections = Rejections()
+    rack = RackMaintenance("node01", NODES, 5.0, rejections, clock=lambda: 1000.0)
+    if rack.accept(node, json.dumps(doc), "k"):
+        rec = rack.records[node]
+        assert node in NODES and rec["set_via"] in NODES and rec["since"] <= 1005.0
+        assert rec["until"] is None or rec["until"] > rec["since"]
+        assert isinstance(rec["by"], str) and 0 < len(rec["by"]) <= 200
+    else:
+        assert node not in rack.records and rejections.total("maintenance") == 1
+
+
+def test_a_static_peer_is_believed_about_its_own_node_only():
+    from agent.coordination.maintenance import RackMaintenance
+    from agent.coordination.records import Rejections
+
+    rejections = Rejections()
+    rack = RackMaintenance("node01", NODES, 5.0, rejections, clock=lambda: 1000.0)
+    own = {"by": "alice", "since": 990.0, "until": 2000.0, "set_via": "node03"}
+    assert rack.accept("node03", json.dumps(own), "k", peer="node03")
+    assert rack.active("node03")["by"] == "alice"
+    assert not rack.accept("node02", json.dumps(own), "k", peer="node03")  # node03's agent speaking for node02
+    assert not rack.accept("node03", json.dumps(dict(own, set_via="node02")), "k", peer="node03")
+    assert rejections.counts == {("maintenance", "not_own_node"): 2}
+    assert rack.active("node02") is None and rack.active("node03") is None  # a bad answer drops what was known
+    assert rack.accept("node03", json.dumps(own), "k", peer="node03")
+    rack.clock = lambda: 2000.0  # its `until`: over by itself, even with the peer silent
+    assert rack.active("node03") is None and rack.view() == {}
