@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import re
 import signal
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from agent.demo import agent_config
 from tests.agentproc import AgentProcess
@@ -28,6 +29,39 @@ def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str],
                            "etcd": {"endpoints": endpoints, "prefix": "/supernode-test"}}
     cfg["remediation"]["guardrails"].update(guardrails)
     return cfg
+
+
+@contextmanager
+def etcd_rack(base: Path, nodes: tuple[str, ...], ttl: float = 5.0,
+              configure: Callable[[dict[str, Any]], None] | None = None) -> Iterator[tuple[Any, Any, list[AgentProcess]]]:
+    """(etcd, sim, agents): a real 3-member etcd cluster, the simulated rack and one agent per node coordinating
+    through it (each config passed to `configure` first); everything stopped on the way out (a paused agent too)."""
+    from tests.etcd import running_etcd
+    from tests.simrack import SimRack
+
+    gen = running_etcd(base / "etcd", 3)
+    etcd = next(gen)
+    sim = SimRack(base, nodes=len(nodes), gpus=2).start()
+    agents: list[AgentProcess] = []
+    try:
+        for node in nodes:
+            work = base / node
+            work.mkdir()
+            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=ttl)
+            if configure is not None:
+                configure(cfg)
+            agents.append(AgentProcess(cfg, work).start())
+        yield etcd, sim, agents
+    finally:
+        for a in agents:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            a.stop()
+        sim.stop()
+        try:
+            next(gen)
+        except StopIteration:
+            pass
 
 
 def static_configs(sim: Any, base: Path, nodes: list[str], pollers: dict[str, list[str]]
@@ -90,6 +124,23 @@ def approve(agent: AgentProcess, ident: str) -> list[str]:
 def results(agent: AgentProcess, action: str, **match: Any) -> list[dict[str, Any]]:
     return [e for e in journal(agent) if e.get("action") == action and e.get("kind") in ("result", "blocked")
             and all(e.get(k) == v for k, v in match.items())]
+
+
+def set_maintenance(agent: AgentProcess, node: str, on: bool) -> dict:
+    """A person puts `node` in maintenance (or ends it) on `agent`; the maintenance view it answers."""
+    status, body = agent.request("POST", "/api/v1/maintenance", body={"node": node, "on": on}, token=TOKEN)
+    assert status == 200, body
+    return json.loads(body)["maintenance"]
+
+
+def xid_alert(agent: AgentProcess, node: str, status: str, starts: str) -> int:
+    """One Alertmanager delivery (payload version 4) about a critical XID on `node`, to `agent`'s webhook."""
+    alert = {"status": status, "labels": {"alertname": "SupernodeGpuXidCritical", "detector": "gpu_xid_critical",
+                                          "node": node, "severity": "critical"},
+             "annotations": {}, "startsAt": starts, "fingerprint": f"xid-{node}-{starts}",
+             "endsAt": "2026-12-01T01:00:00Z" if status == "resolved" else "0001-01-01T00:00:00Z"}
+    body = {"version": "4", "status": status, "receiver": "agent", "groupKey": "{}", "alerts": [alert]}
+    return agent.request("POST", "/api/v1/alerts", body=body, token=TOKEN)[0]
 
 
 def alive(agents: list[AgentProcess]) -> list[AgentProcess]:

@@ -3,7 +3,8 @@
 node01 polls every shared device (the Redfish CDU too); node02 polls none and reads node01's polls from its
 /api/v1/coordination/facts stream, at node01's `inventory.agent_urls` (the status page's URL for it too).
 A leak in node02's zone still drains and caps node02 (by its own agent); each shared device sees one client;
-node02 exports none of those devices' series; node01 leads.
+node02 exports none of those devices' series; node01 leads. Maintenance set on node02's own agent holds on
+node01 too (it asks its peers' agents), for node02 only.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import metric, results, static_configs
+from tests.coordination_rack import incidents, journal, metric, results, set_maintenance, static_configs, xid_alert
 from tests.helpers import wait_for
 from tests.simrack import SimRack
 
@@ -24,6 +25,7 @@ def static_rack(tmp_path):
     agents = []
     try:
         for cfg, work in static_configs(sim.sim, tmp_path, ["node01", "node02"], {d: ["node01"] for d in SHARED}):
+            cfg["coordination"]["maintenance_poll_seconds"] = 1.0
             agents.append(AgentProcess(cfg, work).start())
         yield sim, agents
     finally:
@@ -50,3 +52,27 @@ def test_a_node_that_polls_nothing_shared_still_drains_on_a_leak_in_its_zone(sta
              what="node02 drained by its own agent from node01's polls")
     wait_for(lambda: results(node02, "gpu_power_cap", result="done"), 30, what="node02's GPUs capped")
     assert not results(node01, "drain", target="node=node02")
+
+
+
+def test_maintenance_set_on_a_nodes_own_agent_holds_on_its_peers_for_that_node_only(static_rack):
+    _, (node01, node02) = static_rack
+
+    set_maintenance(node02, "node02", True)
+    set_maintenance(node02, "node01", True)  # node02's agent cannot speak for node01: that holds on node02 alone
+    wait_for(lambda: incidents(node01).get("maintenance", {}).get("node02", {}).get("set_via") == "node02", 30,
+             what="node01 knowing node02 is in maintenance, from node02's agent")
+    assert "node01" not in incidents(node01)["maintenance"]
+    assert xid_alert(node01, "node02", "firing", "2026-12-01T00:00:00Z") == 200
+    rows = wait_for(lambda: [e for e in journal(node01) if e.get("kind") == "blocked" and e.get("action") == "drain"
+                             and e.get("target") == "node=node02"], 30, what="node01's drain of node02 blocked")
+    assert rows[0]["detail"]["guardrail"] == "maintenance" and "node02's agent" in rows[0]["detail"]["why"]
+    assert not results(node01, "drain", target="node=node02", result="done")
+
+    assert xid_alert(node01, "node02", "resolved", "2026-12-01T00:00:00Z") == 200
+    set_maintenance(node02, "node02", False)
+    wait_for(lambda: "node02" not in incidents(node01).get("maintenance", {"node02": 1}), 30,
+             what="node01 knowing node02's maintenance is over")
+    assert xid_alert(node01, "node02", "firing", "2026-12-01T00:10:00Z") == 200
+    wait_for(lambda: results(node01, "drain", target="node=node02", result="done"), 30,
+             what="node01 draining node02 once maintenance is off")

@@ -9,6 +9,7 @@ Keys, all under `<prefix>/<rack>/`:
 | `pollers/<device>/<slot>` | the poller's | its node (at most `pollers_per_device` slots) |
 | `facts/<source>/<device>/<node>` | the poller's | its last poll of that device (agent.coordination.facts) |
 | `approvals/<id>`, `guard/...` | none | rack state that outlives any one agent (agent.coordination.rack_state) |
+| `maintenance/<node>` | none | a person's maintenance of that node: {by, since, until, set_via} (coordination.maintenance) |
 
 One session = one lease. Everything an agent holds is under that lease, so
 a dead agent's leadership, slots and facts vanish together when it stops
@@ -28,6 +29,7 @@ docs: each agent polls the leak inputs itself, at a bounded rate).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any, Callable
@@ -35,6 +37,7 @@ from typing import Any, Callable
 from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
                                      cmp_mod, cmp_value, op_delete, op_put)
 from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
+from agent.coordination.maintenance import RackMaintenance, Record
 from agent.coordination.rack_state import RackState
 from agent.coordination.shared import SharedDevices, leader_jobs, ranked, shared_devices
 
@@ -88,6 +91,11 @@ class EtcdCoordinator(RackState):
         self.sessions = 0
         self.last_error: str | None = None
         RackState.__init__(self, loaded)
+        self.maintenance = RackMaintenance(self.node, self.inventory_nodes, self.skew, self.rejections, clock)
+        self.maintenance.publisher = self._publish_maintenance
+        self._maint_prefix = f"{self.root}/maintenance/"
+        self._maint_out: dict[str, Record | None] = {}  # node -> this agent's record to write (None: delete)
+        self._maint_task: asyncio.Task | None = None
 
     @property
     def rack(self) -> "EtcdCoordinator":
@@ -284,9 +292,10 @@ class EtcdCoordinator(RackState):
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._maint_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.lease and self.up():
             try:  # hand everything over at once rather than after a TTL
                 async with asyncio.timeout(1.0):
@@ -350,9 +359,7 @@ class EtcdCoordinator(RackState):
             self.deadline = t + self.ttl
         await c.put(f"{self.root}/members/{self.node}", self.node, self.lease)
         kvs, rev = await c.get_prefix(self.root + "/")
-        self.mirror = {}
-        for kv in kvs:
-            self._apply(Event("PUT", kv))
+        self._load(kvs)
         self.connected = True
         self._safety_intervals(degraded=False)
         self.sessions += 1
@@ -361,6 +368,7 @@ class EtcdCoordinator(RackState):
                                            "members": len(self.members()), "endpoint": c.endpoint})
         if self.engine is not None:
             self.engine.coordination_back()
+        self._flush_maintenance_soon()  # maintenance set here while etcd was away (or at start)
         tasks = [asyncio.ensure_future(x) for x in (self._keepalive(), self._watch(rev + 1), self._reconcile())]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -402,13 +410,18 @@ class EtcdCoordinator(RackState):
                         self._changed.set()
             except WatchCompacted:
                 kvs, now = await self.client.get_prefix(self.root + "/")
-                self.mirror = {}
-                for kv in kvs:
-                    self._apply(Event("PUT", kv))
+                self._load(kvs)
                 rev = now + 1
             except EtcdError as exc:
                 self._note_error(exc)
                 await asyncio.sleep(0.1)
+
+    def _load(self, kvs: list[KV]) -> None:
+        """A fresh mirror of the rack (a new session, or a watch past compaction)."""
+        self.mirror = {}
+        self.maintenance.records.clear()
+        for kv in kvs:
+            self._apply(Event("PUT", kv))
 
     def _apply(self, ev: Event) -> bool:
         """Mirror one event; True when it may change a decision (anything but a fact)."""
@@ -420,8 +433,48 @@ class EtcdCoordinator(RackState):
             self.mirror.pop(key, None)
         else:
             self.mirror[key] = ev.kv
+        if key.startswith(self._maint_prefix):
+            node = key[len(self._maint_prefix):]
+            if ev.type == "DELETE":
+                self.maintenance.forget(node)
+            else:
+                self.maintenance.accept(node, ev.kv.value, key, ev.kv.mod_revision)
         self.on_rack_change(key)  # also on a fresh session's first read: an approval given while we were away
         return True
+
+    # -- maintenance set on this agent ------------------------------------------------------------------------
+
+    def _publish_maintenance(self, node: str, record: Record | None) -> None:
+        """A person set (or ended) a node's maintenance here, journaled already: write it to the rack's key."""
+        self._maint_out[node] = record
+        if self.up():
+            self._flush_maintenance_soon()
+
+    def _flush_maintenance_soon(self) -> None:
+        if not self._maint_out or (self._maint_task is not None and not self._maint_task.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop yet (engine restored before the agent runs): the session start writes it
+            return
+        self._maint_task = loop.create_task(self._flush_maintenance())
+
+    async def _flush_maintenance(self) -> None:
+        """Write each queued record (no lease: a person's word outlives this agent); what fails waits for the next
+        session, which writes it again."""
+        while self._maint_out and self.up():
+            node, record = next(iter(self._maint_out.items()))
+            key = f"{self._maint_prefix}{node}"
+            try:
+                if record is None:
+                    await self.client.delete(key)
+                else:
+                    await self.client.put(key, json.dumps(record, sort_keys=True))
+            except EtcdError as exc:
+                self._note_error(exc)
+                return
+            if self._maint_out.get(node, ...) is record:
+                del self._maint_out[node]
 
     # -- facts from the other pollers -----------------------------------------------------------------------
 

@@ -234,3 +234,35 @@ def _breaker(b: dict[str, Any], nodes: frozenset[str], now: float, skew: float,
         errors.append(exc)
         return {}
     return {"open": True, "at": at, "by": by}
+
+
+# -- maintenance/<node> ----------------------------------------------------------------------------------------
+
+MAINTENANCE_BY_MAX = 200
+
+
+def maintenance_doc(raw: bytes | str, node: str, nodes: Iterable[str], now: float, skew: float) -> dict[str, Any]:
+    """A rack maintenance record for `node` (the key's, or the answering peer's): {by, since, until, set_via}.
+
+    RecordError when the node is not in the inventory, the value is not an object, `by` is not a short name,
+    `since` is not a time or lies in the future, `until` is neither null nor a time after `since`, or `set_via`
+    (the agent a person set it on) is not an inventory node. Why strict: a rack record silences every agent's
+    actions on that node; one that does not check out leaves the node to the agents (the conservative branch:
+    maintenance only ever stops actions). A record whose `until` has passed is valid and simply no longer
+    active (its agent deletes it when it notices)."""
+    nodes = frozenset(nodes)
+    node_name(node, "maintenance key", nodes)
+    doc = as_object(parse_json(raw), "maintenance")
+    by = doc.get("by")
+    if not isinstance(by, str) or not by or len(by) > MAINTENANCE_BY_MAX:
+        raise RecordError("type", "maintenance.by: expected the name of who set it")
+    since = wall_time(doc.get("since"), "maintenance.since", now, skew)
+    until = doc.get("until")
+    if until is not None:
+        if isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until):
+            raise RecordError("type", "maintenance.until: expected a time in seconds or null")
+        if until <= since:
+            raise RecordError("range", f"maintenance.until: {until!r} is not after since")
+        until = float(until)
+    set_via = node_name(doc.get("set_via"), "maintenance.set_via", nodes)
+    return {"by": by, "since": since, "until": until, "set_via": set_via}

@@ -8,20 +8,31 @@ poller's fact stream, at the poller's `inventory.agent_urls` (TLS: `status.peer_
 agent alone (the blast radius from the scheduler's own view), approvals are
 each agent's own, and no write is fenced: two agents configured as leader would both drive the valves. This
 is the single-node and lab choice; a rack whose leader may die runs `etcd`.
+
+Maintenance is rack-wide here too, from the node's own agent: each agent serves whether its own node is in
+maintenance (GET /api/v1/coordination/maintenance, open like the status page's node card) and asks its peers every
+`coordination.maintenance_poll_seconds`. A peer is believed about its own node only: node03's agent can put node03
+in maintenance for the rack, never node01 (maintenance of another node set on an agent holds on that agent alone).
+A peer that does not answer keeps its last known state, which ends by its `until`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+import zlib
 from typing import Any
 
 from agent.coordination.facts import FactExchange, encode
-from agent.coordination.records import Rejections
+from agent.coordination.maintenance import RackMaintenance, Record
+from agent.coordination.records import RecordError, Rejections, as_object, parse_json
 from agent.coordination.shared import SharedDevices, shared_devices
 
 log = logging.getLogger("supernode.coordination")
+MAINTENANCE_PATH = "/api/v1/coordination/maintenance"
+MAX_MAINTENANCE_ANSWER = 16 << 10
 
 
 class LocalRack:
@@ -29,6 +40,7 @@ class LocalRack:
 
     backend = "static"
     shared = False  # approvals and guardrails are this agent's own
+    maintenance: RackMaintenance | None = None  # the rack's maintenance records (set by the static coordinator)
 
     def __init__(self, leader: str, node: str):
         self.leader = leader
@@ -119,6 +131,14 @@ class StaticCoordinator:
         self.tasks: list[asyncio.Task] = []
         self.streams_up: dict[str, bool] = {}  # peer -> its stream is open
         self.rejections = Rejections()  # records from peers that failed validation (agent.coordination.records)
+        self.maintenance = RackMaintenance(self.node, cfg.inventory.nodes,
+                                           coord.max_clock_skew_seconds if coord is not None else 5.0, self.rejections)
+        self.maintenance.publisher = self._own_maintenance
+        self.rack.maintenance = self.maintenance
+        self.own_maintenance: Record | None = None  # what this agent serves: its own node's maintenance
+        self.maintenance_poll = coord.maintenance_poll_seconds if coord is not None else 10.0
+        self.peer_timeout = cfg.status.peer_timeout_seconds
+        self.maintenance_reach: dict[str, bool] = {}  # peer -> its last maintenance answer came
 
     def polls(self, device: str) -> bool:
         nodes = self.pollers.get(device)
@@ -230,14 +250,74 @@ class StaticCoordinator:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    # -- maintenance: ours served, the peers' asked for ------------------------------------------------------
+
+    def _own_maintenance(self, node: str, record: Record | None) -> None:
+        """The engine's publisher: only this node's own maintenance is served to the rack."""
+        if node == self.node:
+            self.own_maintenance = record
+
+    async def _serve_maintenance(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"node": self.node, "maintenance": self.own_maintenance},
+                                 headers={"Cache-Control": "no-store"})
+
+    async def _poll_maintenance(self, peers: dict[str, str]) -> None:
+        """Ask each peer for its node's maintenance, slowly (one small GET per peer per poll)."""
+        import aiohttp
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.peer_timeout)) as http:
+            while True:
+                await asyncio.gather(*(self._ask_maintenance(http, n, u) for n, u in peers.items()))
+                await asyncio.sleep(self.maintenance_poll)
+
+    async def _ask_maintenance(self, http: Any, peer: str, url: str) -> None:
+        from agent.status_peers import client_ssl
+
+        key = f"{url}{MAINTENANCE_PATH}"
+        try:
+            ssl_ctx = client_ssl(self.peer_tls) if url.startswith("https:") else None
+            async with http.get(key, ssl=ssl_ctx, allow_redirects=False) as resp:
+                body = await resp.content.read(MAX_MAINTENANCE_ANSWER + 1)
+                if resp.status != 200:
+                    raise ConnectionError(f"HTTP {resp.status}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # silent peer: its last known state holds, ending by its `until`
+            if self.maintenance_reach.get(peer, True):
+                log.warning("peer's maintenance not known now; its last known state holds",
+                            extra={"peer": peer, "url": key, "error": f"{type(exc).__name__}: {exc}"[:200]})
+            self.maintenance_reach[peer] = False
+            return
+        self.maintenance_reach[peer] = True
+        revision = zlib.crc32(body)  # log a rejected answer once per distinct answer
+        try:
+            doc = as_object(parse_json(body), "maintenance answer")
+            if doc.get("node") != peer:
+                raise RecordError("not_own_node", f"{peer}'s agent answers as {str(doc.get('node'))[:60]!r}")
+        except RecordError as exc:
+            self.rejections.error("maintenance", key, revision, exc)
+            self.maintenance.seen(peer)
+            return
+        record = doc.get("maintenance")
+        if record is None:
+            self.maintenance.seen(peer)
+        else:
+            self.maintenance.accept(peer, json.dumps(record), key, revision, peer=peer)
+
     async def start(self, agent: Any) -> None:
         self.facts.store = agent.store
+        agent.route_mounts.append(lambda app: app.router.add_get(MAINTENANCE_PATH, self._serve_maintenance))
+        peers = {n: u for n, u in self.peers.items() if n != self.node}
+        if peers:
+            self.tasks.append(asyncio.get_running_loop().create_task(self._poll_maintenance(peers)))
         if not self.pollers:
             return  # every node polls every shared device: nothing to share
         agent.store.add_listener(self.on_publish)
         agent.route_mounts.append(lambda app: app.router.add_get("/api/v1/coordination/facts", self._serve))
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self._subscribe(p)) for p in self.needed_peers()]
+        self.tasks += [loop.create_task(self._subscribe(p)) for p in self.needed_peers()]
 
     async def stop(self) -> None:
         for t in self.tasks:

@@ -183,7 +183,8 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
                      inc.get("playbook") or "-"])
     print(f"mode: {terminal_safe(data['mode'])}   circuit breaker: {'OPEN' if data['breaker_open'] else 'closed'}")
     for node, m in data.get("maintenance", {}).items():
-        print(terminal_safe(f"maintenance: {node} (by {m['by']}, until {_fmt_ts(m['until'])})"))
+        print(terminal_safe(f"maintenance: {node} (by {m['by']}, set on {m.get('set_via', '?')}, "
+                            f"until {_fmt_ts(m['until'])})"))
     _table(rows)
     if data["pending_approvals"]:
         print("\npending approvals (supernode-agent approve ID):")
@@ -218,8 +219,9 @@ def cli_maintenance(base_url: str, state: str, node: str | None, until: float | 
                      body={"node": node, "on": state == "on", "until": until})
     if isinstance(data, int):
         return data
-    rows = [["NODE", "BY", "SINCE", "UNTIL"]] + [[n, m["by"], _fmt_ts(m["since"]), _fmt_ts(m["until"])]
-                                                  for n, m in data["maintenance"].items()]
+    rows = [["NODE", "BY", "SET_ON", "SINCE", "UNTIL"]] + [
+        [n, m["by"], m.get("set_via", "?") + ("" if m.get("local", True) else " (rack)"), _fmt_ts(m["since"]),
+         _fmt_ts(m["until"])] for n, m in data["maintenance"].items()]
     print("nodes in maintenance:" if len(rows) > 1 else "no node in maintenance")
     _table(rows if len(rows) > 1 else [])
     return 0

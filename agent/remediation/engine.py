@@ -115,7 +115,7 @@ class RemediationEngine:
             *(None if d is None else d * 86400.0 for d in (days.resolved_incident_days, days.webhook_dedup_days))))
         self.incidents = IncidentBook(self.journal, clock)
         self.guard = Guardrails(settings.guardrails, monotonic)
-        self.maintenance = Maintenance(self.journal, clock)
+        self.maintenance = Maintenance(self.journal, clock, identity.node)
         self.retries: dict[str, int] = {}  # action id -> scheduler_unreachable retries so far
         self.executors = executors or Executors()
         from agent.coordination.static import LocalRack  # the rack as the config alone says (no coordination)
@@ -189,6 +189,7 @@ class RemediationEngine:
         self._rebuild_effects(await asyncio.to_thread(self.journal.entries))
         restored = await asyncio.to_thread(self.incidents.restore)
         await asyncio.to_thread(self.maintenance.restore)
+        self.maintenance.publish_all()  # rack-wide: what a person set here holds on every agent
         # Resume the world, not only the journal: restored incidents are active in the fresh detectors,
         # so the first snapshots that no longer show their condition clear (and undo) them.
         seed_restored(self.detectors, self.incidents.open_incidents())
@@ -417,6 +418,7 @@ class RemediationEngine:
     def use_rack(self, rack: Any) -> None:
         """Answer rack questions (leader, rack-wide guardrails, approvals) through coordination."""
         self.rack = rack
+        self.maintenance.bind_rack(getattr(rack, "maintenance", None))  # rack-wide maintenance (both backends)
         rack.bind(self)  # one engine at a time (a reload binds its new one)
 
     def carry_on_as_leader(self) -> None:

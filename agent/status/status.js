@@ -164,7 +164,8 @@
     const inc = s.incidents;
     const out = [el("p", { class: "row" }, "mode ", el("strong", {}, inc.mode), " \u00B7 circuit breaker ",
       inc.breaker_open ? badge("bad", "OPEN") : badge("ok", "closed"),
-      Object.keys(inc.maintenance || {}).length ? badge("warn", "maintenance: " + Object.keys(inc.maintenance).join(", ")) : null)];
+      Object.keys(inc.maintenance || {}).length ? badge("warn", "maintenance: " + Object.entries(inc.maintenance)
+        .map(([n, m]) => n + " (by " + m.by + ", set on " + m.set_via + ")").join(", ")) : null)];
     if (!inc.open.length) out.push(el("p", {}, badge("ok", "no open incident")));
     for (const i of inc.open) {
       const sev = i.severity === "critical" ? "bad" : "warn";
