@@ -24,7 +24,7 @@ SOURCES = (("exporters.gpu", "nvml"), ("exporters.cooling", "modbus"), ("exporte
            ("exporters.links.dom", "links (ethtool -m)"), ("exporters.links", "links (sysfs)"),
            ("agent.remediation", "remediation"), ("agent.derived", "derived"), ("agent", "agent"))
 PACKAGES = ("exporters", "agent")
-SKIP = ("agent.sim", "agent.demo", "agent.catalogue")
+SKIP = ("sim", "sim.demo", "agent.catalogue")
 
 
 def _modules() -> list[str]:

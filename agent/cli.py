@@ -14,7 +14,7 @@ from agent.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 from agent.httpclient import request_json
 from exporters.validation import terminal_safe
 
-# agent/sim/nvml_personality.py PERSONALITIES (named here so the CLI does not load agent.sim)
+# sim/nvml_personality.py PERSONALITIES (named here so the CLI does not load sim)
 GPU_PERSONALITIES = ("h100", "gb200")
 
 
@@ -84,7 +84,7 @@ def _parse_fault_params(extra: Sequence[str]) -> dict[str, str]:
 
 
 def _cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from agent.sim.server import find_simulator
+    from sim.server import find_simulator
 
     if args.sim_cmd == "run":
         return _sim_run(args)
@@ -115,7 +115,7 @@ def _cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 def _sim_run(args: argparse.Namespace) -> int:
     from agent.logs import setup_logging
-    from agent.sim.server import Simulator
+    from sim.server import Simulator
 
     setup_logging("info")
 
@@ -140,7 +140,7 @@ def _sim_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from agent.demo import run_demo
+    from sim.demo import run_demo
 
     return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port,
                     personality=args.personality)

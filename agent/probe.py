@@ -22,8 +22,8 @@ def _probe_nvml(args: argparse.Namespace) -> str:
     from exporters.render import render_probe
 
     if args.sim:
-        from agent.nvml_twin import NvmlTwin
-        from agent.sim.server import find_simulator
+        from sim.nvml_twin import NvmlTwin
+        from sim.server import find_simulator
 
         lib: Any = NvmlTwin(find_simulator(args.sim), args.node)
     else:

@@ -19,7 +19,7 @@ def nvml_library(loaded: LoadedConfig) -> Any:
     cfg = loaded.config
     settings = cfg.sources.nvml
     if settings.backend == "sim":
-        from agent.nvml_twin import NvmlTwin
+        from sim.nvml_twin import NvmlTwin
 
         if not settings.sim_url:
             from agent.config import ConfigError

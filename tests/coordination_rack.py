@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.agentproc import AgentProcess
 from tests.helpers import free_port, wait_for
 

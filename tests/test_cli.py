@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.helpers import REPO, free_port, require_binary
 from tests.simrack import SimRack
 

@@ -25,8 +25,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent.demo import agent_config
-from agent.sim.server import Simulator
+from sim.demo import agent_config
+from sim.server import Simulator
 from dashboards import build
 from tests.agentproc import AgentProcess
 from tests.helpers import REPO, free_port, require_binary, wait_for

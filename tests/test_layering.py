@@ -48,10 +48,10 @@ def test_the_check_sees_imports():
     assert "agent.snapshot" in imports(REPO / "agent" / "exposition.py")
 
 
-# The simulator's front ends: `sim ...` and `probe --sim` find the simulator, `demo` (agent/demo.py) starts
-# it. Everything else (the daemon, its sources, remediation, exporters) must run without loading agent.sim.
+# The simulator's front ends: `sim ...` and `probe --sim` find the simulator, `demo` (sim/demo.py) starts
+# it. Everything else (the daemon, its sources, remediation, exporters) must run without loading sim.
 SIMULATOR_FRONT_ENDS = {"agent/cli.py", "agent/probe.py"}
-SIMULATOR_LAUNCHER = "agent/demo.py"
+SIMULATOR_LAUNCHER = "sim/demo.py"
 
 
 def test_production_modules_never_import_the_simulator():
@@ -59,23 +59,23 @@ def test_production_modules_never_import_the_simulator():
     for root in ("agent", "exporters"):
         for p in (REPO / root).rglob("*.py"):
             rel = str(p.relative_to(REPO))
-            if rel.startswith("agent/sim/") or rel == SIMULATOR_LAUNCHER:
+            if rel.startswith("sim/") or rel == SIMULATOR_LAUNCHER:
                 continue
             # Front ends may import it lazily, inside the commands that serve the simulator, never at load.
             used = imports(p, module_level_only=rel in SIMULATOR_FRONT_ENDS)
-            sim = sorted(m for m in used if m == "agent.sim" or m.startswith("agent.sim."))
+            sim = sorted(m for m in used if m == "sim" or m.startswith("sim."))
             if sim:
                 bad[rel] = sim
     assert not bad
 
 
 def test_the_daemon_loads_no_simulator_module():
-    """The same rule at run time: building every source of a sim-backed config imports nothing of agent.sim."""
+    """The same rule at run time: building every source of a sim-backed config imports nothing of sim."""
     import subprocess
     import sys
 
-    code = ("import sys, agent.daemon, agent.sources, agent.remediation.wiring, agent.nvml_twin; "
-            "print(sorted(m for m in sys.modules if m.startswith('agent.sim')))")
+    code = ("import sys, agent.daemon, agent.sources, agent.remediation.wiring, sim.nvml_twin; "
+            "print(sorted(m for m in sys.modules if m.startswith('sim')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

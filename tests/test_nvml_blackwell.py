@@ -14,9 +14,9 @@ import math
 import pynvml
 import pytest
 
-from agent.nvml_twin import NvmlTwin, _pack_ber
-from agent.sim.nvml_personality import PERSONALITIES
-from agent.sim.rack import RackModel
+from sim.nvml_twin import NvmlTwin, _pack_ber
+from sim.nvml_personality import PERSONALITIES
+from sim.rack import RackModel
 from exporters.gpu import nvml_metrics as M
 from exporters.model import Quality
 from exporters.gpu.nvml import NvmlSource
@@ -130,7 +130,7 @@ def test_demo_defaults_to_the_gb200_class():
     import inspect
 
     from agent.cli import GPU_PERSONALITIES, build_parser
-    from agent.demo import run_demo
+    from sim.demo import run_demo
 
     assert build_parser().parse_args(["demo"]).personality == "gb200"
     assert inspect.signature(run_demo).parameters["personality"].default == "gb200"
