@@ -35,7 +35,7 @@ from pydantic import SecretStr
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(__file__).resolve().parent.parent)]
 
-from agent.remediation.actions.slurm import SimulatedScheduler  # noqa: E402
+from sim.scheduler import SimulatedScheduler  # noqa: E402
 from agent.remediation.engine import Executors  # noqa: E402
 from sim.nvml_twin import NvmlTwin  # noqa: E402
 from sim.rack import RackModel  # noqa: E402

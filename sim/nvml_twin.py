@@ -1,8 +1,9 @@
 """An NVML twin: the pynvml functions the GPU exporter calls, answered by the simulator over HTTP.
 
-Why here and not in agent/sim: this is the agent's backend for
-`sources.nvml.backend: sim`, a client of the simulator's HTTP routes; it
-imports nothing of the simulator, so no production path loads sim.
+This is the agent's backend for `sources.nvml.backend: sim`, a client of
+the simulator's HTTP routes, registered as the `nvml_twin` entry point
+(`connect`); it imports nothing else of the simulator, so the agent's
+process loads only this module of it.
 
 The agent runs in its own process, the simulated rack in another, as a
 real driver would be. The twin keeps pynvml's names, return types (real
@@ -607,6 +608,18 @@ class NvmlTwin:
             last = not self._sets
         if last:
             self._stop_pump()
+
+
+def connect(sim_url: str | None, node: str) -> NvmlTwin:
+    """The `nvml_twin` entry point the agent loads: node's twin at sim_url, else at the simulator found running.
+
+    LookupError when no URL is given and no simulator runs (`probe nvml --sim` reports it).
+    """
+    if not sim_url:
+        from sim.server import find_simulator  # only without a URL: the daemon's twin never loads the server
+
+        sim_url = find_simulator()
+    return NvmlTwin(sim_url, node)
 
 
 def _pack_fields(g: dict[str, Any], field_ids: tuple, now_us: int) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.remediation.actions.slurm import SimulatedScheduler
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors
 from sim.nvml_twin import NvmlTwin
 from sim.rack import RackModel

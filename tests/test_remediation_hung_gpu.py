@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from agent.remediation.actions.slurm import SimulatedScheduler
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors, RemediationEngine
 from agent.remediation.playbooks import Playbook, Step
 from agent.remediation.settings import RemediationSettings
