@@ -108,7 +108,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-agent-"))
     env = {**os.environ, "SUPERNODE_SIM_FILE": str(work / "sim.json")}
-    sim = subprocess.Popen([sys.executable, "-m", "agent.cli", "sim", "run", "--nodes", "1", "--gpus", str(GPUS)],
+    sim = subprocess.Popen([sys.executable, "-m", "sim.cli", "run", "--nodes", "1", "--gpus", str(GPUS)],
                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     agent = None
     try:

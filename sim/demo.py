@@ -1,4 +1,4 @@
-"""`supernode-agent demo`: a simulated rack and one real agent process per node, in enforce mode.
+"""`supernode-sim demo`: a simulated rack and one real agent process per node, in enforce mode.
 
 The agents are the same daemon an operator runs, started as subprocesses
 with generated configs that point at the simulator's devices; only NVML is
@@ -216,18 +216,18 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
 TRY_THIS = """
 try this (another shell, `. .venv/bin/activate` first):
   curl -s http://127.0.0.1:{port}/metrics | grep supernode_gpu_power_watts
-  supernode-agent sim inject leak --zone zone-a          # {node}: GPUs capped, node drained at once
+  supernode-sim inject leak --zone zone-a                # {node}: GPUs capped, node drained at once
   supernode-agent --config {workdir}/{node}/agent.yaml incidents      # the valve close waits for you
   supernode-agent --config {workdir}/{node}/agent.yaml approve ID     # ID from `incidents`
   supernode-agent --config {workdir}/{node}/agent.yaml journal
   {sinfo}
-  supernode-agent sim clear                              # a leak never resumes a node without `approve`
-  supernode-agent sim inject flow-drop --percent 40      # every GPU of the rack capped to 60 %
-  supernode-agent sim inject thermal --node {node} --gpu 0
-  supernode-agent sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
-  supernode-agent sim inject tray-leak --node {node} --detector 0   # {node}'s BMC: a cold-plate detector Critical
-  supernode-agent sim state | grep -A3 '"redfish"'       # each tray BMC's URL, the CA file, the account
-  supernode-agent sim faults                             # every fault kind and its parameters
+  supernode-sim clear                                    # a leak never resumes a node without `approve`
+  supernode-sim inject flow-drop --percent 40            # every GPU of the rack capped to 60 %
+  supernode-sim inject thermal --node {node} --gpu 0
+  supernode-sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
+  supernode-sim inject tray-leak --node {node} --detector 0   # {node}'s BMC: a cold-plate detector Critical
+  supernode-sim state | grep -A3 '"redfish"'             # each tray BMC's URL, the CA file, the account
+  supernode-sim faults                                   # every fault kind and its parameters
 Ctrl-C stops the simulator, Slurm and every agent."""
 
 

@@ -1,7 +1,7 @@
 """The simulator process: the rack model, its clock, its devices and the fault-injection API.
 
 It runs apart from the agents (as real devices would), on 127.0.0.1 only.
-It writes a discovery file so `supernode-agent sim inject` finds it without
+It writes a discovery file so `supernode-sim inject` finds it without
 being told the URL.
 """
 
@@ -278,5 +278,5 @@ def find_simulator(explicit: str | None = None) -> str:
     try:
         return json.loads(path.read_text())["url"]
     except (OSError, ValueError, KeyError):
-        raise LookupError(f"no running simulator found ({path} missing); start `supernode-agent demo` "
+        raise LookupError(f"no running simulator found ({path} missing); start `supernode-sim demo` "
                           "or pass --sim URL") from None
