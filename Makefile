@@ -10,10 +10,12 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test fuzz venv peers dashboards bench clean lint deb screenshot gpu-check-deps
 
-$(STAMP): pyproject.toml
+# The agent and the simulator (a distribution of its own, sim/pyproject.toml: the demo, the tests' rack and the
+# backends a sim-backed config names come from it).
+$(STAMP): pyproject.toml sim/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' -e ./sim
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -31,7 +33,7 @@ peers:
 
 # The demo drains through a real Slurm of its own when slurmctld is installed: set up the peers too.
 demo: $(STAMP) peers
-	$(VENV)/bin/supernode-agent demo $(DEMO_ARGS)
+	$(VENV)/bin/supernode-sim demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -66,4 +68,4 @@ gpu-check-deps: $(STAMP)
 	$(PY) bench/gpu_check.py --write-deps build/gpu-deps
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info sim/build sim/*.egg-info

@@ -1,9 +1,8 @@
-"""`supernode-agent`: run the daemon, check a config, drive the simulator, probe devices, remediation."""
+"""`supernode-agent`: run the daemon, check a config, probe devices, remediation (the simulator is `supernode-sim`)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -11,11 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from agent.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
-from agent.httpclient import request_json
 from exporters.validation import terminal_safe
-
-# agent/sim/nvml_personality.py PERSONALITIES (named here so the CLI does not load agent.sim)
-GPU_PERSONALITIES = ("h100", "gb200")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -60,92 +55,6 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- simulator -----------------------------------------------------------------------
-
-
-def _parse_fault_params(extra: Sequence[str]) -> dict[str, str]:
-    """`--rx-dbm -12 --port p1` -> {"rx_dbm": "-12", "port": "p1"}; a bare flag means true."""
-    params: dict[str, str] = {}
-    i = 0
-    while i < len(extra):
-        tok = extra[i]
-        if not tok.startswith("--"):
-            raise SystemExit(f"sim inject: unexpected argument {tok!r} (parameters are --name value)")
-        key, eq, val = tok[2:].partition("=")
-        if not eq:
-            if i + 1 < len(extra) and not (extra[i + 1].startswith("--")):
-                val = extra[i + 1]
-                i += 1
-            else:
-                val = "true"
-        params[key.replace("-", "_")] = val
-        i += 1
-    return params
-
-
-def _cmd_sim(args: argparse.Namespace, extra: Sequence[str]) -> int:
-    from agent.sim.server import find_simulator
-
-    if args.sim_cmd == "run":
-        return _sim_run(args)
-    try:
-        url = find_simulator(args.sim)
-    except LookupError as exc:
-        print(f"supernode-agent sim: {exc}", file=sys.stderr)
-        return 2
-    try:
-        if args.sim_cmd == "inject":
-            status, body = request_json("POST", f"{url}/api/v1/inject",
-                                      {"kind": args.kind, "params": _parse_fault_params(extra)})
-        elif args.sim_cmd == "clear":
-            status, body = request_json("POST", f"{url}/api/v1/clear", {})
-        elif args.sim_cmd == "faults":
-            status, body = request_json("GET", f"{url}/api/v1/faults")
-        else:
-            status, body = request_json("GET", f"{url}/api/v1/state")
-    except OSError as exc:
-        print(f"supernode-agent sim: simulator at {url} does not answer: {exc}", file=sys.stderr)
-        return 2
-    if status >= 400:
-        print(f"supernode-agent sim: {body.get('error', body) if isinstance(body, dict) else body}", file=sys.stderr)
-        return 1
-    print(json.dumps(body, indent=2))
-    return 0
-
-
-def _sim_run(args: argparse.Namespace) -> int:
-    from agent.logs import setup_logging
-    from agent.sim.server import Simulator
-
-    setup_logging("info")
-
-    async def main() -> None:
-        sim = Simulator(nodes=args.nodes, gpus=args.gpus, port=args.port, personality=args.personality)
-        url = await sim.start()
-        print(f"sim: {url}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        import signal
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await sim.stop()
-
-    asyncio.run(main())
-    return 0
-
-
-# -- demo ----------------------------------------------------------------------------
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from agent.demo import run_demo
-
-    return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port,
-                    personality=args.personality)
-
-
 # -- probes --------------------------------------------------------------------------
 
 
@@ -184,28 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--dump", action="store_true", help="print the parsed config (secrets redacted)")
     cc.add_argument("--node", help="check as node NODE would load it (default: agent.node, else this host's name)")
 
-    sim = sub.add_parser("sim", help="the simulated rack: run it, inject faults, clear them")
-    sim.add_argument("--sim", help="simulator URL (default: found through its discovery file)")
-    ss = sim.add_subparsers(dest="sim_cmd", required=True)
-    sr = ss.add_parser("run", help="run a simulator in the foreground")
-    sr.add_argument("--nodes", type=int, default=2)
-    sr.add_argument("--gpus", type=int, default=4)
-    sr.add_argument("--port", type=int, default=0)
-    sr.add_argument("--personality", choices=GPU_PERSONALITIES, default="h100", help="GPU model of every node")
-    si = ss.add_parser("inject", help="inject a fault: KIND [--node N] [--gpu I] [--param value ...]; see `sim faults`")
-    si.add_argument("kind")
-    ss.add_parser("clear", help="clear every injected fault")
-    ss.add_parser("state", help="print the rack model's state")
-    ss.add_parser("faults", help="list the fault kinds and their parameters")
-
-    demo = sub.add_parser("demo", help="simulated rack plus one agent per node, in enforce mode")
-    demo.add_argument("--nodes", type=int, default=2)
-    demo.add_argument("--gpus", type=int, default=4)
-    demo.add_argument("--duration", type=float, default=None, help="exit by itself after this many seconds")
-    demo.add_argument("--port", type=int, default=0, help="first agent port (default: free ports)")
-    demo.add_argument("--personality", choices=GPU_PERSONALITIES, default="gb200",
-                      help="GPU model of every node (default %(default)s: the GB200 NVL72 class this agent is for)")
-
     pr = sub.add_parser("probe", help="poll one source once and print what the agent would export")
     from agent.probe import add_probe_parsers
 
@@ -219,18 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and not (args.cmd == "sim" and getattr(args, "sim_cmd", None) == "inject"):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     cmd = args.cmd or "run"
     if cmd == "run":
         return _cmd_run(args)
     if cmd == "check-config":
         return _cmd_check_config(args)
-    if cmd == "sim":
-        return _cmd_sim(args, extra)
-    if cmd == "demo":
-        return _cmd_demo(args)
     if cmd == "probe":
         return _cmd_probe(args)
     try:

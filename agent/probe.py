@@ -21,11 +21,14 @@ def _probe_nvml(args: argparse.Namespace) -> str:
     from exporters.gpu.nvml import NvmlSource
     from exporters.render import render_probe
 
-    if args.sim:
-        from agent.nvml_twin import NvmlTwin
-        from agent.sim.server import find_simulator
+    if args.sim is not None:
+        from agent.backends import NVML_TWIN, load_backend
+        from agent.config import ConfigError
 
-        lib: Any = NvmlTwin(find_simulator(args.sim), args.node)
+        try:
+            lib: Any = load_backend(NVML_TWIN, "probe nvml --sim")(args.sim or None, args.node)
+        except (ConfigError, LookupError, ValueError) as exc:
+            raise ProbeError(str(exc)) from None
     else:
         import pynvml
 

@@ -19,13 +19,13 @@ def nvml_library(loaded: LoadedConfig) -> Any:
     cfg = loaded.config
     settings = cfg.sources.nvml
     if settings.backend == "sim":
-        from agent.nvml_twin import NvmlTwin
+        from agent.backends import NVML_TWIN, load_backend
 
         if not settings.sim_url:
             from agent.config import ConfigError
 
             raise ConfigError("sources.nvml.sim_url: required when sources.nvml.backend is sim")
-        return NvmlTwin(settings.sim_url, cfg.agent.node)
+        return load_backend(NVML_TWIN, "sources.nvml.backend")(settings.sim_url, cfg.agent.node)
     import pynvml
 
     return pynvml

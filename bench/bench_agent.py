@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO))
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
 
 from agent.exposition import build_registry, render_metrics  # noqa: E402
-from agent.sim.ports import free_port  # noqa: E402
-from agent.nvml_twin import NvmlTwin  # noqa: E402
+from sim.ports import free_port  # noqa: E402
+from sim.nvml_twin import NvmlTwin  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from exporters.model import Kind  # noqa: E402
 from exporters.gpu.nvml import NvmlSource  # noqa: E402
@@ -108,7 +108,7 @@ def main() -> int:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-agent-"))
     env = {**os.environ, "SUPERNODE_SIM_FILE": str(work / "sim.json")}
-    sim = subprocess.Popen([sys.executable, "-m", "agent.cli", "sim", "run", "--nodes", "1", "--gpus", str(GPUS)],
+    sim = subprocess.Popen([sys.executable, "-m", "sim.cli", "run", "--nodes", "1", "--gpus", str(GPUS)],
                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     agent = None
     try:
@@ -142,7 +142,7 @@ def main() -> int:
         time.sleep(args.minutes * 60)
         rss_end = _rss_kib(agent.pid)
         baseline = subprocess.run([sys.executable, "-c", "import agent.daemon, agent.sources, exporters.gpu.nvml, "
-                                   "agent.nvml_twin, agent.remediation.wiring, resource; "
+                                   "sim.nvml_twin, agent.remediation.wiring, resource; "
                                    "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
                                   cwd=REPO, capture_output=True, text=True, check=True)
         base_kib = int(baseline.stdout.strip())

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
-from agent.sim.etcd_cluster import EtcdCluster  # noqa: E402
+from sim.etcd_cluster import EtcdCluster  # noqa: E402
 from tests.agentproc import AgentProcess  # noqa: E402
 from tests.coordination_rack import (approve, coordinated_config, incidents, is_up, journal, leaders,  # noqa: E402
                                      metric, polls, static_configs)

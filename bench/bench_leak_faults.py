@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(__file__).resolve().parent.parent)]
 
-from agent.demo import agent_config  # noqa: E402
-from agent.sim.slurm_cluster import SlurmCluster  # noqa: E402
+from sim.demo import agent_config  # noqa: E402
+from sim.slurm_cluster import SlurmCluster  # noqa: E402
 from agentproc import running_agent  # noqa: E402
 from helpers import fill_filesystem, free_port  # noqa: E402
 from simrack import sim_rack  # noqa: E402

@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from agent.sim.links_tree import SimLinkTree
-from agent.sim.rack import RackModel
+from sim.links_tree import SimLinkTree
+from sim.rack import RackModel
 from exporters.links.dom import DirReader, DomSource
 from exporters.links.links import LinkSource
 from timing import median_wall_cpu

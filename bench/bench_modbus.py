@@ -26,15 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporters.cooling.modbus import ModbusSource  # noqa: E402
 from exporters.cooling.modbus_profile import load_profile, plan_blocks  # noqa: E402
-from agent.sim.ports import free_port  # noqa: E402
+from sim.ports import free_port  # noqa: E402
 
 DEVICES = (("cdu", "reference-cdu"), ("leak", "rle-ld2100"))
 MBPOLL_TABLE = {"coil": "0", "discrete": "1", "holding": "4", "input": "3"}
 
 
 async def serve(ports: list[int]) -> None:
-    from agent.sim.modbus_devices import SimModbusDevice
-    from agent.sim.rack import RackModel
+    from sim.modbus_devices import SimModbusDevice
+    from sim.rack import RackModel
 
     model = RackModel(leak_zones={"zone-a": ["node01"], "zone-b": ["node02"]})
     devs = [SimModbusDevice(name, model, profile, port) for (name, profile), port in zip(DEVICES, ports)]

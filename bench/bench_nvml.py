@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.nvml_twin import NvmlTwin  # noqa: E402
+from sim.nvml_twin import NvmlTwin  # noqa: E402
 from exporters.model import Quality  # noqa: E402
 from exporters.gpu.nvml import NvmlSource  # noqa: E402
 from timing import median_wall_cpu  # noqa: E402
@@ -32,8 +32,8 @@ GPUS, LINKS = 8, 18
 def _serve(port_q: "multiprocessing.Queue[int]", personality: str) -> None:
     from aiohttp import web
 
-    from agent.sim.nvml_api import add_nvml_routes
-    from agent.sim.rack import RackModel
+    from sim.nvml_api import add_nvml_routes
+    from sim.rack import RackModel
 
     model = RackModel(nodes=1, gpus_per_node=GPUS, nvlinks=LINKS, personality=personality)
     model.step(5.0)

@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from agent.memory import daemon_env  # noqa: E402
-from agent.sim.ports import free_port  # noqa: E402
+from sim.ports import free_port  # noqa: E402
 from timing import machine_reference  # noqa: E402
 from wake_floor import context_switches, floor_percent  # noqa: E402
 
@@ -69,8 +69,8 @@ TICK = os.sysconf("SC_CLK_TCK")
 def _simulator(conn, workdir: str, default_intervals: bool, layout: str) -> None:
     """Child process: the simulated rack (and etcd, for the demo layout), and the configs of the agents
     to run sent back to the parent (node01's first)."""
-    from agent.demo import agent_config
-    from agent.sim.etcd_cluster import EtcdCluster, etcd_binary
+    from sim.demo import agent_config
+    from sim.etcd_cluster import EtcdCluster, etcd_binary
     from simrack import sim_rack
 
     etcd = None

@@ -8,7 +8,7 @@ beside the Modbus leak path, all against one simulated rack in one run.
   redfish polling   the same with `sources.redfish.events: off`: the next timed poll (2 s) sees it.
   modbus            the simulated leak controller's rope goes wet, polled every 0.5 s (the shipped leak poll).
 
-A real agent process (agent.demo.agent_config: HTTPS with the run's CA, a session login) per case; the times
+A real agent process (sim.demo.agent_config: HTTPS with the run's CA, a session login) per case; the times
 are the journal's first intent after the injection minus the injection's wall time (same host clock).
 RUNS injections per case (default 30; BENCH_RUNS overrides it), each at a random phase against the poll
 timers, each waiting until the incident resolved and its undo finished. Aim: push-path p99 < 100 ms.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(__file__).resolve().parent.parent)]
 
-from agent.demo import agent_config  # noqa: E402
+from sim.demo import agent_config  # noqa: E402
 from agentproc import running_agent  # noqa: E402
 from helpers import free_port  # noqa: E402
 from simrack import sim_rack  # noqa: E402

@@ -35,10 +35,10 @@ from pydantic import SecretStr
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(__file__).resolve().parent.parent)]
 
-from agent.remediation.actions.slurm import SimulatedScheduler  # noqa: E402
+from sim.scheduler import SimulatedScheduler  # noqa: E402
 from agent.remediation.engine import Executors  # noqa: E402
-from agent.nvml_twin import NvmlTwin  # noqa: E402
-from agent.sim.rack import RackModel  # noqa: E402
+from sim.nvml_twin import NvmlTwin  # noqa: E402
+from sim.rack import RackModel  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from agent.remediation.api import add_remediation_routes  # noqa: E402
 from helpers import REPO, free_port  # noqa: E402
@@ -162,7 +162,7 @@ def agent_path(tmp: Path) -> list[float]:
     from agentproc import running_agent
     from simrack import sim_rack
 
-    from agent.demo import agent_config
+    from sim.demo import agent_config
 
     lat: list[float] = []
     with sim_rack(tmp / "agent-path") as rack:

@@ -25,12 +25,12 @@ sys.path.insert(0, str(REPO))
 from exporters.power.pdu import PduSource  # noqa: E402
 from exporters.power.snmp_client import SnmpCredentials  # noqa: E402
 from exporters.power.snmp_profile import load_profile  # noqa: E402
-from agent.sim.ports import free_port  # noqa: E402
+from sim.ports import free_port  # noqa: E402
 
 SIM = r"""
 import asyncio, sys
-from agent.sim.rack import RackModel
-from agent.sim.snmp_pdu import SimulatedRaritanPdu
+from sim.rack import RackModel
+from sim.snmp_pdu import SimulatedRaritanPdu
 async def main():
     m = RackModel(nodes=8, gpus_per_node=4)
     d = SimulatedRaritanPdu(m, outlets=24)

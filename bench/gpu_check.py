@@ -236,7 +236,7 @@ def peer(runs: int, out_dir: Path) -> dict[str, Any]:
 
 def versus_nvidia_smi(capture: str, readings: list) -> list[dict[str, Any]]:
     """The exporter's values against nvidia-smi's for each GPU, matched by PCI bus id."""
-    from agent.sim.nvml_capture import nvml_answers, parse
+    from sim.nvml_capture import nvml_answers, parse
     from agent.snapshot import Snapshot
     from exporters.gpu import nvml_metrics as M
 
@@ -390,7 +390,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     if args.sim_url:
-        from agent.nvml_twin import NvmlTwin
+        from sim.nvml_twin import NvmlTwin
         raw: Any = NvmlTwin(args.sim_url, args.node)
     else:
         try:

@@ -47,9 +47,22 @@ def run(argv: list[str], **kw) -> None:
     subprocess.run(argv, check=True, **kw)
 
 
+# What a checkout holds besides its sources: build outputs, environments, caches.
+NOT_SOURCES = shutil.ignore_patterns(".git", "build", ".venv", "*.egg-info", "__pycache__", ".state", ".*_cache",
+                                     ".hypothesis")
+
+
 def build_wheels(wheelhouse: Path) -> None:
-    """The project and all its runtime dependencies as wheels (from the configured index or cache)."""
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheelhouse), str(REPO)])
+    """The project and all its runtime dependencies as wheels (from the configured index or cache).
+
+    Built from a copy of the sources, not the checkout itself: setuptools stages a build in the tree's build/lib
+    and never removes what an earlier build left there, so a module since moved out of the package (the simulator,
+    once agent/sim) would ship again from a stale build/.
+    """
+    with tempfile.TemporaryDirectory(prefix="supernode-src-") as tmp:
+        src = Path(tmp) / "src"
+        shutil.copytree(REPO, src, ignore=NOT_SOURCES)
+        run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheelhouse), str(src)])
 
 
 def build_venv(stage: Path, wheelhouse: Path) -> Path:

@@ -1,7 +1,7 @@
 """A misbehaving SNMP v2c agent (UDP on 127.0.0.1): the simulated Raritan PDU, answering as a hostile device would.
 
 A test peer for issue 18 (device input is untrusted). It serves the
-simulator's PDU2-MIB table (agent.sim.snmp_pdu) and bends its answers as
+simulator's PDU2-MIB table (sim.snmp_pdu) and bends its answers as
 `mode` says. Requests are read with pyasn1 and answers are encoded here by
 hand (not with the agent's own codec), so it can send what pyasn1 refuses
 to: a Gauge32 over 32 bits, an INTEGER of 1,100 bits, an OID
@@ -27,8 +27,8 @@ from typing import Any
 from pyasn1.codec.ber import decoder, encoder
 from pysnmp.proto import api
 
-from agent.sim.snmp_agent import Oid, OidTable, SnmpAgent, gauge
-from agent.sim.snmp_pdu import OUTLET_DIGITS, OUTLET_VALUE, POWER
+from sim.snmp_agent import Oid, OidTable, SnmpAgent, gauge
+from sim.snmp_pdu import OUTLET_DIGITS, OUTLET_VALUE, POWER
 # The agent's own BER primitives, without encode_oid's bounds: this peer must be able to break them.
 from exporters.power.snmp_v2c import _subid, _tlv
 

@@ -28,7 +28,7 @@ else:
 
 def pytest_configure(config):
     """Under pytest-xdist (`make test` runs modules on parallel workers), each worker hands out loopback ports
-    from its own slice of the range (agent/sim/ports.py), so two workers never start peers on one port."""
+    from its own slice of the range (sim/ports.py), so two workers never start peers on one port."""
     import os
 
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.agentproc import AgentProcess
 from tests.helpers import free_port, wait_for
 

@@ -1,11 +1,11 @@
-"""Tests use the same private etcd cluster the demo starts (agent/sim/etcd_cluster.py)."""
+"""Tests use the same private etcd cluster the demo starts (sim/etcd_cluster.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterator
 
-from agent.sim.etcd_cluster import EtcdCluster, EtcdMember  # noqa: F401
+from sim.etcd_cluster import EtcdCluster, EtcdMember  # noqa: F401
 from tests.helpers import require_binary
 
 

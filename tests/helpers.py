@@ -12,7 +12,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import pytest
 
-from agent.sim import ports
+from sim import ports
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ async def await_for(cond: Callable[[], T | Awaitable[T]], timeout: float = 10.0,
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A loopback port outside the ephemeral range (see agent/sim/ports.py: why not the kernel's choice)."""
+    """A loopback port outside the ephemeral range (see sim/ports.py: why not the kernel's choice)."""
     return ports.free_port(kind)
 
 

@@ -12,8 +12,8 @@ from typing import Iterator
 
 from aiohttp import web
 
-from agent.sim.nvml_api import add_nvml_routes
-from agent.sim.rack import RackModel
+from sim.nvml_api import add_nvml_routes
+from sim.rack import RackModel
 from tests.helpers import free_port
 
 

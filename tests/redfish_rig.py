@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from agent.sim.server import Simulator
+from sim.server import Simulator
 
 SESSIONS = "/redfish/v1/SessionService/Sessions"
 SSE = "/redfish/v1/EventService/SSE"

@@ -61,7 +61,7 @@ def engine(tmp_path, mode: str = "enforce", executors: Executors | None = None, 
 
 async def nvml_twin_server(model) -> tuple[web.AppRunner, str]:
     """The simulator's NVML routes on a loopback port (the twin's real HTTP peer)."""
-    from agent.sim.nvml_api import add_nvml_routes
+    from sim.nvml_api import add_nvml_routes
     app = web.Application()
     add_nvml_routes(app, model)
     runner = web.AppRunner(app)

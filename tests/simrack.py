@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from agent.sim.server import Simulator
+from sim.server import Simulator
 
 
 class SimRack:

@@ -1,6 +1,6 @@
-"""Tests use the same single-host Slurm the demo starts (agent/sim/slurm_cluster.py)."""
+"""Tests use the same single-host Slurm the demo starts (sim/slurm_cluster.py)."""
 
-from agent.sim.slurm_cluster import SlurmCluster, slurm_available  # noqa: F401
+from sim.slurm_cluster import SlurmCluster, slurm_available  # noqa: F401
 
 import subprocess  # noqa: E402
 from contextlib import contextmanager  # noqa: E402

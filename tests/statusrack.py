@@ -7,7 +7,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from agentproc import AgentProcess
 from helpers import free_port, wait_for
 from simrack import SimRack, sim_rack

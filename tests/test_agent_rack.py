@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import REPO, free_port, require_binary, wait_for
 from tests.simrack import sim_rack
@@ -82,7 +82,7 @@ def test_a_dead_cdu_goes_stale_without_touching_other_sources(rack_agent):
 def test_demo_serves_every_gpu_and_stops_cleanly_on_ctrl_c(tmp_path):
     env = {"SUPERNODE_SIM_FILE": str(tmp_path / "sim.json"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
            "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "demo", "--duration", "120"], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "demo", "--duration", "120"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.helpers import REPO, free_port, require_binary
 from tests.simrack import SimRack
 
@@ -18,18 +18,23 @@ from tests.simrack import SimRack
 def rack(tmp_path_factory):
     work = tmp_path_factory.mktemp("clirack")
     rack = SimRack(work).start()
-    # The simulator advertises itself here so `sim inject` finds it without --sim.
+    # The simulator advertises itself here so `supernode-sim inject` finds it without --sim.
     (work / "sim.json").write_text(json.dumps({"url": rack.url}))
     rack.discovery = work / "sim.json"
     yield rack
     rack.stop()
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict[str, str] | None = None, module: str = "agent.cli") -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})}, timeout=60)
+
+
+def sim_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`supernode-sim ARGS`, the simulator's own command."""
+    return cli(*args, env=env, module="sim.cli")
 
 
 def endpoint(rack, name: str) -> str:
@@ -89,19 +94,19 @@ def test_probe_links_and_nvml_from_a_config(rack, tmp_path):
 
 def test_sim_inject_finds_the_simulator_and_names_bad_parameters(rack):
     env = {"SUPERNODE_SIM_FILE": str(rack.discovery)}
-    out = cli("sim", "inject", "workload", "--ratio", "2", env=env)
+    out = sim_cli("inject", "workload", "--ratio", "2", env=env)
     assert out.returncode == 1 and "ratio" in out.stderr
-    out = cli("sim", "inject", "xid", "--node", "node01", env=env)
+    out = sim_cli("inject", "xid", "--node", "node01", env=env)
     assert out.returncode == 1 and "'code' is required" in out.stderr
-    out = cli("sim", "inject", "nosuchfault", env=env)
+    out = sim_cli("inject", "nosuchfault", env=env)
     assert out.returncode == 1 and "unknown fault" in out.stderr
-    out = cli("sim", "inject", "workload", "--node", "node02", "--ratio", "0.5", env=env)
+    out = sim_cli("inject", "workload", "--node", "node02", "--ratio", "0.5", env=env)
     assert out.returncode == 0, out.stderr
     assert {g.workload for g in rack.sim.model.nodes["node02"].gpus} == {0.5}
-    out = cli("sim", "clear", env=env)
+    out = sim_cli("clear", env=env)
     assert out.returncode == 0
     assert {g.workload for g in rack.sim.model.nodes["node02"].gpus} == {0.85}
-    out = cli("sim", "state", env={"SUPERNODE_SIM_FILE": str(rack.discovery.with_name("missing.json"))})
+    out = sim_cli("state", env={"SUPERNODE_SIM_FILE": str(rack.discovery.with_name("missing.json"))})
     assert out.returncode == 2 and "no running simulator" in out.stderr
 
 

@@ -14,7 +14,7 @@ import pytest
 from agent.config import parse_config
 from agent.coordination.etcd_rack import EtcdCoordinator
 from agent.coordination.shared import leader_jobs, shared_devices
-from agent.demo import agent_config
+from sim.demo import agent_config
 from agent.derived import LeakWatchSource
 from agent.runtime import SourceRunner
 from agent.snapshot import SnapshotStore

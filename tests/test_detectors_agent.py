@@ -13,7 +13,7 @@ import json
 import re
 from types import SimpleNamespace
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from exporters.cooling.modbus import ModbusSource
 from exporters.cooling.modbus_control import write_control_point
 from tests.agentproc import running_agent

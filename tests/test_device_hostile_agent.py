@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.rack import RackModel
-from agent.sim.snmp_pdu import SimulatedRaritanPdu
+from sim.rack import RackModel
+from sim.snmp_pdu import SimulatedRaritanPdu
 from agentproc import base_config, running_agent
 from bad_snmp_agent import BadSnmpAgent
 from helpers import wait_for

@@ -25,8 +25,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from agent.demo import agent_config
-from agent.sim.server import Simulator
+from sim.demo import agent_config
+from sim.server import Simulator
 from dashboards import build
 from tests.agentproc import AgentProcess
 from tests.helpers import REPO, free_port, require_binary, wait_for
@@ -57,7 +57,7 @@ class SimThread:
         self.thread.join(10)
 
     def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The simulator's HTTP injection API, as `supernode-agent sim inject/clear` calls it."""
+        """The simulator's HTTP injection API, as `supernode-sim inject/clear` calls it."""
         req = urllib.request.Request(self.sim.url + path, data=json.dumps(body or {}).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=5) as resp:

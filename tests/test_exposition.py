@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from agent.config import parse_config
-from agent.demo import agent_config
+from sim.demo import agent_config
 from agent.derived import derived_sources
 from agent.exposition import build_registry, inventory_readings, render_metrics
-from agent.sim.server import Simulator
+from sim.server import Simulator
 from agent.snapshot import SnapshotStore
 from agent.sources import build_sources
 from tests.helpers import REPO, require_binary

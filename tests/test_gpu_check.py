@@ -17,8 +17,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agent.nvml_twin import NvmlTwin
-from agent.sim.nvml_capture import model_from_capture
+from sim.nvml_twin import NvmlTwin
+from sim.nvml_capture import model_from_capture
 from tests.nvml_sim import NvmlSimServer
 
 REPO = Path(__file__).resolve().parent.parent

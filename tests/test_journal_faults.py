@@ -184,7 +184,7 @@ def test_remediation_import_failure_is_said_not_silent(tmp_path, monkeypatch):
 
 def test_corrupt_journal_full_disk_and_hung_gpu_during_a_leak_still_drain_node01(tmp_path, small_tmpfs):
     """The three faults at once, on the simulated rack with a real agent: node01 is drained, /metrics answers."""
-    from agent.demo import agent_config
+    from sim.demo import agent_config
     from tests.helpers import free_port
     from tests.simrack import sim_rack
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import REPO, free_port, require_binary, wait_for
 from tests.simrack import sim_rack

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from agent.sim.links_tree import SimLinkTree
-from agent.sim.rack import RackModel
+from sim.links_tree import SimLinkTree
+from sim.rack import RackModel
 from exporters.links.dom import OPTIC_ALARM, OPTIC_RX, DirReader, DomSource
 from exporters.links.link_control import LinkControlError, isolate_link, read_link_state
 from exporters.links.links import LINK_ERRORS, LINK_FLAPS, LINK_RX_BYTES, LINK_SATURATED, LINK_UP, LinkSource
@@ -86,7 +86,7 @@ def test_optic_degradation_raises_the_module_flags(sim):
 def test_isolate_link_on_the_simulated_tree(sim):
     """The agent runs the same commands as on a host; the simulator's stand-in programs act on its tree."""
     model, tree = sim
-    shim = [sys.executable, "-m", "agent.sim.link_shim", str(tree.root)]
+    shim = [sys.executable, "-m", "sim.link_shim", str(tree.root)]
     programs = {"ip": shim, "ibportstate": shim}
     links = LinkSource(tree.port_specs(), tree.root)
     asyncio.run(links.poll())

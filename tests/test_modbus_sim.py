@@ -10,8 +10,8 @@ import subprocess
 import pytest
 import yaml
 
-from agent.sim.modbus_devices import SimModbusDevice
-from agent.sim.rack import RackModel
+from sim.modbus_devices import SimModbusDevice
+from sim.rack import RackModel
 from exporters.cooling import modbus_metrics as mm
 from exporters.cooling.modbus import ModbusSource
 from exporters.cooling.modbus_control import write_control_point
@@ -24,7 +24,7 @@ from tests.helpers import await_for, free_port, require_binary
 
 @contextlib.asynccontextmanager
 async def simulated(profile: str, model: RackModel | None = None, tick: float = 0.05, port: int | None = None):
-    """A running simulated device plus a model ticker (what agent/sim/server.py does)."""
+    """A running simulated device plus a model ticker (what sim/server.py does)."""
     model = model or RackModel(leak_zones={"zone-a": ["node01"], "zone-b": ["node02"]})
     dev = SimModbusDevice(profile, model, profile, port=port or free_port())
     await dev.start()
@@ -500,7 +500,7 @@ def test_firmware_register_feeds_cdu_info():
 @pytest.mark.parametrize("profile", list_profiles())
 def test_simulator_bindings_name_real_points_and_shipped_profiles_carry_none(profile):
     """The simulator's description of a device lives with the simulator; it cannot drift from the profile."""
-    from agent.sim.modbus_devices import load_bindings
+    from sim.modbus_devices import load_bindings
 
     prof = load_profile(profile)
     points = {p.name: p for p in prof.expanded()}

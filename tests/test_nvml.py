@@ -9,8 +9,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from agent.nvml_twin import NvmlTwin
-from agent.sim.rack import RackModel
+from sim.nvml_twin import NvmlTwin
+from sim.rack import RackModel
 from exporters.gpu import nvml_metrics as M
 from exporters.model import PollResult, Quality, SourceError
 from exporters.gpu.nvml import NvmlSource

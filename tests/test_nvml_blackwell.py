@@ -14,9 +14,9 @@ import math
 import pynvml
 import pytest
 
-from agent.nvml_twin import NvmlTwin, _pack_ber
-from agent.sim.nvml_personality import PERSONALITIES
-from agent.sim.rack import RackModel
+from sim.nvml_twin import NvmlTwin, _pack_ber
+from sim.nvml_personality import PERSONALITIES
+from sim.rack import RackModel
 from exporters.gpu import nvml_metrics as M
 from exporters.model import Quality
 from exporters.gpu.nvml import NvmlSource
@@ -126,20 +126,21 @@ def test_h100_keeps_the_legacy_counters_and_drops_nvlink5_once(gb200):
 
 
 def test_demo_defaults_to_the_gb200_class():
-    """`make demo` runs `supernode-agent demo`: its rack is GB200, so the BER panel has data."""
+    """`make demo` runs `supernode-sim demo`: its rack is GB200, so the BER panel has data."""
     import inspect
 
-    from agent.cli import GPU_PERSONALITIES, build_parser
-    from agent.demo import run_demo
+    from sim.cli import build_parser
+    from sim.demo import run_demo
 
     assert build_parser().parse_args(["demo"]).personality == "gb200"
     assert inspect.signature(run_demo).parameters["personality"].default == "gb200"
-    assert build_parser().parse_args(["sim", "run"]).personality == "h100"
-    assert set(GPU_PERSONALITIES) == set(PERSONALITIES)
+    assert build_parser().parse_args(["run"]).personality == "h100"
+    for name in PERSONALITIES:  # every model the simulator has is offered
+        assert build_parser().parse_args(["demo", "--personality", name]).personality == name
 
 
 def _temperature_poll(model: RackModel, missing_v: bool):
-    from agent import nvml_twin
+    from sim import nvml_twin
 
     for sim in serve(model):
         twin = NvmlTwin(sim.url, NODE)

@@ -1,7 +1,7 @@
 """Real `nvidia-smi -q` captures round-trip through the twin and the exporter, unit for unit.
 
 tests/fixtures/nvidia-smi holds real captures (8x H100 on two drivers, an H200, a
-GH200; see its README). agent/sim/nvml_capture.py builds twin GPUs answering as the
+GH200; see its README). sim/nvml_capture.py builds twin GPUs answering as the
 captured GPUs did; here the exporter's series are compared with the capture's own
 text, converted to base units by this test (W, Hz, bytes, ratios), not by the twin.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.nvml_twin import NvmlTwin
-from agent.sim.nvml_capture import CaptureError, model_from_capture, parse
+from sim.nvml_twin import NvmlTwin
+from sim.nvml_capture import CaptureError, model_from_capture, parse
 from exporters.gpu import nvml_metrics as M
 from exporters.model import Quality
 from exporters.gpu.nvml import NvmlSource

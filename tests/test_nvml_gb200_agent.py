@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
 from tests.simrack import sim_rack

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from agent.remediation.detectors import Context, Detectors
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot
@@ -148,7 +148,7 @@ def test_gpu_lost_detector_says_whether_the_gpu_hung(hung, why):
 def test_remediation_nvml_init_runs_off_the_caller_and_times_out_on_a_hung_driver(tmp_path):
     import pynvml
 
-    from agent.nvml_twin import NvmlTwin
+    from sim.nvml_twin import NvmlTwin
     from exporters.gpu.nvml_control import InitOnFirstUse, get_power_limit
 
     with sim_rack(tmp_path) as rack:

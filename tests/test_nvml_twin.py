@@ -8,8 +8,8 @@ import pynvml
 import pytest
 import yaml
 
-from agent.nvml_twin import NvmlTwin
-from agent.sim.rack import RackModel
+from sim.nvml_twin import NvmlTwin
+from sim.rack import RackModel
 from exporters.gpu.nvml_profile import ProfileError, load_profile
 from tests.nvml_sim import serve
 
@@ -168,7 +168,7 @@ def _blocked_call(fn, *args):
 
 
 def test_a_hung_gpu_blocks_only_its_own_handle_until_cleared(twin, model):
-    from agent.sim.nvml_faults import clear_gpu_faults, set_hang
+    from sim.nvml_faults import clear_gpu_faults, set_hang
     from tests.helpers import wait_for
 
     h0, h1 = twin.nvmlDeviceGetHandleByIndex(0), twin.nvmlDeviceGetHandleByIndex(1)
@@ -187,7 +187,7 @@ def test_a_hung_gpu_blocks_only_its_own_handle_until_cleared(twin, model):
 
 
 def test_a_hung_driver_blocks_every_call_until_cleared(twin, model):
-    from agent.sim.nvml_faults import clear_gpu_faults, set_driver_hang
+    from sim.nvml_faults import clear_gpu_faults, set_driver_hang
     from tests.helpers import wait_for
 
     h0 = twin.nvmlDeviceGetHandleByIndex(0)

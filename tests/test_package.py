@@ -191,3 +191,41 @@ def test_venv_install_as_readme_describes(tmp_path, wheelhouse):
     files = _run([str(venv / "bin" / "python"), "-c",
                   "import agent.status.http as s; print(' '.join(sorted(p.name for p in s.STATIC.iterdir())))"])
     assert files.stdout.split() == ["icon.svg", "index.html", "status.css", "status.js"], files.stdout + files.stderr
+
+    # The agent without the simulator (a distribution of its own): nothing of it is installed, and a config that
+    # names a simulated backend says which field asks for it and what to install, at the point it is built.
+    probe = ("import importlib.util, sys\n"
+             "from agent.config import ConfigError, load_config\n"
+             "from agent.remediation.wiring import _scheduler\n"
+             "from agent.sources import nvml_library\n"
+             "print('sim module:', importlib.util.find_spec('sim'))\n"
+             "loaded = load_config(sys.argv[1])\n"
+             "for build in (nvml_library, _scheduler):\n"
+             "    try:\n"
+             "        print('built', build(loaded))\n"
+             "    except ConfigError as exc:\n"
+             "        print('ConfigError', exc)\n")
+    config["sources"]["nvml"] = {**config["sources"]["nvml"], "backend": "sim", "sim_url": "http://127.0.0.1:9"}
+    config["remediation"]["slurm"] = {**config["remediation"].get("slurm", {}), "backend": "simulated"}
+    cfg.write_text(yaml.safe_dump(config))
+    out = _run([str(venv / "bin" / "python"), "-c", probe, str(cfg)], cwd=tmp_path)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 3, out.stdout + out.stderr
+    assert lines[0] == "sim module: None"
+    for line, field in zip(lines[1:], ("sources.nvml.backend", "remediation.slurm.backend")):
+        assert line.startswith(f"ConfigError {field}: ") and "install supernode-sim" in line, line
+    help_text = _run([str(venv / "bin" / "supernode-agent"), "--help"]).stdout
+    commands = next(g.split(",") for g in re.findall(r"\{([a-z,-]+)\}", help_text) if "check-config" in g)
+    assert "probe" in commands and "sim" not in commands and "demo" not in commands, help_text
+
+
+def test_the_wheel_ships_the_agent_without_its_simulator(wheelhouse):
+    """`pip wheel .` builds the agent and its exporters; the simulator is `supernode-sim` (sim/pyproject.toml)."""
+    import zipfile
+
+    (wheel,) = wheelhouse.glob("supernode_agent-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"agent", "exporters", f"supernode_agent-{build_deb.project_version()}.dist-info"}, tops
+    # nor where it used to live (a stale build/ of the checkout must not bring it back)
+    assert not [n for n in names if n.startswith("agent/sim/") or n in ("agent/nvml_twin.py", "agent/demo.py")]

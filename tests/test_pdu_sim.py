@@ -7,8 +7,8 @@ import contextlib
 
 import pytest
 
-from agent.sim.rack import RackModel
-from agent.sim.snmp_pdu import SimulatedRaritanPdu
+from sim.rack import RackModel
+from sim.snmp_pdu import SimulatedRaritanPdu
 from exporters.model import SourceError
 from exporters.power.pdu import PduSource, rack_power_readings
 from exporters.power.snmp_client import SnmpCredentials

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.remediation.actions.slurm import SchedulerError, SimulatedScheduler
+from agent.remediation.actions.slurm import SchedulerError
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors
 
 from helpers import await_for

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agent.sim.faults import FaultError
+from sim.faults import FaultError
 from helpers import REPO, await_for, free_port
 from redfish_rig import LONG, SESSIONS, TRAY_DETECTORS, message_is, record, rig, sse
 

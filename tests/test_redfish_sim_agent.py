@@ -1,6 +1,6 @@
 """The real daemon against the simulator's Redfish tray BMCs and CDU: sessions, SSE, push, faults, tray leaks.
 
-Each test runs the agent exactly as `supernode-agent demo` configures it (agent.demo.agent_config: the
+Each test runs the agent exactly as `supernode-sim demo` configures it (sim.demo.agent_config: the
 tray BMC of its own node and the Redfish CDU, over HTTPS with the run's CA and a session login), plus
 what the test changes.
 """
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from agent.demo import agent_config
+from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
 from tests.simrack import sim_rack

@@ -22,7 +22,8 @@ from typing import AsyncIterator
 
 import pytest
 
-from agent.remediation.actions.slurm import NodeState, SimulatedScheduler
+from agent.remediation.actions.slurm import NodeState
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors, RemediationEngine
 from agent.remediation.settings import RemediationSettings
 

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.remediation.actions.slurm import SimulatedScheduler
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.detectors import Context, Detectors
 from agent.remediation.engine import Executors
 from agent.remediation.journal import Journal

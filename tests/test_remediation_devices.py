@@ -28,9 +28,9 @@ from aiohttp import web
 from agent.config import parse_config
 from agent.remediation.engine import RemediationEngine
 from agent.remediation.wiring import build_engine
-from agent.sim.modbus_devices import reference_cdu
-from agent.sim.rack import RackModel
-from agent.sim.snmp_pdu import SWITCH_STATE, STATE_OFF, STATE_ON, SimulatedRaritanPdu
+from sim.modbus_devices import reference_cdu
+from sim.rack import RackModel
+from sim.snmp_pdu import SWITCH_STATE, STATE_OFF, STATE_ON, SimulatedRaritanPdu
 from exporters.cooling.modbus_control import read_control_point
 
 from helpers import REPO, await_for, free_port, require_binary, wait_for

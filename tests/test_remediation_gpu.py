@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.remediation.actions.slurm import SimulatedScheduler
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors
-from agent.nvml_twin import NvmlTwin
-from agent.sim.rack import RackModel
+from sim.nvml_twin import NvmlTwin
+from sim.rack import RackModel
 
 from helpers import await_for
 from remediation_support import engine, inventory, nvml_twin_server, reading, results, snap

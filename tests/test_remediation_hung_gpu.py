@@ -10,14 +10,14 @@ import threading
 
 import pytest
 
-from agent.remediation.actions.slurm import SimulatedScheduler
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors, RemediationEngine
 from agent.remediation.playbooks import Playbook, Step
 from agent.remediation.settings import RemediationSettings
 from agent.remediation.steps import run_graph
-from agent.sim.nvml_faults import set_hang
-from agent.nvml_twin import NvmlTwin
-from agent.sim.rack import RackModel
+from sim.nvml_faults import set_hang
+from sim.nvml_twin import NvmlTwin
+from sim.rack import RackModel
 
 from helpers import await_for
 from remediation_support import identity, inventory, nvml_twin_server, results

@@ -2,8 +2,9 @@
 
 Every alert of alerts/*.yml has docs/runbooks/<alert>.md with the five sections an
 on-call needs; its PromQL parses with the real promtool. Every `supernode-agent ...`
-command that a runbook, README.md, docs/ or examples/ shows is resolved against the
-CLI's own parser and its `--help` is run, so a command that does not exist fails here.
+and `supernode-sim ...` command that a runbook, README.md, docs/ or examples/ shows is
+resolved against that program's own parser and its `--help` is run, so a command that
+does not exist fails here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import yaml
 
 from agent.cli import build_parser
+from sim.cli import build_parser as build_sim_parser
 from tests.helpers import REPO, require_binary
 
 RUNBOOKS = REPO / "docs" / "runbooks"
@@ -24,10 +26,13 @@ SECTIONS = ("What it means", "How to confirm", "What the agent already did", "Ho
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "examples").rglob("*.y*ml"))]
 # A command starts a code line (after `$ ` or VAR=value words) or an inline code span; in a YAML comment,
 # it follows "with: " or a backtick.
-_CMD = r"(?:\$ )?(?:[A-Z_]+=\S+ )*(?:/opt/supernode-agent/bin/)?supernode-agent((?:[ \t]+[^\s`|#]+)*)"
+_CMD = (r"(?:\$ )?(?:[A-Z_]+=\S+ )*(?:/opt/supernode-agent/bin/)?(supernode-agent|supernode-sim)\b(?![.-])"
+        r"((?:[ \t]+[^\s`|#]+)*)")
 _START = re.compile(r"(?:^|`)" + _CMD)
 _START_YAML = re.compile(r"(?:with: |`)" + _CMD)
-GLOBAL_OPTIONS = {"--config", "--log-level"}
+# program -> (its parser, the module `python -m` runs, its options that take a value before the command)
+PROGRAMS = {"supernode-agent": (build_parser, "agent.cli", {"--config", "--log-level"}),
+            "supernode-sim": (build_sim_parser, "sim.cli", {"--sim"})}
 
 
 def _alerts() -> list[str]:
@@ -90,64 +95,72 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
-def command_path(words: list[str]) -> list[str]:
-    """The subcommand path of `supernode-agent WORDS`; raises ValueError naming a word the CLI does not know."""
+def command_path(words: list[str], program: str = "supernode-agent") -> list[str]:
+    """The subcommand path of `PROGRAM WORDS`; raises ValueError naming a word the CLI does not know."""
     words = [w for w in words if not (w.startswith("[") or w.endswith("]"))]  # optional [--config F] in usage text
     # `supernode-agent probe snmp: <kind>` quotes an error message: the command ends at the colon.
     ends = next((i for i, w in enumerate(words) if w.endswith(":")), None)
     if ends is not None:
         words = words[:ends] + [words[ends].rstrip(":")]
-    parser, path, i = build_parser(), [], 0
+    build, _, global_options = PROGRAMS[program]
+    parser, path, i = build(), [], 0
     while i < len(words):
         word = words[i]
-        if word in GLOBAL_OPTIONS and not path:
+        if word in global_options and not path:
             i += 2
             continue
         choices = _subparsers(parser)
         if not choices:
             break
         if word not in choices:
-            raise ValueError(f"`supernode-agent {' '.join(path + [word])}`: no such command "
+            raise ValueError(f"`{program} {' '.join(path + [word])}`: no such command "
                              f"(known: {', '.join(sorted(choices))})")
         parser, path, i = choices[word], path + [word], i + 1
     return path
 
 
 def documented_commands() -> dict[tuple[str, ...], str]:
-    """Each distinct subcommand path the docs name, with one place that names it."""
+    """Each distinct (program, *subcommand path) the docs name, with one place that names it."""
     found: dict[tuple[str, ...], str] = {}
     for doc in DOCS:
         pattern = _START if doc.suffix == ".md" else _START_YAML
         for n, line in enumerate(doc.read_text().splitlines(), 1):
             for m in pattern.finditer(line):
                 try:
-                    path = command_path(m.group(1).split())
+                    path = command_path(m.group(2).split(), m.group(1))
                 except ValueError as exc:
                     raise AssertionError(f"{doc.relative_to(REPO)}:{n}: {exc}") from None
                 if path:
-                    found.setdefault(tuple(path), f"{doc.relative_to(REPO)}:{n}")
+                    found.setdefault((m.group(1), *path), f"{doc.relative_to(REPO)}:{n}")
     return found
 
 
 def test_command_path_rejects_invented_commands():
     assert command_path(["--config", "F", "approve", "leak-1"]) == ["approve"]
-    assert command_path(["sim", "inject", "leak"]) == ["sim", "inject"]
     assert command_path(["probe", "snmp:", "timeout:"]) == ["probe", "snmp"]
-    for invented in (["approvals", "list"], ["status"], ["sim", "reset"]):
+    assert command_path(["--sim", "URL", "inject", "leak"], "supernode-sim") == ["inject"]
+    invented = [("supernode-agent", ["approvals", "list"]), ("supernode-agent", ["status"]),
+                ("supernode-sim", ["reset"]),
+                # the simulator's commands are its own program's, no longer the agent's
+                ("supernode-agent", ["sim", "inject", "leak"]), ("supernode-agent", ["demo"])]
+    for program, words in invented:
         try:
-            command_path(invented)
+            command_path(words, program)
         except ValueError as exc:
-            assert invented[-1] in str(exc) or invented[0] in str(exc)
+            assert words[-1] in str(exc) or words[0] in str(exc)
         else:
-            raise AssertionError(f"{invented} accepted")
+            raise AssertionError(f"{program} {words} accepted")
 
 
 def test_every_documented_command_exists_and_answers_help():
     commands = documented_commands()
     # The commands an on-call is told to run are among them.
-    assert {("incidents",), ("approve",), ("journal",), ("check-config",)} <= set(commands)
-    for path, where in sorted(commands.items()):
-        res = subprocess.run([sys.executable, "-m", "agent.cli", *path, "--help"], cwd=REPO,
+    agent = "supernode-agent"
+    assert {(agent, "incidents"), (agent, "approve"), (agent, "journal"), (agent, "check-config")} <= set(commands)
+    # ...and README's tour of the simulated rack.
+    assert {("supernode-sim", "demo"), ("supernode-sim", "inject"), ("supernode-sim", "clear")} <= set(commands)
+    for (program, *path), where in sorted(commands.items()):
+        res = subprocess.run([sys.executable, "-m", PROGRAMS[program][1], *path, "--help"], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0 and res.stdout.startswith("usage: supernode-agent"), \
-            f"{where}: `supernode-agent {' '.join(path)} --help` failed: {res.stderr}"
+        assert res.returncode == 0 and res.stdout.startswith(f"usage: {program}"), \
+            f"{where}: `{program} {' '.join(path)} --help` failed: {res.stderr}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from agent.sim import ports
+from sim import ports
 from tests.etcd import EtcdCluster
 from tests.helpers import require_binary
 

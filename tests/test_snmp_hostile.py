@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sim.rack import RackModel
-from agent.sim.snmp_pdu import SimulatedRaritanPdu
+from sim.rack import RackModel
+from sim.snmp_pdu import SimulatedRaritanPdu
 from bad_snmp_agent import BadSnmpAgent
 from exporters.power import snmp_v2c
 from exporters.model import Quality, SourceError

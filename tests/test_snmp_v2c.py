@@ -9,7 +9,7 @@ import pytest
 from pyasn1.codec.ber import decoder, encoder
 from pysnmp.proto import api, rfc1902, rfc1905
 
-from agent.sim.snmp_agent import OidTable, SnmpAgent, gauge, integer, text
+from sim.snmp_agent import OidTable, SnmpAgent, gauge, integer, text
 from exporters.power import snmp_v2c
 from exporters.model import SourceError
 from exporters.power.snmp_client import MAX_CURSORS, SnmpClient, SnmpCredentials

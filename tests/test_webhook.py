@@ -10,7 +10,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import SecretStr
 
-from agent.remediation.actions.slurm import SimulatedScheduler
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.api import add_remediation_routes
 from agent.remediation.engine import Executors
 

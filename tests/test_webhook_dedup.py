@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from agent.remediation.actions.slurm import SimulatedScheduler
+from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors
 
 from helpers import await_for

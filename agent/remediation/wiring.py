@@ -27,13 +27,16 @@ log = logging.getLogger("supernode.remediation")
 
 
 def _scheduler(loaded: "LoadedConfig") -> Any:
-    from agent.remediation.actions.slurm import SimulatedScheduler, SlurmScheduler
+    from agent.remediation.actions.slurm import SlurmScheduler
 
     s = loaded.config.remediation.slurm
     if not s.enabled:
         return None
     if s.backend == "simulated":
-        return SimulatedScheduler(loaded.config.inventory.nodes or [loaded.config.agent.node])
+        from agent.backends import SCHEDULER_SIMULATED, load_backend
+
+        simulated = load_backend(SCHEDULER_SIMULATED, "remediation.slurm.backend")
+        return simulated(loaded.config.inventory.nodes or [loaded.config.agent.node])
     return SlurmScheduler(s.scontrol, s.sinfo, s.slurm_conf, s.timeout_seconds, scancel=s.scancel, squeue=s.squeue)
 
 

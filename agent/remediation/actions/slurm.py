@@ -1,6 +1,7 @@
-"""Scheduler adapters: the real Slurm (scontrol/sinfo) and a clearly labelled simulated one.
+"""The scheduler adapter: the real Slurm (scontrol/sinfo).
 
-Both offer drain / resume / state / list / signal_jobs. The Slurm one passes
+It offers drain / resume / state / list / signal_jobs (the simulator's
+SimulatedScheduler, sim/scheduler.py, offers the same). The Slurm one passes
 SLURM_CONF through the environment of every call and uses argument lists
 only (no shell); the reason is one argv element, so no quoting games.
 """
@@ -101,31 +102,3 @@ class SlurmScheduler:
         if errors:
             raise SchedulerError("; ".join(errors))
 
-
-class SimulatedScheduler:
-    """SIMULATED scheduler (demo without slurmctld): an in-process node table, same interface as SlurmScheduler."""
-
-    label = "simulated"
-
-    def __init__(self, nodes: list[str]):
-        self.nodes = {n: NodeState(n, "idle", "") for n in nodes}
-
-    async def list(self, nodes: list[str] | None = None) -> dict[str, NodeState]:
-        return {n: st for n, st in self.nodes.items() if not nodes or n in nodes}
-
-    async def state(self, node: str) -> NodeState:
-        try:
-            return self.nodes[node]
-        except KeyError:
-            raise UnknownNode(f"node {node} unknown to the simulated scheduler") from None
-
-    async def drain(self, node: str, reason: str) -> None:
-        await self.state(node)
-        self.nodes[node] = NodeState(node, "drained", reason)
-
-    async def resume(self, node: str) -> None:
-        await self.state(node)
-        self.nodes[node] = NodeState(node, "idle", "")
-
-    async def signal_jobs(self, node: str, signal: str) -> None:
-        return None

@@ -1,0 +1,474 @@
+"""Fault kinds the simulator can inject, each a validated parameter list and a function.
+
+Kinds register here with their parameters, so the API refuses a bad
+injection with a message that names the parameter, and `sim inject --help`
+lists what exists. Every kind records how to undo itself, so `sim clear`
+returns the rack to nominal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from sim.server import Simulator
+
+
+class FaultError(ValueError):
+    """A bad injection request; the message names the parameter."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type = str
+    required: bool = False
+    default: Any = None
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    name: str
+    help: str
+    apply: Callable[["Simulator", dict[str, Any]], str]
+    params: tuple[Param, ...] = field(default_factory=tuple)
+
+    def parse(self, raw: dict[str, Any]) -> dict[str, Any]:
+        known = {p.name for p in self.params}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise FaultError(f"{self.name}: unknown parameter(s) {', '.join(unknown)}; "
+                             f"expected {', '.join(sorted(known)) or 'none'}")
+        out: dict[str, Any] = {}
+        for p in self.params:
+            if p.name not in raw or raw[p.name] is None:
+                if p.required:
+                    raise FaultError(f"{self.name}: parameter {p.name!r} is required ({p.help})")
+                out[p.name] = p.default
+                continue
+            try:
+                out[p.name] = p.type(raw[p.name])
+            except (TypeError, ValueError):
+                raise FaultError(f"{self.name}: parameter {p.name!r} expects {p.type.__name__}, "
+                                 f"got {raw[p.name]!r}") from None
+        return out
+
+
+REGISTRY: dict[str, FaultKind] = {}
+
+
+def as_bool(value: Any) -> bool:
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def fault(name: str, help: str, *params: Param) -> Callable[[Callable[["Simulator", dict[str, Any]], str]], Callable]:
+    def deco(fn: Callable[["Simulator", dict[str, Any]], str]) -> Callable:
+        REGISTRY[name] = FaultKind(name, help, fn, tuple(params))
+        return fn
+    return deco
+
+
+NODE = Param("node", str, False, None, "node name (default: the first node)")
+GPU = Param("gpu", int, False, 0, "GPU index")
+
+
+def _gpu(sim: "Simulator", p: dict[str, Any]):
+    node = p.get("node") or next(iter(sim.model.nodes))
+    if node not in sim.model.nodes:
+        raise FaultError(f"node: {node!r} is not a simulated node ({', '.join(sim.model.nodes)})")
+    gpus = sim.model.nodes[node].gpus
+    idx = p.get("gpu", 0) or 0
+    if not 0 <= idx < len(gpus):
+        raise FaultError(f"gpu: {idx} out of range 0..{len(gpus) - 1}")
+    return gpus[idx]
+
+
+@fault("gpu-lost", "GPU falls off the bus: every NVML call on it answers GPU_IS_LOST.", NODE, GPU)
+def _gpu_lost(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_lost
+
+    g = _gpu(sim, p)
+    return set_lost(sim.model, g.node, g.index, True)
+
+
+@fault("xid", "Raise an XID event on a GPU.", NODE, GPU, Param("code", int, True, None, "XID number"))
+def _xid(sim: "Simulator", p: dict[str, Any]) -> str:
+    g = _gpu(sim, p)
+    sim.model.raise_xid(g.node, g.index, p["code"])
+    return f"{g.node} gpu {g.index} xid {p['code']}"
+
+
+@fault("nvlink-errors", "NVLink CRC/replay errors at a rate (per second) on one link.", NODE, GPU,
+       Param("link", int, False, 0, "NVLink index"), Param("rate", float, False, 100.0, "errors per second"))
+def _nvlink(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        g = _gpu(sim, p)
+        if not 0 <= p["link"] < g.nvlink_count:
+            raise FaultError(f"link: {p['link']} out of range 0..{g.nvlink_count - 1}")
+        g.nvlink_error_rate[p["link"]] = p["rate"]
+    return f"{g.node} gpu {g.index} link {p['link']} errors {p['rate']}/s"
+
+
+@fault("thermal", "Blocked cold plate: the GPU runs this much hotter (default: into HW slowdown).", NODE, GPU,
+       Param("celsius", float, False, 30.0, "extra degrees"))
+def _thermal(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        g = _gpu(sim, p)
+        g.thermal_extra_c = p["celsius"]
+    return f"{g.node} gpu {g.index} +{p['celsius']} C"
+
+
+@fault("gpu-hang", "NVML calls on this GPU's handle block, other GPUs answer (one wedged GPU).", NODE, GPU,
+       Param("seconds", float, False, 30.0, "how long each call blocks at most (sim clear ends it at once)"))
+def _hang(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_hang
+
+    g = _gpu(sim, p)
+    return set_hang(sim.model, g.node, g.index, p["seconds"])
+
+
+@fault("nvml-driver-hang", "Every NVML call on the node blocks: init, enumeration, every GPU, events (a wedged driver).",
+       NODE, Param("seconds", float, False, 30.0, "how long each call blocks at most (sim clear ends it at once)"))
+def _driver_hang(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_driver_hang
+
+    return set_driver_hang(sim.model, _gpu(sim, p).node, p["seconds"])
+
+
+@fault("workload", "Set the GPU workload (fraction of the default power limit the job would draw).", NODE,
+       Param("gpu", int, False, None, "GPU index (default: all GPUs of the node, or of the rack without --node)"),
+       Param("ratio", float, True, None, "0..1"))
+def _workload(sim: "Simulator", p: dict[str, Any]) -> str:
+    if not 0.0 <= p["ratio"] <= 1.0:
+        raise FaultError("ratio: expected 0..1")
+    with sim.model.lock:
+        nodes = [p["node"]] if p["node"] else list(sim.model.nodes)
+        for n in nodes:
+            if n not in sim.model.nodes:
+                raise FaultError(f"node: {n!r} is not a simulated node")
+            for g in sim.model.nodes[n].gpus:
+                if p["gpu"] is None or g.index == p["gpu"]:
+                    g.workload = p["ratio"]
+    return f"workload {p['ratio']}"
+
+
+# -- links (one simulated sysfs tree per node) ---------------------------------------
+
+PORT = Param("port", str, True, None, "port name (mlx5_0/1, eth0, ...)")
+
+
+def _tree(sim: "Simulator", p: dict[str, Any]):
+    from sim.device_set import link_tree
+
+    node = p.get("node") or next(iter(sim.model.nodes))
+    return node, link_tree(sim, node)
+
+
+def _port_call(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except (ValueError, KeyError) as exc:
+        raise FaultError(str(exc).strip("'\"")) from None
+
+
+@fault("optic-degrade", "Receive power of a port's module drops to this level (dBm).", NODE, PORT,
+       Param("rx_dbm", float, True, None, "receive power in dBm, e.g. -12"))
+def _optic(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.optic_degrade(p["port"], p["rx_dbm"]))
+    return f"{node} {p['port']} rx {p['rx_dbm']} dBm"
+
+
+@fault("link-flap", "The port goes down and up COUNT times between two polls.", NODE, PORT,
+       Param("count", int, False, 1, "number of down/up cycles"))
+def _flap(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.link_flap(p["port"], p["count"]))
+    return f"{node} {p['port']} flapped {p['count']}x"
+
+
+@fault("ib-errors", "An IB error counter grows at RATE per second.", NODE, PORT,
+       Param("counter", str, False, "symbol_error", "counter name (symbol_error, link_downed, ...)"),
+       Param("rate", float, False, 10.0, "per second"))
+def _ib_errors(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.ib_errors(p["port"], p["counter"], p["rate"]))
+    return f"{node} {p['port']} {p['counter']} +{p['rate']}/s"
+
+
+@fault("link-down", "Take a port down (or up again with --up true).", NODE, PORT,
+       Param("up", as_bool, False, False, "true to bring it back up"))
+def _link_down(sim: "Simulator", p: dict[str, Any]) -> str:
+    node, tree = _tree(sim, p)
+    _port_call(lambda: tree.set_link(p["port"], p["up"]))
+    return f"{node} {p['port']} {'up' if p['up'] else 'down'}"
+
+
+# -- more GPU faults (see sim/nvml_faults.py) ----------------------------------
+
+
+@fault("gpu-missing", "GPU not enumerated at all (fewer GPUs than the inventory expects).", NODE, GPU)
+def _gpu_missing(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_missing
+
+    g = _gpu(sim, p)
+    return set_missing(sim.model, g.node, g.index, True)
+
+
+@fault("nvml-unsupported", "NVML answers NotSupported for these functions or NVML_FI_* fields.", NODE, GPU,
+       Param("names", str, True, None, "comma-separated pynvml function or field names"))
+def _unsupported(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_unsupported
+
+    g = _gpu(sim, p)
+    return set_unsupported(sim.model, g.node, g.index, [n.strip() for n in p["names"].split(",") if n.strip()])
+
+
+@fault("nvlink-down", "One NVLink goes down.", NODE, GPU, Param("link", int, False, 0, "NVLink index"))
+def _nvlink_down(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_nvlink_down
+
+    g = _gpu(sim, p)
+    return set_nvlink_down(sim.model, g.node, g.index, p["link"], True)
+
+
+@fault("recovery-action", "The driver asks for a recovery action (NVML_GPU_RECOVERY_ACTION_*).", NODE, GPU,
+       Param("action", int, True, None, "0 none, 1 gpu_reset, 2 node_reboot, 3 drain_p2p, 4 drain_and_reset"))
+def _recovery(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_recovery_action
+
+    g = _gpu(sim, p)
+    return set_recovery_action(sim.model, g.node, g.index, p["action"])
+
+
+# -- coolant and leak (the rack model) and the Modbus devices -------------------------
+
+ZONE = Param("zone", str, True, None, "leak zone name")
+DEVICE = Param("device", str, False, None, "simulated Modbus device (default cdu1)")
+
+
+def _zone(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["zone"] not in sim.model.coolant.leak_zones:
+        raise FaultError(f"zone: {p['zone']!r} is not a leak zone ({', '.join(sorted(sim.model.coolant.leak_zones))})")
+    return p["zone"]
+
+
+@fault("leak", "A leak sensor in the zone gets wet.", ZONE)
+def _leak(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        sim.model.coolant.leak_zones[_zone(sim, p)] = "wet"
+    return f"leak in {p['zone']}"
+
+
+@fault("leak-cable-break", "The zone's sensing cable breaks (a sensor fault, never a leak).", ZONE)
+def _cable(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        sim.model.coolant.leak_zones[_zone(sim, p)] = "cable_break"
+    return f"cable break in {p['zone']}"
+
+
+@fault("pump-fail", "A CDU pump stops.", Param("pump", int, False, 1, "pump number (1-based)"))
+def _pump(sim: "Simulator", p: dict[str, Any]) -> str:
+    c = sim.model.coolant
+    with sim.model.lock:
+        if not 1 <= p["pump"] <= len(c.pump_running):
+            raise FaultError(f"pump: {p['pump']} out of range 1..{len(c.pump_running)}")
+        c.pump_running[p["pump"] - 1] = False
+    return f"pump {p['pump']} failed"
+
+
+@fault("flow-drop", "Secondary coolant flow drops by PERCENT.", Param("percent", float, True, None, "0..100"))
+def _flow(sim: "Simulator", p: dict[str, Any]) -> str:
+    if not 0 <= p["percent"] <= 100:
+        raise FaultError("percent: expected 0..100")
+    with sim.model.lock:
+        sim.model.coolant.flow_factor = 1 - p["percent"] / 100
+    return f"flow -{p['percent']}%"
+
+
+@fault("supply-hot", "Secondary supply runs hotter by CELSIUS (facility water too warm).",
+       Param("celsius", float, True, None, "extra degrees"))
+def _supply_hot(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        sim.model.coolant.supply_hot_extra_c = p["celsius"]
+    return f"supply +{p['celsius']} C"
+
+
+def _modbus(sim: "Simulator", p: dict[str, Any]) -> Any:
+    from sim.device_set import modbus_device
+
+    return modbus_device(sim, p.get("device"))
+
+
+@fault("sensor-stuck", "A CDU point stops updating (frozen value).", DEVICE,
+       Param("point", str, True, None, "profile point name"))
+def _stuck(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    _port_call(lambda: dev.set_stuck(p["point"]))
+    return f"{dev.name}.{p['point']} stuck"
+
+
+@fault("sensor-sentinel", "A CDU point serves its invalid sentinel (e.g. 0x7FFF).", DEVICE,
+       Param("point", str, True, None, "profile point name"))
+def _sentinel(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    _port_call(lambda: dev.set_sentinel(p["point"]))
+    return f"{dev.name}.{p['point']} sentinel"
+
+
+@fault("cdu-offline", "The Modbus device stops answering (connections closed).", DEVICE)
+def _offline(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    dev.set_offline(True)
+    return f"{dev.name} offline"
+
+
+@fault("cdu-slow", "The Modbus device answers after a delay.", DEVICE, Param("ms", float, True, None, "delay in ms"))
+def _slow(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    dev.set_slow(p["ms"])
+    return f"{dev.name} +{p['ms']} ms"
+
+
+@fault("cdu-exception", "The Modbus device answers with exception CODE (6 busy, 11 gateway target failed).",
+       DEVICE, Param("code", int, True, None, "Modbus exception code"))
+def _exception(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _modbus(sim, p)
+    dev.set_exception(p["code"])
+    return f"{dev.name} exception {p['code']}"
+
+
+# -- PDU (SNMP) ------------------------------------------------------------------------
+
+PDU = Param("pdu", str, False, "pdu-a", "simulated PDU")
+
+
+def _pdu(sim: "Simulator", p: dict[str, Any]) -> Any:
+    from sim.snmp_pdu import SimulatedRaritanPdu
+
+    dev = sim.devices.get(p["pdu"])
+    if not isinstance(dev, SimulatedRaritanPdu):
+        raise FaultError(f"pdu: {p['pdu']!r} is not a simulated PDU")
+    return dev
+
+
+@fault("pdu-offline", "The PDU stops answering SNMP.", PDU)
+def _pdu_offline(sim: "Simulator", p: dict[str, Any]) -> str:
+    _pdu(sim, p).set_offline(True)
+    return f"{p['pdu']} offline"
+
+
+@fault("pdu-counter-wrap", "The PDU's energy counters jump to just below 2^32 and wrap.", PDU)
+def _wrap(sim: "Simulator", p: dict[str, Any]) -> str:
+    _pdu(sim, p).counter_wrap()
+    return f"{p['pdu']} energy counters near wrap"
+
+
+@fault("pdu-counter-reset", "The PDU's energy counters are reset to 0 (as a user reset does).", PDU)
+def _reset(sim: "Simulator", p: dict[str, Any]) -> str:
+    _pdu(sim, p).counter_reset()
+    return f"{p['pdu']} energy counters reset"
+
+
+@fault("outlet-trip", "An outlet switches off by itself (breaker trip).", PDU,
+       Param("outlet", int, True, None, "outlet number"))
+def _trip(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _pdu(sim, p)
+    _port_call(lambda: dev.trip_outlet(p["outlet"]))
+    return f"{p['pdu']} outlet {p['outlet']} tripped"
+
+
+# -- Redfish (tray BMCs and the Redfish CDU) -------------------------------------------
+
+BMC = Param("node", str, False, None, "node whose tray BMC (default: the first node), or a Redfish service (rfcdu1)")
+DETECTOR = Param("detector", str, False, "0", "leak detector Id, or its position (default 0: the first)")
+
+
+def _bmc(sim: "Simulator", p: dict[str, Any]) -> Any:
+    from sim.device_set import redfish_service
+
+    return redfish_service(sim, p.get("node"))
+
+
+def _detector(sim: "Simulator", p: dict[str, Any]) -> tuple[Any, str, dict[str, str]]:
+    """The service, the detector Id and the model's leak-state dict the detector reads."""
+    dev = _bmc(sim, p)
+    if dev.leaks is None:
+        raise FaultError(f"node: {dev.name!r} has no leak detectors")
+    try:
+        det = dev.leaks.resolve(p["detector"])
+    except ValueError as exc:
+        raise FaultError(f"{exc} ({dev.name})") from None
+    return dev, det, dev.leaks.states()
+
+
+@fault("tray-leak", "A moisture detector of a tray (its BMC's Chassis_0) sees water: Critical, an event at once.",
+       BMC, DETECTOR, Param("level", str, False, "critical", "critical or warning"))
+def _tray_leak(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["level"] not in ("critical", "warning"):
+        raise FaultError("level: expected critical or warning")
+    with sim.model.lock:
+        dev, det, states = _detector(sim, p)
+        states[det] = p["level"]
+    return f"{dev.name} {det} {p['level']}"
+
+
+@fault("tray-leak-sensor-fault", "A tray leak detector fails (DetectorState unknown, Health Warning, a Condition): never a leak.",
+       BMC, DETECTOR)
+def _tray_sensor_fault(sim: "Simulator", p: dict[str, Any]) -> str:
+    with sim.model.lock:
+        dev, det, states = _detector(sim, p)
+        states[det] = "sensor_fault"
+    return f"{dev.name} {det} sensor fault"
+
+
+@fault("bmc-offline", "The Redfish service stops answering: open connections close, new ones are refused.", BMC)
+def _bmc_offline(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_offline(True)
+    return f"{dev.name} offline"
+
+
+@fault("bmc-slow", "The Redfish service answers every request after a delay.", BMC,
+       Param("ms", float, True, None, "delay in ms"))
+def _bmc_slow(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_slow(p["ms"])
+    return f"{dev.name} +{p['ms']} ms"
+
+
+@fault("bmc-auth-fail", "The Redfish service refuses every credential with 401: session login, tokens and Basic.", BMC)
+def _bmc_auth(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_auth_fail(True)
+    return f"{dev.name} refuses credentials"
+
+
+@fault("bmc-sessions-expire", "The Redfish service drops every session now (their tokens answer 401; login works).", BMC)
+def _bmc_expire(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    return f"{dev.name} dropped {dev.expire_sessions()} session(s)"
+
+
+GARBAGE_KINDS = ("long-line", "not-json", "not-utf8")
+
+
+@fault("bmc-event-garbage", "The Redfish service writes one malformed frame to its open SSE streams (--frame): "
+       "long-line (one data line of --mib MiB), not-json or not-utf8. A client must survive it and reconnect.", BMC,
+       Param("frame", str, True, None, "long-line, not-json or not-utf8"),
+       Param("mib", float, False, 2.0, "long-line: the line's size in MiB (default 2)"))
+def _bmc_event_garbage(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["frame"] not in GARBAGE_KINDS:
+        raise FaultError(f"frame: expected one of {', '.join(GARBAGE_KINDS)}, got {p['frame']!r}")
+    if not 0 < p["mib"] <= 64:
+        raise FaultError("mib: expected more than 0 and at most 64")
+    dev = _bmc(sim, p)
+    n = dev.events.send_garbage(p["frame"], int(p["mib"] * (1 << 20)))
+    return f"{dev.name}: {p['frame']} written to {n} SSE stream(s)"

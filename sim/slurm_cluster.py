@@ -1,0 +1,154 @@
+"""A real, private Slurm for tests and the demo: munged + slurmctld + slurmd under a temp dir.
+
+Why its own munged: a private socket (AuthInfo=socket=...) means no clash
+with a system munged or with another test run. Everything binds to
+127.0.0.1, every daemon is started in the foreground so the PID we keep is
+the daemon's own, and `stop()` ends exactly those PIDs.
+
+Nodes: by default the single real node (this host, as `slurmd -C` reports
+it). With `names=[...]` it starts one slurmd per name (`slurmd -N name`,
+each on its own port, all with NodeHostname=this host), which is how the
+demo gets nodes named like the simulator's (node01, node02, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from sim.ports import free_port
+
+
+def _binary(name: str) -> str | None:
+    return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None)
+
+
+def slurm_available() -> bool:
+    return all(_binary(b) for b in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo"))
+
+
+class SlurmCluster:
+    """Start with `start()`, stop with `stop()` (by PID). `env` carries SLURM_CONF for every client call."""
+
+    def __init__(self, names: list[str] | None = None, base: Path | None = None,
+                 ctld_port: int | None = None, first_slurmd_port: int | None = None):
+        self.dir = Path(base or tempfile.mkdtemp(prefix="slurm-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.names = names
+        self.ctld_port = ctld_port or free_port()
+        self.first_slurmd_port = first_slurmd_port
+        self.conf = self.dir / "slurm.conf"
+        self.munge_socket = self.dir / "munge" / "munge.socket"
+        self.procs: list[subprocess.Popen] = []
+        self.nodes: list[str] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def _write_conf(self) -> None:
+        host = socket.gethostname().split(".")[0]
+        line = subprocess.run([_binary("slurmd"), "-C"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+        hw = " ".join(f for f in line.split() if not f.startswith("NodeName=") and not f.startswith("UpTime"))
+        node_lines = []
+        if self.names:
+            for i, name in enumerate(self.names):
+                port = (self.first_slurmd_port + i) if self.first_slurmd_port else free_port()
+                node_lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {hw} State=UNKNOWN")
+            self.nodes = list(self.names)
+        else:
+            port = self.first_slurmd_port or free_port()
+            node_lines.append(f"NodeName={host} NodeAddr=127.0.0.1 Port={port} {hw} State=UNKNOWN")
+            self.nodes = [host]
+        d = self.dir
+        for sub in ("state", "spool", "log", "munge"):
+            (d / sub).mkdir(exist_ok=True)
+        os.chmod(d / "munge", 0o700)
+        self.conf.write_text("\n".join([
+            "ClusterName=ci",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            "SlurmUser=root", "SlurmdUser=root",
+            f"SlurmctldPort={self.ctld_port}",
+            "AuthType=auth/munge", "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmdSpoolDir={d / 'spool'}/%n",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "MpiDefault=none",
+            "MailProg=/bin/true", "ReturnToService=2",
+            *node_lines,
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]))
+
+    def start(self, timeout: float = 30.0) -> "SlurmCluster":
+        self._write_conf()
+        log = open(self.dir / "log" / "daemons.out", "ab")
+        self.procs.append(subprocess.Popen(
+            [_binary("munged"), "-F", "-f", f"--socket={self.munge_socket}",
+             f"--pid-file={self.dir / 'munge' / 'munged.pid'}", f"--log-file={self.dir / 'log' / 'munged.log'}",
+             f"--seed-file={self.dir / 'munge' / 'seed'}"], stdout=log, stderr=log))
+        self._wait(lambda: self.munge_socket.exists(), timeout, "munged socket")
+        self.procs.append(subprocess.Popen([_binary("slurmctld"), "-D", "-c", "-i", "-f", str(self.conf)],
+                                           stdout=log, stderr=log, env=self.env))
+        for name in (self.names or [None]):
+            args = [_binary("slurmd"), "-D", "-f", str(self.conf)] + (["-N", name] if name else [])
+            self.procs.append(subprocess.Popen(args, stdout=log, stderr=log, env=self.env))
+        self._wait(self._all_idle, timeout, "all nodes idle")
+        return self
+
+    def _wait(self, cond, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"slurm daemon {p.args[0]} exited ({p.returncode}) while waiting for {what}; "
+                                       f"logs in {self.dir / 'log'}")
+            time.sleep(0.1)
+        raise TimeoutError(f"slurm: {what} not reached in {timeout}s; logs in {self.dir / 'log'}")
+
+    def states(self) -> dict[str, str]:
+        out = subprocess.run([_binary("sinfo"), "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
+                             env=self.env, timeout=10)
+        result = {}
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                result[parts[0]] = parts[1]
+        return result
+
+    def _all_idle(self) -> bool:
+        states = self.states()
+        return bool(states) and all(states.get(n) == "idle" for n in self.nodes)
+
+    def scontrol(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([_binary("scontrol"), *args], capture_output=True, text=True, env=self.env, timeout=10)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        self.procs.clear()
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
