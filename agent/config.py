@@ -557,6 +557,9 @@ def _read_secrets(config: Config) -> dict[str, SecretStr]:
         if ep.password_secret is not None and ep.password_secret not in secrets:
             raise ConfigError(f"inventory.redfish.{ep.name}.password_secret: secret {ep.password_secret!r} "
                               f"not in secrets")
+    etcd = config.coordination.etcd if config.coordination is not None else None
+    if etcd is not None and etcd.password_secret is not None and etcd.password_secret not in secrets:
+        raise ConfigError(f"coordination.etcd.password_secret: secret {etcd.password_secret!r} not in secrets")
     token = config.sources.redfish.event_token_secret
     if token is not None and token not in secrets:
         raise ConfigError(f"sources.redfish.event_token_secret: secret {token!r} not in secrets")

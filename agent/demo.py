@@ -149,6 +149,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
             cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None, agent_urls=urls,
                                etcd_endpoints=etcd.endpoints if etcd else None)
+            if etcd is not None:  # the node's own etcd user (it may write only its own keys), over TLS
+                await asyncio.to_thread(etcd.authorize, cfg, workdir / node)
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             log = open(workdir / node / "agent.log", "ab")
             proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(cfg_path), "run"],

@@ -28,11 +28,11 @@ def etcd(tmp_path_factory):
 
 
 def _coordinator(tmp_path, etcd, node: str, prefix: str, **guardrails) -> EtcdCoordinator:
-    loaded = parse_config({"agent": {"rack": "r1", "node": node, "state_dir": str(tmp_path / node)},
-                           "inventory": {"nodes": NODES},
-                           "remediation": {"guardrails": guardrails},
-                           "coordination": {"backend": "etcd", "etcd": {"endpoints": etcd.endpoints, "prefix": prefix}}})
-    return EtcdCoordinator(loaded)
+    cfg = {"agent": {"rack": "r1", "node": node, "state_dir": str(tmp_path / node)},
+           "inventory": {"nodes": NODES},
+           "remediation": {"guardrails": guardrails},
+           "coordination": {"backend": "etcd", "etcd": {"endpoints": etcd.endpoints, "prefix": prefix}}}
+    return EtcdCoordinator(parse_config(etcd.authorize(cfg, tmp_path / node)))
 
 
 async def _rack(tmp_path, etcd, prefix: str, **guardrails) -> list[EtcdCoordinator]:
