@@ -104,30 +104,29 @@ class Rack:
 
 
 @pytest.fixture(scope="module")
-def rack(tmp_path_factory):
-    base = tmp_path_factory.mktemp("etcd-auth")
-    gen = running_etcd(base / "etcd", 1, token_ttl=TOKEN_TTL)
-    etcd = next(gen)
+def etcd(tmp_path_factory):
+    yield from running_etcd(tmp_path_factory.mktemp("etcd-auth"), 1, token_ttl=TOKEN_TTL)
+
+
+@pytest.fixture(scope="module")
+def rack(tmp_path_factory, etcd):
+    base = tmp_path_factory.mktemp("rack-auth")
     sim = SimRack(base, nodes=3, gpus=1).start()
     agents: list[AgentProcess] = []
     try:
-        cfgs = {}
         for node in ("node01", "node02"):
             work = base / node
             work.mkdir()
-            cfgs[node] = (coordinated_config(sim.sim, node, work, etcd.endpoints), work)
-        (base / "node02" / "etcd.password").write_text("not-node02s-password\n")  # node02's agent: a wrong password
-        agents = [AgentProcess(cfg, work).start() for cfg, work in cfgs.values()]
+            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints)
+            if node == "node02":  # node02's agent: a wrong password
+                (work / "etcd.password").write_text("not-node02s-password\n")
+            agents.append(AgentProcess(cfg, work).start())
         wait_for(lambda: is_up(agents[0]), 60, what="node01 coordinating as its own etcd user")
         yield Rack(etcd, sim, base, *agents)
     finally:
         for a in agents:
             a.stop()
         sim.stop()
-        try:
-            next(gen)
-        except StopIteration:
-            pass
 
 
 def _leak_job(cfg: dict) -> str:
