@@ -176,6 +176,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             print(f"redfish-login: user {rf['username']}, password file {rf['password_file']}, CA file {rf['ca_file']}")
         if etcd:
             print(f"etcd: {etcd.endpoints[0]}   (rack coordination: one leader, two pollers per shared device)")
+            print(f"etcd-auth: TLS (CA file {etcd.ca_file}), one etcd user per node (<rack>.<node>, its password in "
+                  f"<node>/etcd.password), root's password in {etcd.root_password_file}")
         else:
             print("etcd: not installed; every agent polls the shared devices and node01 leads (static)")
         if slurm:

@@ -134,6 +134,11 @@ class EtcdCluster:
         if token_ttl is not None:
             self._extra += ["--auth-token-ttl", str(token_ttl)]
         self.root_password = secrets.token_urlsafe(18)
+        base.mkdir(parents=True, exist_ok=True)
+        self.root_password_file = base / "root.password"  # for a person's etcdctl (ETCDCTL_PASSWORD) in the demo
+        fd = os.open(self.root_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.root_password + "\n")
         self._token: str | None = None
         self.passwords: dict[str, str] = {}  # etcd user -> its password (the node users made by `authorize`)
         self.members = self._new_members()
