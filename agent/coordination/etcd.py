@@ -51,7 +51,7 @@ class _TokenInvalid(EtcdError):
 
 
 # gRPC status codes etcd's gateway puts in an error body
-_UNAUTHENTICATED, _PERMISSION_DENIED, _FAILED_PRECONDITION = 16, 7, 9
+_UNAUTHENTICATED, _PERMISSION_DENIED = 16, 7
 _AUTH_REFUSED = ("authentication failed", "user name is empty", "authentication is not enabled",
                  "permission denied", "user name not found")
 _AUTH_RETRY = ("invalid auth token", "revision of auth store is old")
