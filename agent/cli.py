@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_probe_parsers(pr)
 
+    from agent.coordination.roles_command import add_parser as add_coordination_parser
+
+    add_coordination_parser(sub)
+
     from agent.remediation.cli import add_remediation_parsers
 
     add_remediation_parsers(sub)
@@ -114,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _cmd_check_config(args)
     if cmd == "probe":
         return _cmd_probe(args)
+    if cmd == "coordination":
+        from agent.coordination.roles_command import run as coordination_run
+
+        return coordination_run(args)
     try:
         return _cmd_remediation(args)
     except BrokenPipeError:  # `supernode-agent journal | head`: the reader left, nothing is wrong

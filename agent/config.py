@@ -574,6 +574,9 @@ def _read_secrets(config: Config) -> dict[str, SecretStr]:
         if ep.event_token_secret is not None and ep.event_token_secret not in secrets:
             raise ConfigError(f"inventory.redfish.{ep.name}.event_token_secret: secret {ep.event_token_secret!r} "
                               f"not in secrets")
+    etcd = config.coordination.etcd if config.coordination is not None else None
+    if etcd is not None and etcd.password_secret is not None and etcd.password_secret not in secrets:
+        raise ConfigError(f"coordination.etcd.password_secret: secret {etcd.password_secret!r} not in secrets")
     token = config.sources.redfish.event_token_secret
     if token is not None and token not in secrets:
         raise ConfigError(f"sources.redfish.event_token_secret: secret {token!r} not in secrets")

@@ -86,6 +86,8 @@ def _simulator(conn, workdir: str, default_intervals: bool, layout: str) -> None
                 cfg = agent_config(rack.sim, node, port, Path(workdir), mode="enforce",
                                    agent_urls=urls if layout == "demo" else None,
                                    etcd_endpoints=etcd.endpoints if etcd else None)
+                if etcd is not None:  # as the demo: the node's own etcd user, over TLS
+                    etcd.authorize(cfg, Path(workdir) / node)
                 cfg["remediation"]["slurm"] = {"backend": "simulated"}
                 if layout == "issue":  # the Redfish services came after the issue: not in its layout
                     cfg["inventory"].pop("redfish", None)

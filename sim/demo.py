@@ -149,6 +149,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
             cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None, agent_urls=urls,
                                etcd_endpoints=etcd.endpoints if etcd else None)
+            if etcd is not None:  # the node's own etcd user (it may write only its own keys), over TLS
+                await asyncio.to_thread(etcd.authorize, cfg, workdir / node)
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             log = open(workdir / node / "agent.log", "ab")
             proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(cfg_path), "run"],
@@ -174,6 +176,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             print(f"redfish-login: user {rf['username']}, password file {rf['password_file']}, CA file {rf['ca_file']}")
         if etcd:
             print(f"etcd: {etcd.endpoints[0]}   (rack coordination: one leader, two pollers per shared device)")
+            print(f"etcd-auth: TLS (CA file {etcd.ca_file}), one etcd user per node (<rack>.<node>, its password in "
+                  f"<node>/etcd.password), root's password in {etcd.root_password_file}")
         else:
             print("etcd: not installed; every agent polls the shared devices and node01 leads (static)")
         if slurm:

@@ -21,11 +21,11 @@ RACK = "r1"
 
 def coordinator(tmp_path: Path, etcd: Any, node: str, prefix: str, nodes: list[str] = NODES,
                 **guardrails: Any) -> EtcdCoordinator:
-    loaded = parse_config({"agent": {"rack": RACK, "node": node, "state_dir": str(tmp_path / node)},
-                           "inventory": {"nodes": nodes},
-                           "remediation": {"guardrails": guardrails},
-                           "coordination": {"backend": "etcd", "etcd": {"endpoints": etcd.endpoints, "prefix": prefix}}})
-    return EtcdCoordinator(loaded)
+    cfg = {"agent": {"rack": RACK, "node": node, "state_dir": str(tmp_path / node)},
+           "inventory": {"nodes": nodes},
+           "remediation": {"guardrails": guardrails},
+           "coordination": {"backend": "etcd", "etcd": {"endpoints": etcd.endpoints, "prefix": prefix}}}
+    return EtcdCoordinator(parse_config(etcd.authorize(cfg, tmp_path / node)))  # the node's own etcd user
 
 
 async def start(coords: list[EtcdCoordinator]) -> list[EtcdCoordinator]:

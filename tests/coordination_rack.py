@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sim.demo import agent_config
+from sim.etcd_cluster import EtcdCluster
 from tests.agentproc import AgentProcess
 from tests.helpers import free_port, wait_for
 
@@ -18,7 +19,9 @@ TOKEN = "coordination-test-token"
 
 def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str], mode: str = "enforce",
                        slurm_conf: Path | None = None, ttl: float = 5.0, **guardrails: Any) -> dict[str, Any]:
-    """A demo agent's config with an etcd `coordination` section and a light load (2-core test machine)."""
+    """A demo agent's config with an etcd `coordination` section and a light load (2-core test machine).
+
+    `endpoints` of one of our test clusters: the agent connects as its node's own etcd user (`authorize`)."""
     (workdir / "admin.token").write_text(TOKEN + "\n")
     (workdir / "webhook.token").write_text(TOKEN + "\n")
     cfg = agent_config(sim, node, free_port(), workdir, mode=mode, slurm_conf=slurm_conf)
@@ -28,6 +31,9 @@ def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str],
     cfg["coordination"] = {"backend": "etcd", "lease_ttl_seconds": ttl,
                            "etcd": {"endpoints": endpoints, "prefix": "/supernode-test"}}
     cfg["remediation"]["guardrails"].update(guardrails)
+    cluster = EtcdCluster.serving(endpoints)
+    if cluster is not None:  # our test etcd (auth and TLS on): this node's own user, password file, CA
+        cluster.authorize(cfg, workdir)
     return cfg
 
 

@@ -85,6 +85,10 @@ def test_two_urls_for_one_peer_are_refused_naming_both(tmp_path):
      "coordination"),
     ({"backend": "etcd", "lease_ttl_seconds": 0.1, "etcd": {"endpoints": ["http://127.0.0.1:2379"]}},
      "coordination.lease_ttl_seconds"),
+    ({"backend": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379"], "user": "r1.n1"}},
+     "coordination.etcd: Value error, user needs password_secret"),
+    ({"backend": "etcd", "etcd": {"endpoints": ["http://127.0.0.1:2379"], "password_secret": "etcd_pw"}},
+     "coordination.etcd.password_secret: secret 'etcd_pw' not in secrets"),
 ])
 def test_a_section_that_cannot_work_is_refused_naming_its_field(tmp_path, section, field):
     with pytest.raises(ConfigError) as err:
@@ -98,3 +102,18 @@ def test_etcd_backend_builds_without_touching_etcd(tmp_path):
     assert c.backend == "etcd" and not c.up() and not c.is_leader() and c.role() == "degraded"
     assert c.polling() == {"leak1": False, "pdu-a": False}
     assert c.hidden() == frozenset({("leak", "leak1"), ("pdu", "pdu-a")})
+
+
+def test_the_etcd_user_defaults_to_the_nodes_own_and_its_password_comes_from_the_secret_file(tmp_path):
+    """One agent.yaml for the rack: each node authenticates as <rack>.<node>, the user `etcd-roles` made for it."""
+    (tmp_path / "etcd.password").write_text("s3cret\n")
+    data = dict(_cfg(tmp_path, backend="etcd", etcd={"endpoints": ["http://127.0.0.1:9"],
+                                                     "password_secret": "etcd_pw"}),
+                secrets={"etcd_pw": {"file": str(tmp_path / "etcd.password")}})
+    for node in ("n1", "n3"):
+        client = build_coordinator(parse_config(data, node=node)).client
+        assert (client.user, client._password) == (f"r1.{node}", "s3cret")
+    data["coordination"]["etcd"]["user"] = "agent-n1"
+    assert build_coordinator(parse_config(data)).client.user == "agent-n1"
+    del data["coordination"]["etcd"]["password_secret"], data["coordination"]["etcd"]["user"]
+    assert build_coordinator(parse_config(data)).client.user is None  # anonymous: etcd without auth

@@ -50,6 +50,7 @@ def _loaded(sim, tmp_path, node: str, etcd=None, prefix: str = "/rf", **coordina
     if etcd is not None:
         cfg["coordination"] = {"backend": "etcd", "lease_ttl_seconds": 2.0, **coordination,
                                "etcd": {"endpoints": etcd.endpoints, "prefix": prefix}}
+        etcd.authorize(cfg, work)
     return parse_config(cfg)
 
 

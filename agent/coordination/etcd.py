@@ -14,6 +14,14 @@ tried on the next one within the same call, and the member that answered
 becomes the current one (the watch follows it: `endpoint_changed`). Keys and
 values are bytes on the wire as base64; this module speaks str keys and
 bytes values.
+
+With a user (etcd auth, agent.coordination.etcd_auth: one user per node) the
+client authenticates once (`/v3/auth/authenticate`) and sends the token on
+every call and on the watch. etcd's simple tokens expire (`--auth-token-ttl`,
+5 min by default) and a restarted member forgets them: a call told "invalid
+auth token" authenticates again and is tried once more. A refused password or
+a permission denied is an `EtcdAuthError` naming the user: no other member
+would answer differently, so no failover is tried.
 """
 
 from __future__ import annotations
@@ -32,6 +40,31 @@ MAX_WATCH_MESSAGE = 8 << 20  # one watch response (events of one revision batch)
 
 class EtcdError(Exception):
     """etcd could not be asked (every endpoint failed or timed out) or answered an error."""
+
+
+class EtcdAuthError(EtcdError):
+    """etcd refused this client's credentials or denied it the key: fix the config or the role, not the network."""
+
+
+class _TokenInvalid(EtcdError):
+    """The token expired or the member does not know it: authenticate again."""
+
+
+# gRPC status codes etcd's gateway puts in an error body
+_UNAUTHENTICATED, _PERMISSION_DENIED = 16, 7
+_AUTH_REFUSED = ("authentication failed", "user name is empty", "authentication is not enabled",
+                 "permission denied", "user name not found")
+_AUTH_RETRY = ("invalid auth token", "revision of auth store is old")
+
+
+def _auth_problem(message: str, code: int | None, user: str | None) -> EtcdError | None:
+    """The auth error an etcd error message means (None: not an auth error)."""
+    if code == _UNAUTHENTICATED or any(m in message for m in _AUTH_RETRY):
+        return _TokenInvalid(message)
+    if code == _PERMISSION_DENIED or any(m in message for m in _AUTH_REFUSED):
+        who = f"etcd user {user!r}" if user else "no etcd user configured (coordination.etcd.user)"
+        return EtcdAuthError(f"{who}: {message}")
+    return None
 
 
 class LeaseGone(EtcdError):
@@ -110,9 +143,16 @@ def op_get(key: str) -> dict[str, Any]:
 
 
 class EtcdClient:
-    def __init__(self, endpoints: list[str], timeout: float = 1.0, tls: Any = None, start: int = 0):
+    def __init__(self, endpoints: list[str], timeout: float = 1.0, tls: Any = None, start: int = 0,
+                 user: str | None = None, password: str | None = None):
         if not endpoints:
             raise ValueError("at least one etcd endpoint")
+        if (user is None) != (password is None):
+            raise ValueError("an etcd user and its password go together")
+        self.user, self._password = user, password
+        self._token: str | None = None
+        self._auth_lock = asyncio.Lock()
+        self.authentications = 0
         self.endpoints = list(endpoints)
         self.current = start % len(self.endpoints)
         self.timeout = timeout
@@ -141,17 +181,56 @@ class EtcdClient:
         self.endpoint_changed.set()
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST one gateway call; each member is tried once, within `timeout` each."""
+        """POST one gateway call; each member is tried once, within `timeout` each. With a user, under its
+        token; a token etcd no longer knows is replaced once (authenticate again) and the call tried again."""
+        token = await self._ensure_token(None)
+        try:
+            return await self._post(path, body, token)
+        except _TokenInvalid:
+            token = await self._ensure_token(token)
+        try:
+            return await self._post(path, body, token)
+        except _TokenInvalid as exc:
+            raise EtcdAuthError(f"etcd user {self.user!r}: a fresh token was refused too: {exc}") from None
+
+    async def _ensure_token(self, stale: str | None) -> str | None:
+        """The token to send: None without a user; a new one when there is none yet or `stale` was refused
+        (concurrent calls that all saw it refused authenticate once between them)."""
+        if self.user is None:
+            return None
+        async with self._auth_lock:
+            if self._token is None or self._token == stale:
+                self._token = None
+                data = await self._post("auth/authenticate", {"name": self.user, "password": self._password}, None)
+                token = data.get("token")
+                if not isinstance(token, str) or not token:
+                    raise EtcdAuthError(f"etcd user {self.user!r}: authenticate answered no token")
+                self._token = token
+                self.authentications += 1
+            return self._token
+
+    def _forget(self, token: str | None) -> None:
+        if token is not None and self._token == token:
+            self._token = None
+
+    async def _post(self, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
         errors: list[str] = []
+        headers = {"Authorization": token} if token else None
         for _ in range(len(self.endpoints)):
             url = f"{self.endpoint}/v3/{path}"
             self.requests += 1
             try:
-                async with self._http().post(url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+                async with self._http().post(url, json=body, headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
                     text = await r.text()
                     if r.status != 200:
+                        problem = _auth_problem(*_error_of(text), self.user)
+                        if problem is not None:
+                            raise problem
                         raise EtcdError(f"{url}: HTTP {r.status}: {text[:200]}")
                     data = json.loads(text)
+            except (_TokenInvalid, EtcdAuthError):
+                raise
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, EtcdError) as exc:
                 errors.append(f"{url}: {type(exc).__name__}: {exc}"[:300])
                 self.rotate()
@@ -210,13 +289,14 @@ class EtcdClient:
         Ends (EtcdError) when the stream breaks or the client moved to another member; the caller
         watches again from the revision after the last one it saw.
         """
+        token = await self._ensure_token(None)
         url = f"{self.endpoint}/v3/watch"
         body = {"create_request": {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)),
                                    "start_revision": str(start_revision)}}
         self.endpoint_changed.clear()
         try:
-            async with self._http().post(url, json=body, timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self.timeout)) as resp:
+            async with self._http().post(url, json=body, headers={"Authorization": token} if token else None,
+                                         timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout)) as resp:
                 if resp.status != 200:
                     raise EtcdError(f"{url}: HTTP {resp.status}")
                 buf = b""
@@ -231,7 +311,11 @@ class EtcdClient:
                         raise EtcdError(f"{url}: watch message over {MAX_WATCH_MESSAGE} bytes")
                     while b"\n" in buf:
                         line, buf = buf.split(b"\n", 1)
-                        events = _watch_events(line, url)
+                        try:
+                            events = _watch_events(line, url, self.user)
+                        except _TokenInvalid as exc:  # the next watch authenticates again
+                            self._forget(token)
+                            raise EtcdError(f"{url}: watch refused the token, authenticating again: {exc}") from None
                         if events:
                             yield events
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -259,7 +343,19 @@ def _retrieved(f: asyncio.Future) -> None:
         f.exception()
 
 
-def _watch_events(line: bytes, url: str) -> list[Event]:
+def _error_of(text: str) -> tuple[str, int | None]:
+    """(message, gRPC code) of a gateway error body; the raw text when it is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:200], None
+    if not isinstance(data, dict):
+        return text[:200], None
+    code = data.get("code")
+    return str(data.get("error") or data.get("message") or text[:200])[:200], code if isinstance(code, int) else None
+
+
+def _watch_events(line: bytes, url: str, user: str | None = None) -> list[Event]:
     if not line.strip():
         return []
     try:
@@ -272,7 +368,9 @@ def _watch_events(line: bytes, url: str) -> list[Event]:
     if int(res.get("compact_revision", 0) or 0) > 0:
         raise WatchCompacted(f"{url}: revision compacted (now {res['compact_revision']})")
     if res.get("canceled"):
-        raise EtcdError(f"{url}: watch canceled: {res.get('cancel_reason', '')}")
+        reason = str(res.get("cancel_reason", ""))[:200]
+        problem = _auth_problem(reason, None, user)
+        raise problem if problem is not None else EtcdError(f"{url}: watch canceled: {reason}")
     return [Event(e.get("type", "PUT"), KV.from_json(e.get("kv", {}))) for e in res.get("events", [])]
 
 

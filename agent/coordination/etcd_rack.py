@@ -63,7 +63,10 @@ class EtcdCoordinator(RackState):
         self.stale_after = cfg.sources.stale_after_intervals
         nodes = list(cfg.inventory.nodes) or [self.node]
         start = nodes.index(self.node) if self.node in nodes else 0
-        self.client = EtcdClient(coord.etcd.endpoints, coord.etcd.request_timeout_seconds, coord.etcd.tls, start)
+        user = coord.etcd.user_of(cfg.agent.rack, self.node)
+        password = loaded.secret(coord.etcd.password_secret).get_secret_value() if user is not None else None
+        self.client = EtcdClient(coord.etcd.endpoints, coord.etcd.request_timeout_seconds, coord.etcd.tls, start,
+                                 user, password)
         self.clock = clock
         self.lease = 0
         self.deadline = 0.0  # monotonic time until which the lease is proven alive

@@ -43,6 +43,26 @@ class EtcdSettings(_Strict):
     request_timeout_seconds: float = Field(default=1.0, gt=0, le=30, description=(
         "One etcd request (range, put, txn, keepalive) at most; past it the next endpoint is tried."))
     tls: EtcdTls | None = None
+    user: str | None = Field(default=None, min_length=1, max_length=128, description=(
+        "etcd user this agent authenticates as (etcd auth). Default with password_secret: <rack>.<node>, the "
+        "user `supernode-agent coordination etcd-roles` makes for this node (so one agent.yaml serves the rack)."))
+    password_secret: str | None = Field(default=None, description=(
+        "Name in `secrets` of the file holding this node's etcd password; without it the agent connects "
+        "anonymously (etcd without auth)."))
+
+    @model_validator(mode="after")
+    def _user_needs_password(self) -> "EtcdSettings":
+        if self.user is not None and self.password_secret is None:
+            raise ValueError("user needs password_secret (the secret holding its password)")
+        return self
+
+    def user_of(self, rack: str, node: str) -> str | None:
+        """The etcd user of node `node` of rack `rack` (None: anonymous)."""
+        if self.password_secret is None:
+            return None
+        from agent.coordination.etcd_auth import user_name
+
+        return self.user or user_name(rack, node)
 
     @field_validator("endpoints")
     @classmethod
