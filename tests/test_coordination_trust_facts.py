@@ -151,19 +151,26 @@ def test_a_fact_filed_under_the_leak_controller_cannot_write_a_nodes_own_source(
 
 
 def test_forged_metric_and_label_names_never_reach_metrics(rack):
-    """Under the real poller's key and lease: only the payload checks stand between these and /metrics."""
+    """Under the real poller's key and lease: only the payload checks stand between these and the agents' stores
+    (a reader keeps a shared device's series off its /metrics, but its detectors read them) or, filed as a
+    node's own source, its /metrics."""
     rack.steady()
     target = rack.reader("leak1")
+    node = target.config["agent"]["node"]
     poller, lease = rack.pollers("leak1")[0]
     now = time.time()
+    wet = ["supernode_leak_detected", 1.0, {"sensor": "forged", "zone": "zone-a"}, "ok", now]
     forged = {
-        "label_value": [["supernode_leak_detected", 1.0, {"sensor": "forged", "zone": "zone-a"}, "ok", now]],
-        "unknown_family": [["supernode_forged_celsius", 1.0, {"zone": "zone-a"}, "ok", now]],
-        "labels": [["supernode_leak_detected", 1.0, {"sensor": "zone-1", "zone": "zone-a", "forged": "x"}, "ok", now]],
+        "label_value": leak_fact(poller, "zone-a", True, now, rows=[wet]),
+        "unknown_family": leak_fact(poller, "zone-a", True, now,
+                                    rows=[["supernode_forged_celsius", 1.0, {"zone": "zone-a"}, "ok", now]]),
+        "labels": leak_fact(poller, "zone-a", True, now, rows=[
+            ["supernode_leak_detected", 1.0, {"sensor": "zone-1", "zone": "zone-a", "forged": "x"}, "ok", now]]),
+        "mismatch": leak_fact(poller, "zone-a", True, now, source="dom", device=node, rows=[wet]),
     }
     before = {why: rejected(target, why) for why in forged}
-    for why, rows in forged.items():
-        rack.forge("leak/leak1", poller, leak_fact(poller, "zone-a", True, now, rows=rows), lease)
+    for doc in forged.values():
+        rack.forge("leak/leak1", poller, doc, lease)
     for why in forged:
         wait_for(lambda: rejected(target, why) > before[why], 30, what=f"the forged fact rejected ({why})")
     for a in rack.agents:
@@ -171,4 +178,7 @@ def test_forged_metric_and_label_names_never_reach_metrics(rack):
         assert status == 200
         text = body.decode()
         assert 'sensor="forged"' not in text and "supernode_forged_celsius" not in text and 'forged="x"' not in text
+        status, body = a.get("/api/v1/state")
+        assert status == 200
+        assert not [r for r in json.loads(body)["readings"] if "forged" in json.dumps([r["metric"], r["labels"]])]
         assert not leak_open(a, "zone-a")
