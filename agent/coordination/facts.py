@@ -42,6 +42,7 @@ MAX_LABEL_CHARS = 256  # a label value longer than this is no device's name for 
 MAX_ERROR_CHARS = 500  # what encode keeps of a failed poll's error
 MAX_DURATION = 3600.0  # seconds; a poll is bounded by its timeout, far below this
 MAX_PARTIAL = 64  # kinds of partial errors in one poll
+MAX_SERIES = 4096  # series of one device remembered as checked (a device's every poll names the same ones)
 
 
 @dataclass(slots=True)
@@ -94,6 +95,8 @@ class FactSchema:
     families: Mapping[str, MetricSpec]
     labels: Mapping[str, frozenset[str]]
     pinned: Mapping[str, frozenset[str]]
+    checked: dict[tuple[str, tuple[tuple[str, Any], ...]], Mapping[str, str]] = field(
+        default_factory=dict, compare=False)  # series already checked -> their labels (one object per series)
 
     @classmethod
     def of(cls, job: str, source: Any) -> "FactSchema":
@@ -152,9 +155,10 @@ _OK = Quality.OK
 def _readings(rows: list[Any], schema: FactSchema, now: float, skew: float) -> list[Reading]:
     """Each row [name, value, labels, quality, time] checked and built with this agent's spec of its family.
 
-    The common case (a str name, float value and time, str labels) is checked inline with dict and set
-    lookups only: this runs for every reading of every fact the agent takes."""
-    families, label_names, pinned = schema.families, schema.labels, schema.pinned
+    This runs for every reading of every fact the agent takes: the common case (a known family, a series
+    already checked, float value and time) costs dict lookups only, and every reading of one series shares one
+    labels dict."""
+    families, checked = schema.families, schema.checked
     horizon = now + skew
     out: list[Reading] = []
     for i, row in enumerate(rows):
@@ -165,16 +169,19 @@ def _readings(rows: list[Any], schema: FactSchema, now: float, skew: float) -> l
         if spec is None:
             raise RecordError("unknown_family", f"r[{i}]: {_short(name)} is no family {schema.source}/"
                                                 f"{schema.device} publishes")
-        if type(labels) is not dict or labels.keys() != label_names[name]:
-            raise RecordError("labels", f"r[{i}]: {name} has labels {sorted(label_names[name])}, got "
-                                        f"{_short(sorted(labels) if type(labels) is dict else labels)}")
-        for k, v in labels.items():
-            if type(v) is not str or len(v) > MAX_LABEL_CHARS or not v.isprintable():
-                raise RecordError("label_value", f"r[{i}]: {name}.{k}: {_short(v)} is not a printable label value")
-            allowed = pinned.get(k)
-            if allowed is not None and v not in allowed:
-                raise RecordError("label_value", f"r[{i}]: {name}.{k}={_short(v)}: not one of "
-                                                 f"{schema.source}/{schema.device}'s")
+        if type(labels) is not dict:
+            raise RecordError("labels", f"r[{i}]: {name}: labels {_short(labels)}")
+        series = (name, tuple(labels.items()))
+        try:
+            known = checked.get(series)
+        except TypeError:  # an unhashable label value: not a string, rejected below
+            known = None
+        if known is None:
+            _check_labels(i, name, labels, schema)
+            if len(checked) < MAX_SERIES:
+                checked[series] = labels
+        else:
+            labels = known
         q = _QUALITY.get(quality) if type(quality) is str else None
         if q is None:
             raise RecordError("quality", f"r[{i}]: quality {_short(quality)}")
@@ -186,6 +193,20 @@ def _readings(rows: list[Any], schema: FactSchema, now: float, skew: float) -> l
             ts = wall_time(ts, f"r[{i}].time", now, skew)
         out.append(make_reading(spec, value, labels, q, ts))
     return out
+
+
+def _check_labels(i: int, name: str, labels: dict[str, Any], schema: FactSchema) -> None:
+    """Exactly the family's label names; printable strings of bounded length; a pinned label's own values."""
+    names = schema.labels[name]
+    if labels.keys() != names:
+        raise RecordError("labels", f"r[{i}]: {name} has labels {sorted(names)}, got {_short(sorted(labels))}")
+    for k, v in labels.items():
+        if type(v) is not str or len(v) > MAX_LABEL_CHARS or not v.isprintable():
+            raise RecordError("label_value", f"r[{i}]: {name}.{k}: {_short(v)} is not a printable label value")
+        allowed = schema.pinned.get(k)
+        if allowed is not None and v not in allowed:
+            raise RecordError("label_value", f"r[{i}]: {name}.{k}={_short(v)}: not one of "
+                                             f"{schema.source}/{schema.device}'s")
 
 
 def _number(value: Any, what: str) -> float:
