@@ -8,6 +8,7 @@ Keys, all under `<prefix>/<rack>/`:
 | `leader` | the leader's | its node; the key's mod revision is the fencing token |
 | `pollers/<device>/<slot>` | the poller's | its node (at most `pollers_per_device` slots) |
 | `facts/<source>/<device>/<node>` | the poller's | its last poll of that device (agent.coordination.facts) |
+| `approvals/<id>`, `guard/...` | none | rack state that outlives any one agent (agent.coordination.rack_state) |
 
 A fact is taken only from the agent that holds a poller slot of that device:
 the key's node holds `pollers/<device>/<slot>` (slot < pollers_per_device) and
@@ -17,7 +18,6 @@ one this agent's own source of that device could publish (facts.decode).
 Anything else is rejected and counted (`key_kind="fact"`). A poller claims its
 slot before its first poll, so its first fact always follows the slot in the
 watch (revision order); a fresh mirror applies the facts after every other key.
-| `approvals/<id>`, `guard/...` | none | rack state that outlives any one agent (agent.coordination.rack_state) |
 
 One session = one lease. Everything an agent holds is under that lease, so
 a dead agent's leadership, slots and facts vanish together when it stops
