@@ -11,6 +11,7 @@ and three agents for the module; every wait is on a condition with a generous de
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import EtcdRack, etcd_rack, incidents, metric, polls, results
+from tests.coordination_rack import SHARED, EtcdRack, etcd_rack, incidents, metric, polls, results
 from tests.helpers import wait_for
 
 ZONE = {"node01": "zone-a", "node02": "zone-b", "node03": "zone-c"}
@@ -70,6 +71,28 @@ def leak_fact(node: str, zone: str, wet: bool, at: float, sensor: str = "zone-1"
 
 def leak_open(agent: AgentProcess, zone: str) -> bool:
     return any(i["detector"] == "leak" and i["targets"].get("zone") == zone for i in incidents(agent).get("open", []))
+
+
+def fact_rejections(agent: AgentProcess) -> dict[str, float]:
+    """Every `why` of the agent's rejected facts so far, with its count."""
+    status, body = agent.get("/metrics")
+    assert status == 200
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^supernode_coordination_rejected_records_total\{key_kind="fact",why="([^"]*)"\} (\S+)$', body.decode(), re.M)}
+
+
+def test_the_real_pollers_facts_are_all_taken(rack):
+    """Before any forgery: every agent takes the real pollers' facts of the devices it does not poll (each device
+    has one such reader: Modbus leak and CDU, SNMP PDU, Redfish CDU) and rejects none, so each later count of a
+    rejection is the forger's."""
+    rack.steady()
+    readers = {rack.reader(d) for d in SHARED}
+    taken = {a: metric(a, "supernode_coordination_facts_total", direction="in") or 0.0 for a in readers}
+    for a in readers:
+        wait_for(lambda: (metric(a, "supernode_coordination_facts_total", direction="in") or 0.0) >= taken[a] + 5,
+                 60, what=f"{a.config['agent']['node']} taking the pollers' facts")
+    for a in rack.agents:
+        assert fact_rejections(a) == {}, a.config["agent"]["node"]
 
 
 def test_a_wet_fact_from_a_node_that_holds_no_slot_moves_nobody(rack):
