@@ -5,16 +5,77 @@ from __future__ import annotations
 import json
 import re
 import signal
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sim.demo import agent_config
 from sim.etcd_cluster import EtcdCluster
 from tests.agentproc import AgentProcess
+from tests.etcd import running_etcd
 from tests.helpers import free_port, wait_for
+from tests.simrack import SimRack
 
 TOKEN = "coordination-test-token"
+NODES = ("node01", "node02", "node03")
+SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
+TTL = 5.0
+
+
+class EtcdRack:
+    """Three agents on the simulated rack, coordinated by a real 3-member etcd cluster (a module's fixture)."""
+
+    def __init__(self, etcd, sim: SimRack, agents: list[AgentProcess]):
+        self.etcd, self.sim, self.agents = etcd, sim, agents
+        self.root = f"/supernode-test/{agents[0].config['agent']['rack']}"
+
+    def by_node(self, node: str) -> AgentProcess:
+        return next(a for a in self.agents if a.config["agent"]["node"] == node)
+
+    def device(self, name: str):
+        return self.sim.sim.devices[name]
+
+    def steady(self) -> None:
+        """Every agent up, one leader, every shared device polled by two agents."""
+        wait_for(lambda: all(is_up(a) for a in self.agents), 60, what="every agent coordinating")
+        wait_for(lambda: len(leaders(self.agents)) == 1, 60, what="one leader")
+        wait_for(lambda: all(sum(polls(a, d) for a in self.agents) == 2 for d in SHARED), 60,
+                 what="two pollers per shared device")
+
+    def clear(self) -> None:
+        self.sim.clear()
+        wait_for(lambda: not any(i["detector"] == "leak" for a in self.agents for i in incidents(a).get("open", [])),
+                 60, what="leak incidents resolved everywhere")
+
+
+def etcd_rack(base: Path, configure: Callable[[dict[str, Any], str, Any], None] | None = None,
+              rack: type[EtcdRack] = EtcdRack) -> Iterator[EtcdRack]:
+    """A steady EtcdRack for a module fixture (`yield from` it); `configure(cfg, node, sim)` adjusts each agent's
+    config before it starts. Everything is stopped afterwards, a stopped (SIGSTOP) agent included."""
+    gen = running_etcd(base / "etcd", 3)
+    etcd = next(gen)
+    sim = SimRack(base, nodes=3, gpus=2).start()
+    agents: list[AgentProcess] = []
+    try:
+        for node in NODES:
+            work = base / node
+            work.mkdir()
+            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=TTL)
+            if configure is not None:
+                configure(cfg, node, sim.sim)
+            agents.append(AgentProcess(cfg, work).start())
+        r = rack(etcd, sim, agents)
+        r.steady()
+        yield r
+    finally:
+        for a in agents:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            a.stop()
+        sim.stop()
+        try:
+            next(gen)
+        except StopIteration:
+            pass
 
 
 def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str], mode: str = "enforce",
@@ -35,39 +96,6 @@ def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str],
     if cluster is not None:  # our test etcd (auth and TLS on): this node's own user, password file, CA
         cluster.authorize(cfg, workdir)
     return cfg
-
-
-@contextmanager
-def etcd_rack(base: Path, nodes: tuple[str, ...], ttl: float = 5.0,
-              configure: Callable[[dict[str, Any]], None] | None = None) -> Iterator[tuple[Any, Any, list[AgentProcess]]]:
-    """(etcd, sim, agents): a real 3-member etcd cluster, the simulated rack and one agent per node coordinating
-    through it (each config passed to `configure` first); everything stopped on the way out (a paused agent too)."""
-    from tests.etcd import running_etcd
-    from tests.simrack import SimRack
-
-    gen = running_etcd(base / "etcd", 3)
-    etcd = next(gen)
-    sim = SimRack(base, nodes=len(nodes), gpus=2).start()
-    agents: list[AgentProcess] = []
-    try:
-        for node in nodes:
-            work = base / node
-            work.mkdir()
-            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=ttl)
-            if configure is not None:
-                configure(cfg)
-            agents.append(AgentProcess(cfg, work).start())
-        yield etcd, sim, agents
-    finally:
-        for a in agents:
-            if a.proc is not None and a.proc.poll() is None:
-                a.proc.send_signal(signal.SIGCONT)
-            a.stop()
-        sim.stop()
-        try:
-            next(gen)
-        except StopIteration:
-            pass
 
 
 def static_configs(sim: Any, base: Path, nodes: list[str], pollers: dict[str, list[str]]

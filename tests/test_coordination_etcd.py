@@ -17,27 +17,14 @@ import time
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import (TOKEN, alive, approve, etcd_rack, incidents, is_leader, is_up, leaders,
-                                     metric, polls, restart, results)
+from tests.coordination_rack import (NODES, SHARED, TOKEN, TTL, EtcdRack, alive, approve, etcd_rack, incidents,
+                                     is_leader, is_up, leaders, metric, polls, restart, results)
 from tests.helpers import wait_for
-from tests.simrack import SimRack
 
-NODES = ("node01", "node02", "node03")
 ZONE = {"node01": "zone-a", "node02": "zone-b", "node03": "zone-c"}
-SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
-TTL = 5.0
 
 
-class Rack:
-    def __init__(self, etcd, sim: SimRack, agents: list[AgentProcess]):
-        self.etcd, self.sim, self.agents = etcd, sim, agents
-
-    def by_node(self, node: str) -> AgentProcess:
-        return next(a for a in self.agents if a.config["agent"]["node"] == node)
-
-    def device(self, name: str):
-        return self.sim.sim.devices[name]
-
+class Rack(EtcdRack):
     def clients(self, name: str, within: float) -> int:
         dev = self.device(name)
         return (dev.clients if hasattr(dev, "clients") else dev.agent.clients)(within)
@@ -49,28 +36,14 @@ class Rack:
                 return getattr(dev, attr)
         return dev.agent.requests  # SNMP
 
-    def steady(self) -> None:
-        """Every agent up, one leader, every shared device polled by two agents."""
-        wait_for(lambda: all(is_up(a) for a in self.agents), 60, what="every agent coordinating")
-        wait_for(lambda: len(leaders(self.agents)) == 1, 60, what="one leader")
-        wait_for(lambda: all(sum(polls(a, d) for a in self.agents) == 2 for d in SHARED), 60,
-                 what="two pollers per shared device")
 
-    def clear(self) -> None:
-        self.sim.clear()
-        wait_for(lambda: not any(i["detector"] == "leak" for a in self.agents for i in incidents(a).get("open", [])),
-                 60, what="leak incidents resolved everywhere")
+def _watch_trays(cfg: dict, node: str, sim) -> None:
+    cfg["sources"]["redfish"]["watch_rack_trays"] = True
 
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
-    def trays(cfg: dict) -> None:
-        cfg["sources"]["redfish"]["watch_rack_trays"] = True
-
-    with etcd_rack(tmp_path_factory.mktemp("coordination"), NODES, TTL, trays) as (etcd, sim, agents):
-        r = Rack(etcd, sim, agents)
-        r.steady()
-        yield r
+    yield from etcd_rack(tmp_path_factory.mktemp("coordination"), _watch_trays, Rack)
 
 
 def test_one_leader_and_each_shared_device_sees_at_most_two_clients(rack):

@@ -16,9 +16,11 @@ import pytest
 
 from agent.config import SourceSettings
 from agent.coordination import facts
-from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
+from agent.coordination.exchange import FactExchange
+from agent.coordination.facts import Fact, encode, is_wet
 from agent.runtime import SourceRunner, SourceScheduler
 from agent.snapshot import SnapshotStore
+from exporters.cooling.modbus import ModbusSource
 from exporters.cooling.modbus_metrics import LEAK_DETECTED
 from exporters.model import Quality, make_reading
 
@@ -27,7 +29,10 @@ SAFETY = frozenset({JOB})
 
 
 class _Runner:
+    """What FactExchange reads of a runner: its interval, and its source (the families a fact may hold)."""
+
     settings = SourceSettings(interval=0.5)
+    source = ModbusSource("leak", "leak1", "rle-ld2100", channels={1: "zone-c"})  # never polled here
 
 
 def _exchange(store: SnapshotStore, safety=SAFETY) -> FactExchange:
@@ -39,12 +44,12 @@ def _exchange(store: SnapshotStore, safety=SAFETY) -> FactExchange:
 
 
 def _fact(poller: str, wet: bool, started: float, source="leak", device="leak1") -> Fact:
-    r = make_reading(LEAK_DETECTED, 1.0 if wet else 0.0, {"zone": "zone-c", "sensor": "rope1"}, Quality.OK, started)
+    r = make_reading(LEAK_DETECTED, 1.0 if wet else 0.0, {"zone": "zone-c", "sensor": "zone-1"}, Quality.OK, started)
     return Fact(poller, source, device, True, [r], 0.02, at=started + 0.02)
 
 
 def _held_value(store: SnapshotStore) -> float | None:
-    return store.snapshot().value(LEAK_DETECTED.name, zone="zone-c", sensor="rope1")
+    return store.snapshot().value(LEAK_DETECTED.name, zone="zone-c", sensor="zone-1")
 
 
 def _not_polling(device: str) -> bool:
@@ -91,8 +96,8 @@ def test_wet_and_poll_start_read_from_the_fact():
     faulted = _fact("n", True, t)
     faulted.readings = [make_reading(LEAK_DETECTED, 1.0, {"zone": "z", "sensor": "s"}, Quality.SENSOR_FAULT, t)]
     assert not is_wet(faulted), "a reading that is not ok is a sensor fault, never a leak"
-    assert abs(poll_started(encode(_fact("n", False, t))) - t) < 1e-6
-    assert poll_started(b"{not json") is None
+    fact = _exchange(SnapshotStore()).check(JOB, "n", encode(_fact("n", False, t)))
+    assert abs(fact.at - fact.duration - t) < 1e-6
 
 
 class _Idle:

@@ -52,7 +52,9 @@ def test_a_node_that_polls_nothing_shared_still_drains_on_a_leak_in_its_zone(sta
              what="node02 drained by its own agent from node01's polls")
     wait_for(lambda: results(node02, "gpu_power_cap", result="done"), 30, what="node02's GPUs capped")
     assert not results(node01, "drain", target="node=node02")
-
+    # node01's real facts all passed node02's checks (its own poll of each device, from its own stream)
+    status, body = node02.get("/metrics")
+    assert status == 200 and 'supernode_coordination_rejected_records_total{key_kind="fact"' not in body.decode()
 
 
 def test_maintenance_set_on_a_nodes_own_agent_holds_on_its_peers_for_that_node_only(static_rack):

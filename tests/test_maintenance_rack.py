@@ -16,31 +16,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import (etcd_rack, incidents, is_up, journal, leaders, metric, results, set_maintenance,
+from tests.coordination_rack import (EtcdRack, etcd_rack, incidents, journal, metric, results, set_maintenance,
                                      xid_alert)
 from tests.helpers import wait_for
-from tests.simrack import SimRack
 
 NODES = ("node01", "node02", "node03")
 
 
-class Rack:
-    def __init__(self, etcd, sim: SimRack, agents: list[AgentProcess]):
-        self.etcd, self.sim, self.agents = etcd, sim, agents
-
-    def by_node(self, node: str) -> AgentProcess:
-        return next(a for a in self.agents if a.config["agent"]["node"] == node)
-
+class Rack(EtcdRack):
     def key(self, node: str) -> str:
         return f"/supernode-test/{self.agents[0].config['agent']['rack']}/maintenance/{node}"
 
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
-    with etcd_rack(tmp_path_factory.mktemp("maintenance"), NODES) as (etcd, sim, agents):
-        wait_for(lambda: all(is_up(a) for a in agents), 60, what="every agent coordinating")
-        wait_for(lambda: len(leaders(agents)) == 1, 60, what="one leader")
-        yield Rack(etcd, sim, agents)
+    yield from etcd_rack(tmp_path_factory.mktemp("maintenance"), rack=Rack)
 
 
 

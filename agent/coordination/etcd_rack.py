@@ -11,6 +11,15 @@ Keys, all under `<prefix>/<rack>/`:
 | `approvals/<id>`, `guard/...` | none | rack state that outlives any one agent (agent.coordination.rack_state) |
 | `maintenance/<node>` | none | a person's maintenance of that node: {by, since, until, set_via} (coordination.maintenance) |
 
+A fact is taken only from the agent that holds a poller slot of that device:
+the key's node holds `pollers/<device>/<slot>` (slot < pollers_per_device) and
+the fact key, that slot and `members/<node>` carry one and the same lease.
+The job comes from the key, never from the payload, and the payload must be
+one this agent's own source of that device could publish (facts.decode).
+Anything else is rejected and counted (`key_kind="fact"`). A poller claims its
+slot before its first poll, so its first fact always follows the slot in the
+watch (revision order); a fresh mirror applies the facts after every other key.
+
 One session = one lease. Everything an agent holds is under that lease, so
 a dead agent's leadership, slots and facts vanish together when it stops
 renewing (`lease_ttl_seconds`). Each agent mirrors the rack's keys (one range,
@@ -36,9 +45,11 @@ from typing import Any, Callable
 
 from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
                                      cmp_mod, cmp_value, op_delete, op_put)
-from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
+from agent.coordination.exchange import FactExchange
+from agent.coordination.facts import Fact, encode, is_wet
 from agent.coordination.maintenance import RackMaintenance, Record
 from agent.coordination.rack_state import RackState
+from agent.coordination.records import RecordError
 from agent.coordination.shared import SharedDevices, leader_jobs, ranked, shared_devices
 
 log = logging.getLogger("supernode.coordination")
@@ -75,7 +86,9 @@ class EtcdCoordinator(RackState):
         self.token = 0  # the leader key's mod revision while we lead
         self.slots: dict[str, str] = {}  # device -> slot key we hold
         self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, clock,
-                                  self.shared.safety)
+                                  self.shared.safety, coord.max_clock_skew_seconds)
+        self._slot_keys = {d: tuple(f"{self.root}/pollers/{d}/{i}" for i in range(coord.pollers_per_device))
+                           for d in self.shared.devices}
         self.poll_now: Callable[[str], bool] | None = None
         self.runners: dict[str, Any] = {}
         self._changed = asyncio.Event()
@@ -420,10 +433,12 @@ class EtcdCoordinator(RackState):
                 await asyncio.sleep(0.1)
 
     def _load(self, kvs: list[KV]) -> None:
-        """A fresh mirror of the rack (a new session, or a watch past compaction)."""
+        """A fresh mirror from one range read (a new session, or a watch past compaction): the facts last, each
+        checked against the slots read with it (a range comes sorted by key, and `facts/` sorts before `members/`
+        and `pollers/`)."""
         self.mirror = {}
         self.maintenance.records.clear()
-        for kv in kvs:
+        for kv in sorted(kvs, key=lambda kv: kv.key.startswith(self._facts_prefix)):
             self._apply(Event("PUT", kv))
 
     def _apply(self, ev: Event) -> bool:
@@ -482,21 +497,41 @@ class EtcdCoordinator(RackState):
     # -- facts from the other pollers -----------------------------------------------------------------------
 
     def _fact(self, ev: Event) -> None:
-        rest = ev.kv.key[len(f"{self.root}/facts/"):]
-        job, _, poller = rest.rpartition("/")
+        kv = ev.kv
+        job, _, poller = kv.key[len(self._facts_prefix):].rpartition("/")
         if ev.type == "DELETE":
             self.facts.forget(job, poller)
             return
-        self._seen.setdefault(job, {})[poller] = MONOTONIC()
-        self._align(job, poller, ev.kv.value)
-        problem = self.facts.ingest(job, poller, ev.kv.value, self.polls)
-        if problem and problem.startswith("unreadable"):
-            self._note_error(ValueError(problem))
+        try:
+            self._fact_sender(job, poller, kv)
+            self._seen.setdefault(job, {})[poller] = MONOTONIC()
+            self._align(job, poller, kv.value)
+            self.facts.ingest(job, poller, kv.value, self.polls)
+        except RecordError as exc:  # logged once per key until it is deleted (a forger may rewrite it often)
+            self.rejections.error("fact", kv.key, kv.create_revision, exc)
+
+    def _fact_sender(self, job: str, poller: str, kv: KV) -> None:
+        """RecordError unless the fact's key names a shared job and a node that holds a poller slot of that
+        device under the very lease the fact was written with (the lease of that node's member key): only
+        the slot's holder can attach it. Dict lookups only: every fact event passes here."""
+        device = self.shared.jobs.get(job)
+        if device is None:
+            raise RecordError("unknown_job", f"{job[:80]!r} is no shared device of this rack")
+        member = self.mirror.get(f"{self.root}/members/{poller}")
+        if not kv.lease or member is None or member.lease != kv.lease:
+            raise RecordError("not_member", f"{poller[:60]!r}: the fact's lease {kv.lease:x} is no live member's "
+                                            "of that name")
+        name = poller.encode()
+        for key in self._slot_keys[device]:
+            slot = self.mirror.get(key)
+            if slot is not None and slot.lease == kv.lease and slot.value == name:
+                return
+        raise RecordError("no_slot", f"{poller[:60]!r} holds no poller slot of {device}")
 
     def _align(self, job: str, poller: str, raw: bytes) -> None:
         """A standby of a safety input keeps its polls `slot / pollers_per_device` of an interval after the first
-        slot's (checked at most every 2 s, from the first's own fact: when its poll started). The first never
-        moves, so the pollers cannot chase each other."""
+        slot's (checked at most every 2 s, from the first's own fact, checked: when its poll started). The first
+        never moves, so the pollers cannot chase each other."""
         device = self.shared.jobs.get(job)
         slot = self.slots.get(device or "")
         if self.align is None or job not in self.shared.safety or slot is None or not self.up():
@@ -509,12 +544,12 @@ class EtcdCoordinator(RackState):
         if now - self._aligned_at.get(job, -1e9) < 2.0:
             return
         self._aligned_at[job] = now
-        started = poll_started(raw)
         runner = self.runners.get(job)
-        if started is None or runner is None:
+        if runner is None:
             return
+        fact = self.facts.check(job, poller, raw)
         offset = runner.settings.interval * index / self.settings.pollers_per_device
-        if self.align(job, started, offset):
+        if self.align(job, fact.at - fact.duration, offset):
             log.info("standby poll phase moved", extra={"job": job, "offset_s": round(offset, 3)})
 
     # -- decisions from the mirror ---------------------------------------------------------------------------

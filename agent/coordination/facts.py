@@ -7,24 +7,42 @@ PDU's phase load and the rack power derived from it). So a poller publishes
 what its poll put in its own store (readings, with their quality and the
 device's own timestamps, or the failure), and every other agent puts it in
 its store under the same (source, device): detectors, derived sources and
-the API cannot tell the difference. Metric specs travel by value, so a
-profile-defined family needs no registry on the receiving side.
+the API cannot tell the difference.
+
+Why checked: a fact lands in the receiver's store as if polled there, so it can
+start (or hide) a leak response. The receiver trusts its own knowledge, not the
+payload: the job (source, device) comes from where the fact was filed (its etcd
+key, its stream's peer), the metric specs are the receiver's own from the
+families its source of that device declares (`declared_families`,
+`pinned_labels`), and every name, label, value and time is checked here
+(`decode`) before anything is stored. Specs still travel in the document for
+older agents; this one does not read them. Who may file a fact at all is the
+transport's business (agent.coordination.etcd_rack: the holder of a poller
+slot; agent.coordination.static: a configured poller's own stream).
 """
 
 from __future__ import annotations
 
 import json
-import time
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
-from exporters.model import Kind, MetricSpec, Quality, Reading, make_reading
+from agent.coordination.records import RecordError, as_object, parse_json, wall_time
+from exporters.model import MetricSpec, Quality, Reading, make_reading
+from exporters.validation import short_repr, terminal_safe
 
 VERSION = 1
 _QUALITY = {q.value: q for q in Quality}
 # The leak family's name (exporters.cooling.modbus_metrics.LEAK_DETECTED, which the Redfish trays fill too), by
 # name: importing the spec here would make the metric catalogue name this module as its source.
 LEAK_DETECTED = "supernode_leak_detected"
+
+MAX_LABEL_CHARS = 256  # a label value longer than this is no device's name for anything
+MAX_ERROR_CHARS = 500  # what encode keeps of a failed poll's error
+MAX_DURATION = 3600.0  # seconds; a poll is bounded by its timeout, far below this
+MAX_PARTIAL = 64  # kinds of partial errors in one poll
+MAX_SERIES = 4096  # series of one device remembered as checked (a device's every poll names the same ones)
 
 
 @dataclass(slots=True)
@@ -48,15 +66,6 @@ def is_wet(fact: Fact) -> bool:
     return fact.up and any(r.spec.name == LEAK_DETECTED and r.ok and r.value >= 0.5 for r in fact.readings)
 
 
-def poll_started(raw: bytes) -> float | None:
-    """When an encoded fact's poll started, by its poller's wall clock; None when it cannot be read."""
-    try:
-        doc = json.loads(raw)
-        return float(doc["at"]) - float(doc.get("duration", 0.0))
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-
-
 def encode(fact: Fact) -> bytes:
     specs: dict[str, list[Any]] = {}
     rows = []
@@ -68,132 +77,159 @@ def encode(fact: Fact) -> bytes:
     doc = {"v": VERSION, "node": fact.node, "source": fact.source, "device": fact.device, "up": fact.up,
            "duration": fact.duration, "at": fact.at, "specs": specs, "r": rows}
     if not fact.up:
-        doc["error_kind"], doc["error"] = fact.error_kind, fact.error[:500]
+        doc["error_kind"], doc["error"] = fact.error_kind, fact.error[:MAX_ERROR_CHARS]
     if fact.partial_errors:
         doc["partial"] = fact.partial_errors
     return json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
 
 
-class Decoder:
-    """Decodes facts, keeping one MetricSpec object per distinct declaration (facts arrive many times a second)."""
+@dataclass(frozen=True, slots=True)
+class FactSchema:
+    """What facts of one shared job may hold, from this agent's own source of that device.
 
-    def __init__(self) -> None:
-        self._specs: dict[tuple, MetricSpec] = {}
+    Precomputed once per source (facts arrive several times a second): the families by name, each family's
+    label names, and the only values of the labels the source alone decides (its device name, its zones...)."""
 
-    def _spec(self, name: str, decl: list[Any]) -> MetricSpec:
-        key = (name, decl[0], decl[1], tuple(decl[2]), decl[3])
-        spec = self._specs.get(key)
+    source: str
+    device: str
+    families: Mapping[str, MetricSpec]
+    labels: Mapping[str, frozenset[str]]
+    pinned: Mapping[str, frozenset[str]]
+    checked: dict[tuple[str, tuple[tuple[str, Any], ...]], Mapping[str, str]] = field(
+        default_factory=dict, compare=False)  # series already checked -> their labels (one object per series)
+
+    @classmethod
+    def of(cls, job: str, source: Any) -> "FactSchema":
+        """From a source with `declared_families()` (and optionally `pinned_labels()`); RecordError without."""
+        declared = getattr(source, "declared_families", None)
+        if declared is None:
+            raise RecordError("unknown_job", f"{job}: this agent's source declares no families to share")
+        families = dict(declared())
+        pinned = getattr(source, "pinned_labels", None)
+        name, _, device = job.partition("/")
+        return cls(name, device, families, {n: frozenset(s.labels) for n, s in families.items()},
+                   dict(pinned()) if pinned is not None else {})
+
+
+def parse(raw: bytes | str) -> dict[str, Any]:
+    """The JSON object of a fact, or RecordError (too large, not JSON, not an object)."""
+    return as_object(parse_json(raw), "fact")
+
+
+def decode(doc: dict[str, Any], schema: FactSchema, poller: str, now: float, skew: float) -> Fact:
+    """The fact `poller` filed for `schema`'s job, built from this agent's own specs; RecordError (its `why`
+    a short label) when anything in it is not what that device's source can publish:
+
+    - `version`; `mismatch`: its node, source or device is not where it was filed;
+    - `unknown_family`, `labels` (not exactly the family's label names), `label_value` (not a printable
+      string of at most MAX_LABEL_CHARS, or not one the source decides), `quality`;
+    - `type`, `range` (an ok value that is not finite, a negative or absurd duration), `future` (the fact's
+      `at` or a reading's time later than now + skew: such a poll would outrank every real one)."""
+    if doc.get("v") != VERSION:
+        raise RecordError("version", f"fact version {_short(doc.get('v'))}, this agent reads {VERSION}")
+    node, source, device = doc.get("node"), doc.get("source"), doc.get("device")
+    if node != poller or source != schema.source or device != schema.device:
+        raise RecordError("mismatch", f"says {_short(source)}/{_short(device)} by {_short(node)}, filed as "
+                                      f"{schema.source}/{schema.device} by {poller[:60]}")
+    up = doc.get("up")
+    if not isinstance(up, bool):
+        raise RecordError("type", "up: expected true or false")
+    at = wall_time(doc.get("at"), "at", now, skew)
+    duration = _number(doc.get("duration", 0.0), "duration")
+    if not 0.0 <= duration <= MAX_DURATION:
+        raise RecordError("range", f"duration: {duration!r} s is no poll's")
+    rows = doc.get("r", [])
+    if not isinstance(rows, list):
+        raise RecordError("type", "r: expected a list of readings")
+    readings = _readings(rows, schema, now, skew)
+    error_kind, error = doc.get("error_kind", ""), doc.get("error", "")
+    if not isinstance(error_kind, str) or len(error_kind) > 32 or not isinstance(error, str):
+        raise RecordError("type", "error_kind, error: expected short strings")
+    return Fact(poller, schema.source, schema.device, up, readings, duration, terminal_safe(error_kind),
+                terminal_safe(error[:MAX_ERROR_CHARS]), _partial(doc.get("partial")), at)
+
+
+_OK = Quality.OK
+
+
+def _readings(rows: list[Any], schema: FactSchema, now: float, skew: float) -> list[Reading]:
+    """Each row [name, value, labels, quality, time] checked and built with this agent's spec of its family.
+
+    This runs for every reading of every fact the agent takes: the common case (a known family, a series
+    already checked, float value and time) costs dict lookups only, and every reading of one series shares one
+    labels dict."""
+    families, checked = schema.families, schema.checked
+    horizon = now + skew
+    out: list[Reading] = []
+    for i, row in enumerate(rows):
+        if type(row) is not list or len(row) != 5:
+            raise RecordError("type", f"r[{i}]: expected [name, value, labels, quality, time]")
+        name, value, labels, quality, ts = row
+        spec = families.get(name) if type(name) is str else None
         if spec is None:
-            spec = self._specs[key] = MetricSpec(name, Kind(decl[0]), str(decl[1]), tuple(decl[2]), str(decl[3]))
-        return spec
-
-    def decode(self, raw: bytes) -> Fact:
-        """A Fact, or ValueError naming what is wrong (a fact from a newer agent, a cut value)."""
+            raise RecordError("unknown_family", f"r[{i}]: {_short(name)} is no family {schema.source}/"
+                                                f"{schema.device} publishes")
+        if type(labels) is not dict:
+            raise RecordError("labels", f"r[{i}]: {name}: labels {_short(labels)}")
+        series = (name, tuple(labels.items()))
         try:
-            doc = json.loads(raw)
-            if doc.get("v") != VERSION:
-                raise ValueError(f"fact version {doc.get('v')!r}, this agent reads {VERSION}")
-            specs = {name: self._spec(name, decl) for name, decl in doc["specs"].items()}
-            readings = [make_reading(specs[name], float(value), labels, _QUALITY[quality], float(ts))
-                        for name, value, labels, quality, ts in doc["r"]]
-            return Fact(str(doc["node"]), str(doc["source"]), str(doc["device"]), bool(doc["up"]), readings,
-                        float(doc.get("duration", 0.0)), str(doc.get("error_kind", "")), str(doc.get("error", "")),
-                        {str(k): int(v) for k, v in (doc.get("partial") or {}).items()}, float(doc.get("at", 0.0)))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"unreadable fact: {type(exc).__name__}: {exc}"[:300]) from None
+            known = checked.get(series)
+        except TypeError:  # an unhashable label value: not a string, rejected below
+            known = None
+        if known is None:
+            _check_labels(i, name, labels, schema)
+            if len(checked) < MAX_SERIES:
+                checked[series] = labels
+        else:
+            labels = known
+        q = _QUALITY.get(quality) if type(quality) is str else None
+        if q is None:
+            raise RecordError("quality", f"r[{i}]: quality {_short(quality)}")
+        if type(value) is not float:
+            value = _number(value, f"r[{i}].value")
+        if q is _OK and not math.isfinite(value):
+            raise RecordError("range", f"r[{i}]: an ok {name} of {value!r}")
+        if type(ts) is not float or not 0.0 <= ts <= horizon:
+            ts = wall_time(ts, f"r[{i}].time", now, skew)
+        out.append(make_reading(spec, value, labels, q, ts))
+    return out
 
 
-class FactExchange:
-    """Both ends of shared facts in one agent, whatever carries them (etcd keys, a static peer's stream).
+def _check_labels(i: int, name: str, labels: dict[str, Any], schema: FactSchema) -> None:
+    """Exactly the family's label names; printable strings of bounded length; a pinned label's own values."""
+    names = schema.labels[name]
+    if labels.keys() != names:
+        raise RecordError("labels", f"r[{i}]: {name} has labels {sorted(names)}, got {_short(sorted(labels))}")
+    for k, v in labels.items():
+        if type(v) is not str or len(v) > MAX_LABEL_CHARS or not v.isprintable():
+            raise RecordError("label_value", f"r[{i}]: {name}.{k}: {_short(v)} is not a printable label value")
+        allowed = schema.pinned.get(k)
+        if allowed is not None and v not in allowed:
+            raise RecordError("label_value", f"r[{i}]: {name}.{k}={_short(v)}: not one of "
+                                             f"{schema.source}/{schema.device}'s")
 
-    Out: after this agent's own poll of a shared source it polls, `outgoing` gives the Fact to send.
-    In: `ingest` puts another poller's fact in this agent's store under the same (source, device), so
-    detectors, derived sources and the API see it as if polled here; a poller's failure is applied only
-    when no other poller of that device read it fine within its staleness window (one poller's trouble is
-    not the device's). `hidden` names the shared sources whose entry holds another agent's facts: not
-    exported here, so a device's series come from its pollers only. A safety input's wet poll is taken from
-    whichever poller read it (etcd: the standby polls half an interval out of the first's phase, so either
-    may read a leak first); a poll older than the one in the store, from another poller, is dropped.
-    """
 
-    def __init__(self, node: str, jobs: dict[str, str], stale_after_intervals: float, clock,
-                 safety: frozenset[str] = frozenset()):
-        self.node = node
-        self.jobs = jobs  # job id -> shared device
-        self.safety = safety  # jobs whose wet polls are taken from any poller
-        self.held: dict[str, tuple[float, str, float]] = {}  # job -> (poll start, poller, monotonic when taken)
-        self.stale_after = stale_after_intervals
-        self.clock = clock
-        self.store: Any = None
-        self.runners: dict[str, Any] = {}
-        self.local: dict[str, bool] = {}  # job -> its store entry holds our own poll (not a fact)
-        self.status: dict[str, dict[str, tuple[bool, float]]] = {}  # job -> poller -> (up, monotonic when)
-        self.decoder = Decoder()
-        self.ingesting = False
-        self.published = 0
-        self.received = 0
+def _number(value: Any, what: str) -> float:
+    """A JSON number (NaN and infinities included) as a float; RecordError for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError("type", f"{what}: expected a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise RecordError("range", f"{what}: an integer too large for a float") from None
 
-    def hidden(self) -> frozenset[tuple[str, str]]:
-        return frozenset(tuple(j.split("/", 1)) for j in self.jobs if not self.local.get(j, False))
 
-    def outgoing(self, snap: Any, origin: str, polling: bool) -> Fact | None:
-        """Store listener side: the fact of our own poll of `origin`, or None (not shared, not ours, a fact in)."""
-        if self.ingesting or origin not in self.jobs:
-            return None
-        self.local[origin] = True
-        if not polling:
-            return None
-        source, _, device = origin.partition("/")
-        st = next((s for s in snap.sources if s.source == source and s.device == device), None)
-        if st is None:
-            return None
-        return Fact(self.node, source, device, st.up, list(st.readings) if st.up else [], st.last_duration or 0.0,
-                    "" if st.up else "poll", st.last_error or "", {}, self.clock())
+def _partial(value: Any) -> dict[str, int]:
+    """A poll's partial error counts: a few short printable kinds (label values of the error counter)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_PARTIAL:
+        raise RecordError("type", f"partial: expected at most {MAX_PARTIAL} error kinds")
+    for k, n in value.items():
+        if len(k) > 64 or not k.isprintable() or isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise RecordError("type", f"partial.{_short(k)}: expected a count")
+    return dict(value)
 
-    def forget(self, job: str, poller: str) -> None:
-        self.status.get(job, {}).pop(poller, None)
 
-    def ingest(self, job: str | None, poller: str | None, raw: bytes, polling: Any) -> str | None:
-        """Take another poller's fact (of `job` by `poller`, or as the fact itself says); the reason when it is not
-        taken (a bad one is named, never raised). `polling(device)`: whether this agent reads that device itself."""
-        if job is not None and (poller == self.node or job not in self.jobs or self.store is None
-                                or (polling(self.jobs[job]) and self.local.get(job))):
-            return "not for us"
-        try:
-            fact = self.decoder.decode(raw)
-        except ValueError as exc:
-            return str(exc)
-        if job is None:
-            job, poller = f"{fact.source}/{fact.device}", fact.node
-            if poller == self.node or job not in self.jobs or self.store is None \
-                    or (polling(self.jobs[job]) and self.local.get(job)):
-                return "not for us"
-        now = time.monotonic()
-        status = self.status.setdefault(job, {})
-        status[poller] = (fact.up, now)
-        self.received += 1
-        runner = self.runners.get(job)
-        interval = runner.settings.interval if runner is not None else 1.0
-        window = interval * self.stale_after
-        if not fact.up and any(ok and now - at <= window for p, (ok, at) in status.items() if p != poller):
-            return None  # another poller reads it fine: one poller's trouble is not the device's
-        started = fact.at - fact.duration
-        held = self.held.get(job)
-        if held is not None and held[1] != poller and now - held[2] <= window and started < held[0]:
-            return None  # an older poll than the one in the store, from another poller: the newer one stands
-        if fact.up and not (job in self.safety and is_wet(fact)) \
-                and any(ok and p < poller and now - at <= window for p, (ok, at) in status.items()):
-            return None  # the device's first poller answers: one copy of each poll is enough (half the work)
-        self.ingesting = True
-        try:
-            if fact.up:
-                self.store.publish(fact.source, fact.device, fact.readings, fact.duration, fact.partial_errors)
-            else:
-                self.store.fail(fact.source, fact.device, "remote", f"{poller}: {fact.error}", fact.duration)
-            self.local[job] = False
-            self.held[job] = (started, poller, now)
-        except KeyError:  # a device this agent's config does not list
-            return "not in this agent's inventory"
-        finally:
-            self.ingesting = False
-        return None
+def _short(value: Any) -> str:
+    return terminal_safe(short_repr(value))

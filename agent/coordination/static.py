@@ -4,8 +4,10 @@ The leader is `remediation.rack_leader`, else the first inventory node. A
 shared device is polled by the nodes `coordination.pollers` lists for it,
 else by every node that lists it (what an agent without coordination does).
 A node left out of a device's pollers reads that device's polls from a
-poller's fact stream, at the poller's `inventory.agent_urls` (TLS: `status.peer_tls`). Guardrails are counted by each
-agent alone (the blast radius from the scheduler's own view), approvals are
+poller's fact stream, at the poller's `inventory.agent_urls` (TLS: `status.peer_tls`): a fact there is
+taken only when it is that peer's own poll (its node is the peer) of a device `pollers` names the peer for,
+and its payload is one this agent's own source of that device could publish (agent.coordination.facts).
+Guardrails are counted by each agent alone (the blast radius from the scheduler's own view), approvals are
 each agent's own, and no write is fenced: two agents configured as leader would both drive the valves. This
 is the single-node and lab choice; a rack whose leader may die runs `etcd`.
 
@@ -25,9 +27,11 @@ import time
 import zlib
 from typing import Any
 
-from agent.coordination.facts import FactExchange, encode
+from agent.coordination.exchange import FactExchange
+from agent.coordination.facts import encode, parse
 from agent.coordination.maintenance import RackMaintenance, Record
 from agent.coordination.records import RecordError, Rejections, as_object, parse_json
+from agent.coordination.settings import Coordination
 from agent.coordination.shared import SharedDevices, shared_devices
 
 log = logging.getLogger("supernode.coordination")
@@ -124,8 +128,9 @@ class StaticCoordinator:
         self.peer_tls = cfg.status.peer_tls
         self.rack = LocalRack(static_leader(loaded), self.node)
         # Every static poller publishes every poll: a wet one is taken from whichever poller read it first.
+        skew = (coord or Coordination()).max_clock_skew_seconds
         self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, time.time,
-                                  self.shared.safety)
+                                  self.shared.safety, skew)
         self.latest: dict[str, bytes] = {}  # job -> our last fact of it (what a new subscriber gets first)
         self.subscribers: set[asyncio.Queue] = set()
         self.tasks: list[asyncio.Task] = []
@@ -223,6 +228,7 @@ class StaticCoordinator:
 
         url = f"{self.peers[peer]}/api/v1/coordination/facts"
         delay = 0.2
+        streams = 0  # connections so far: a rejection is logged once per peer and connection
         async with aiohttp.ClientSession() as http:
             while True:
                 try:
@@ -235,11 +241,10 @@ class StaticCoordinator:
                             raise ConnectionError(f"HTTP {resp.status}")
                         self.streams_up[peer] = True
                         delay = 0.2
+                        streams += 1
                         async for line in resp.content:
                             if line.strip():
-                                problem = self.facts.ingest(None, None, line, self.polls)
-                                if problem and problem.startswith("unreadable"):
-                                    log.warning("bad fact from a peer", extra={"peer": peer, "error": problem})
+                                self._from_peer(peer, line, streams)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # a dead peer: its devices go stale here; try again, quietly
@@ -273,7 +278,7 @@ class StaticCoordinator:
                 await asyncio.sleep(self.maintenance_poll)
 
     async def _ask_maintenance(self, http: Any, peer: str, url: str) -> None:
-        from agent.status_peers import client_ssl
+        from agent.status.peers import client_ssl
 
         key = f"{url}{MAINTENANCE_PATH}"
         try:
@@ -305,6 +310,26 @@ class StaticCoordinator:
             self.maintenance.seen(peer)
         else:
             self.maintenance.accept(peer, json.dumps(record), key, revision, peer=peer)
+
+    def _from_peer(self, peer: str, line: bytes, stream: int) -> None:
+        """One line of `peer`'s fact stream: taken only if it is the peer's own poll of a device the config has
+        it poll, and passes its checks; otherwise rejected and counted (`key_kind="fact"`)."""
+        try:
+            doc = parse(line)
+            source, device = doc.get("source"), doc.get("device")
+            job = f"{source}/{device}" if isinstance(source, str) and isinstance(device, str) else ""
+            shared = self.shared.jobs.get(job)
+            if shared is None:
+                raise RecordError("unknown_job", f"{job[:80]!r} is no shared device of this rack")
+            pollers = self.pollers.get(shared)
+            if pollers is None:
+                return  # every node polls it itself: nobody needs this fact
+            if peer not in pollers:
+                raise RecordError("not_poller", f"{peer} is not one of {shared}'s configured pollers {pollers}")
+            if self.facts.wanted(job, peer, self.polls):
+                self.facts.take(job, peer, self.facts.check(job, peer, doc))
+        except RecordError as exc:
+            self.rejections.error("fact", f"peer {peer}", stream, exc)
 
     async def start(self, agent: Any) -> None:
         self.facts.store = agent.store

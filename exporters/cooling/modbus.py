@@ -115,6 +115,41 @@ class ModbusSource:
         readings.extend(self._counter_readings(now))
         return PollResult(readings, dict(partial))
 
+    def declared_families(self) -> dict[str, MetricSpec]:
+        """Every family a poll of this source can publish: its wired points' (profile, subset, wiring), its
+        request counters, and a CDU's identity and derived families. What another agent accepts in this
+        device's shared facts (agent.coordination.facts): a family outside it was never polled here."""
+        families = {mm.REQUESTS.name: mm.REQUESTS, mm.EXCEPTIONS.name: mm.EXCEPTIONS}
+        families.update((spec.name, spec) for spec, _ in self._series())
+        if self._is_cdu_poll():
+            families.update((spec.name, spec) for spec in (mm.CDU_INFO, *mm.DERIVED))
+        return families
+
+    def pinned_labels(self) -> dict[str, frozenset[str]]:
+        """The values each label of this source's series can take where the source alone decides them: its
+        device name, the zones its wiring gives, the profile's own labels (sensor, loop, fault...), the CDU's
+        vendor, model and profile. Labels not named here (a Modbus exception code, the firmware) are free."""
+        values: dict[str, set[str]] = {"device": {self.device}, "cdu": {self.device}}
+        for _, labels in self._series():
+            for k, v in labels.items():
+                values.setdefault(k, set()).add(v)
+        if self._is_cdu_poll():
+            values.update(vendor={self.profile.vendor}, model={self.profile.model}, profile={self.profile.name})
+        return {k: frozenset(v) for k, v in values.items()}
+
+    def _is_cdu_poll(self) -> bool:
+        return self.profile.kind == "cdu" and self.subset != "leak"
+
+    def _series(self) -> list[tuple[MetricSpec, Mapping[str, str]]]:
+        """(family, labels) of every reading a poll decodes from the device (before the derived ones)."""
+        out: list[tuple[MetricSpec, Mapping[str, str]]] = []
+        for _, _, plans in self._block_plans():
+            for plan in plans:
+                out.extend((spec, labels) for _, spec, labels in plan.bits)
+                if plan.spec is not None:
+                    out.append((plan.spec, plan.labels))
+        return out
+
     def _block_plans(self) -> list[tuple[Block, list[Point], list["_PointPlan"]]]:
         """Per block: its info points and a plan of each wired point, built at the first poll.
 

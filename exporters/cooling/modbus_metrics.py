@@ -70,5 +70,8 @@ ALL: dict[str, MetricSpec] = {m.name: m for m in (
     APPROACH, FLOW_PER_POWER, CONDUCTIVITY, PH, ALARM, LEAK_DETECTED, LEAK_FAULT, LEAK_LOCATION, EXCEPTIONS,
     REQUESTS)}
 
+# Families a CDU source computes from its own readings (exporters.cooling.coolant_readings), whatever its profile.
+DERIVED: tuple[MetricSpec, ...] = (HEAT_REMOVED, DEW_POINT, DEW_MARGIN, APPROACH, FLOW_PER_POWER)
+
 # Labels the collector fills itself; a profile must not set them.
 AUTO_LABELS = {"cdu", "zone", "device"}

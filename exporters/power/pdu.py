@@ -14,8 +14,9 @@ import asyncio
 import time
 from typing import Any, Iterable
 
-from exporters.model import PollResult, Quality, Reading, SourceError
-from exporters.power.pdu_metrics import INLET_POWER, OUTLET_INFO, PDU_INFO, RACK_BUDGET, RACK_POWER
+from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError
+from exporters.power.pdu_metrics import (INLET_POWER, OUTLET_INFO, PDU_INFO, PROFILE_METRICS, RACK_BUDGET,
+                                         RACK_POWER)
 from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
 from exporters.power.snmp_decode import Columns, CounterTracker, decode
 from exporters.power.snmp_profile import Profile, load_profile, template_fields
@@ -122,6 +123,25 @@ class PduSource:
             readings.append(Reading(OUTLET_INFO, 1.0, {"pdu": self.device, "outlet": str(outlet), "feeds": node},
                                     Quality.OK, now))
         return PollResult(readings, errors)
+
+    def declared_families(self) -> dict[str, MetricSpec]:
+        """Every family a poll of this PDU can publish: its profile's (any profile's with `auto`, which is not
+        known before the device answers), its identity, and the outlet map's. What another agent accepts in
+        this PDU's shared facts (agent.coordination.facts)."""
+        specs = PROFILE_METRICS.values() if self.auto else (PROFILE_METRICS[m.metric] for m in self.profile.metrics)
+        families = {s.name: s for s in specs}
+        families[PDU_INFO.name] = PDU_INFO
+        if self.outlet_feeds:
+            families[OUTLET_INFO.name] = OUTLET_INFO
+        return families
+
+    def pinned_labels(self) -> dict[str, frozenset[str]]:
+        """Label values this source alone decides: the PDU's name, and which nodes its outlets feed (the
+        inventory's). Rows (inlet, phase, outlet, breaker) come from the device and are free."""
+        pins = {"pdu": frozenset({self.device})}
+        if self.outlet_feeds:
+            pins["feeds"] = frozenset(self.outlet_feeds.values())
+        return pins
 
     async def _outlet_oids(self, outlet: str | int) -> tuple[Any, str, str]:
         await self._resolve()

@@ -20,10 +20,11 @@ from collections import Counter
 from typing import Any, Callable
 
 from exporters.base import PollTrigger
-from exporters.model import PollResult, Reading, SourceError
+from exporters.cooling import modbus_metrics as mm
+from exporters.model import MetricSpec, PollResult, Reading, SourceError
 from exporters.redfish import metrics as rm
 from exporters.redfish.client import SERVICE_ROOT, NotFound, RedfishClient
-from exporters.redfish.decode import detector_readings, resource_readings, sensor_name
+from exporters.redfish.decode import DETECTOR_FAULT, detector_readings, resource_readings, sensor_name
 from exporters.redfish.discovery import Tree, discover
 from exporters.redfish.events import EventWatch
 from exporters.redfish.profile import Profile, load_profile
@@ -171,6 +172,24 @@ class RedfishSource:
         return out
 
     # -- for the agent ----------------------------------------------------------------------
+
+    def declared_families(self) -> dict[str, MetricSpec]:
+        """Every family a poll of this service can publish: its profile's fields, its leak detectors' (their
+        state, health and leak series), its identity and client counters, its event stream's (whatever this
+        agent's own `events` setting: the poller's may differ). What another agent accepts in this service's
+        shared facts (agent.coordination.facts)."""
+        families = {rule.metric: rm.ALL[rule.metric] for rules in self.profile.fields.values()
+                    for rule in rules.values()}
+        families.update((s.name, s) for s in (rm.DETECTOR_STATE, rm.HEALTH, mm.LEAK_DETECTED, mm.LEAK_FAULT,
+                                              rm.SERVICE_INFO, rm.REQUESTS, rm.LOGINS, rm.DISCOVERIES, rm.EVENTS,
+                                              rm.EVENT_STREAM_UP))
+        return families
+
+    def pinned_labels(self) -> dict[str, frozenset[str]]:
+        """Label values this source alone decides: the service's name, its leak zone (the inventory's), the
+        detector fault and the profile. Resource ids and names come from the service and are free."""
+        return {"bmc": frozenset({self.device}), "zone": frozenset({self.zone}),
+                "fault": frozenset({DETECTOR_FAULT}), "profile": frozenset({self.profile.name})}
 
     @property
     def leak_sensors_known(self) -> bool:
