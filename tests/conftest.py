@@ -1,14 +1,15 @@
-"""Shared pytest setup: `tests.helpers` and `helpers` both import; the repo root is importable."""
+"""Shared pytest setup: the repo root is importable, so every test module imports its support modules one way,
+`from tests.helpers import ...` (never a bare `helpers`, which would load a second copy of the module with its own
+state, e.g. the ports it has handed out)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-_TESTS = Path(__file__).resolve().parent
-for p in (str(_TESTS), str(_TESTS.parent)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
 # Property-based tests (hypothesis): a small, derandomized run in `make test` (seconds, the same examples
 # every run, so never flaky); `make fuzz` selects the `fuzz` profile through HYPOTHESIS_PROFILE and runs

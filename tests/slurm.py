@@ -7,7 +7,7 @@ from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Iterator  # noqa: E402
 
-from helpers import wait_for  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
 
 
 @contextmanager
@@ -33,7 +33,7 @@ def batch_job(cluster: SlurmCluster, script: Path, node: str = "node01") -> Iter
 
 def running_cluster(names: list[str], *extra_binaries: str) -> Iterator[SlurmCluster]:
     """A private single-host Slurm for a module's tests (`yield from` it in a fixture); stopped by PID after."""
-    from helpers import require_binary
+    from tests.helpers import require_binary
 
     for b in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", *extra_binaries):
         require_binary(b)

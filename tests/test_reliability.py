@@ -16,8 +16,8 @@ from agent.reliability import (CLASSES, RACK_CLASSES, ComponentCollector, Observ
                                component_counts, format_report, reliability_report)
 from agent.remediation.journal import Journal
 
-from helpers import REPO, await_for
-from remediation_support import engine
+from tests.helpers import REPO, await_for
+from tests.remediation_support import engine
 
 ZONES = {"zone-a": ["node01"], "zone-b": ["node02"], "zone-ab": ["node01", "node02"]}
 

@@ -16,8 +16,8 @@ from agent.remediation.playbooks import PlaybookError, load_playbooks
 from agent.remediation.settings import DetectorSettings
 from exporters.model import Quality
 
-from helpers import await_for
-from remediation_support import engine, reading, results, snap
+from tests.helpers import await_for
+from tests.remediation_support import engine, reading, results, snap
 
 
 def test_journal_is_append_only(tmp_path):

@@ -9,11 +9,11 @@ import pytest
 from agent.remediation.actions.slurm import SlurmScheduler
 from agent.remediation.engine import Executors
 
-from helpers import await_for, require_binary
+from tests.helpers import await_for, require_binary
 from agent.remediation.engine import RemediationEngine
 from agent.remediation.settings import RemediationSettings
-from remediation_support import engine, identity, inventory, results
-from slurm import SlurmCluster, batch_job
+from tests.remediation_support import engine, identity, inventory, results
+from tests.slurm import SlurmCluster, batch_job
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_two_drains_checked_at_once_pass_the_blast_radius_one_at_a_time(cluster,
 def test_checkpoint_signal_reaches_the_running_job_before_the_drain(cluster, tmp_path):
     """`checkpoint_signal`: the node's batch jobs get the signal (a chance to checkpoint), then the node drains."""
 
-    from helpers import wait_for
+    from tests.helpers import wait_for
 
     for b in ("sbatch", "squeue", "scancel"):
         require_binary(b)
