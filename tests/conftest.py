@@ -38,9 +38,24 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every hypothesis test carries the `fuzz` marker, so `make fuzz` (pytest -m fuzz) finds them all."""
+    """Every hypothesis test carries the `fuzz` marker, so `make fuzz` (pytest -m fuzz) finds them all. A `repeat`
+    test (a loop of runs another test makes once) is `make fuzz`'s too: outside the fuzz profile it is deselected,
+    not skipped, so `make test` spends no time on it and reports no skip."""
+    import os
+
     import pytest
 
+    deep = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+    kept, dropped = [], []
     for item in items:
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.fuzz)
+        if item.get_closest_marker("repeat") is not None:
+            item.add_marker(pytest.mark.fuzz)
+            if not deep:
+                dropped.append(item)
+                continue
+        kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
