@@ -58,8 +58,10 @@ class Rack:
                  what="two pollers per shared device")
 
     def clear(self) -> None:
+        """The simulated faults cleared and every running agent's leak incidents resolved (an agent a test killed
+        answers nothing: asking it would fail, as it should, so it is not asked)."""
         self.sim.clear()
-        wait_for(lambda: not any(i["detector"] == "leak" for a in self.agents for i in incidents(a).get("open", [])),
+        wait_for(lambda: not any(i["detector"] == "leak" for a in alive(self.agents) for i in incidents(a).get("open", [])),
                  60, what="leak incidents resolved everywhere")
 
 
