@@ -44,7 +44,8 @@ TEST_WORKERS ?= 3
 test: $(STAMP) peers lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
-# The property-based tests with the deep hypothesis profile (many random examples; minutes, not seconds).
+# The property-based tests with the deep hypothesis profile (many random examples; minutes, not seconds), and the
+# repetition loops (`repeat` marker, e.g. promtool's unit tests fifty times) that `make test` leaves out.
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider -m fuzz --timeout 1800 $(PYTEST_ARGS)
 

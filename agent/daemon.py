@@ -11,7 +11,6 @@ import asyncio
 import gc
 import logging
 import signal
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,7 +45,6 @@ class Agent:
         self.remediation: Any = None
         self.status_hub: Any = None  # the status page's stream (agent.status.http), once the listener runs
         self.port: int | None = None
-        self.started_at = time.time()
         self._runner = None
         self._stop = asyncio.Event()
         self._reload_lock = asyncio.Lock()

@@ -10,11 +10,8 @@ import argparse
 import asyncio
 from typing import Any, Callable
 
+from exporters.errors import ProbeError, ProfileError
 from exporters.model import SourceError
-
-
-class ProbeError(Exception):
-    """The device did not answer, refused us, or the profile does not fit it."""
 
 
 def _probe_nvml(args: argparse.Namespace) -> str:
@@ -103,13 +100,12 @@ def _modbus_args(p: argparse.ArgumentParser) -> None:
 
 
 def _probe_modbus(args: argparse.Namespace) -> str:
-    from exporters.cooling.modbus_probe import ProbeError as ModbusProbeError, probe_modbus
-    from exporters.cooling.modbus_profile import ProfileError
+    from exporters.cooling.modbus_probe import probe_modbus
 
     host, port = _target(args.target)
     try:
         return asyncio.run(probe_modbus(args.profile, host, port, args.unit, timeout=args.timeout))
-    except (ModbusProbeError, ProfileError) as exc:
+    except ProfileError as exc:
         raise ProbeError(str(exc)) from None
     except SourceError as exc:
         raise ProbeError(f"{exc.kind}: {exc}") from None
@@ -145,7 +141,6 @@ def _read_secret(path: str | None) -> str | None:
 
 def _probe_snmp(args: argparse.Namespace) -> str:
     from exporters.power.pdu import probe_snmp
-    from exporters.power.snmp_profile import ProfileError
 
     host, port = _target(args.target)
     from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS

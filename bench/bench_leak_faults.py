@@ -25,13 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(__file__).resolve().parent.parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
 from sim.demo import agent_config  # noqa: E402
 from sim.slurm_cluster import SlurmCluster  # noqa: E402
-from agentproc import running_agent  # noqa: E402
-from helpers import fill_filesystem, free_port  # noqa: E402
-from simrack import sim_rack  # noqa: E402
+from tests.agentproc import running_agent  # noqa: E402
+from tests.helpers import fill_filesystem, free_port  # noqa: E402
+from tests.simrack import sim_rack  # noqa: E402
 from timing import percentiles, until  # noqa: E402
 
 POLL = 0.5

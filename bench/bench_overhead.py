@@ -56,7 +56,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 from agent.memory import daemon_env  # noqa: E402
 from sim.ports import free_port  # noqa: E402
@@ -71,7 +70,7 @@ def _simulator(conn, workdir: str, default_intervals: bool, layout: str) -> None
     to run sent back to the parent (node01's first)."""
     from sim.demo import agent_config
     from sim.etcd_cluster import EtcdCluster, etcd_binary
-    from simrack import sim_rack
+    from tests.simrack import sim_rack
 
     etcd = None
     with sim_rack(Path(workdir)) as rack:

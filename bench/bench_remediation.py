@@ -33,7 +33,7 @@ from pathlib import Path
 from aiohttp import web
 from pydantic import SecretStr
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(__file__).resolve().parent.parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
 from sim.scheduler import SimulatedScheduler  # noqa: E402
 from agent.remediation.engine import Executors  # noqa: E402
@@ -41,9 +41,9 @@ from sim.nvml_twin import NvmlTwin  # noqa: E402
 from sim.rack import RackModel  # noqa: E402
 from agent.snapshot import SnapshotStore  # noqa: E402
 from agent.remediation.api import add_remediation_routes  # noqa: E402
-from helpers import REPO, free_port  # noqa: E402
-from peers import agent_webhook_config, alertmanager_server, prometheus_server  # noqa: E402
-from remediation_support import engine, inventory, nvml_twin_server, reading  # noqa: E402
+from tests.helpers import REPO, free_port  # noqa: E402
+from tests.peers import agent_webhook_config, alertmanager_server, prometheus_server  # noqa: E402
+from tests.remediation_support import engine, inventory, nvml_twin_server, reading  # noqa: E402
 
 POLL = 0.5
 RUNS = 50
@@ -159,8 +159,8 @@ def agent_path(tmp: Path) -> list[float]:
     import json
     import sqlite3
 
-    from agentproc import running_agent
-    from simrack import sim_rack
+    from tests.agentproc import running_agent
+    from tests.simrack import sim_rack
 
     from sim.demo import agent_config
 

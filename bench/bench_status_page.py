@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "tests"), str(Path(__file__).resolve().parent.parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 
-from browser import chromium  # noqa: E402
-from statusrack import TOKEN, status_rack  # noqa: E402
+from tests.browser import chromium  # noqa: E402
+from tests.statusrack import TOKEN, status_rack  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "20"))
 WINDOW = float(os.environ.get("BENCH_WINDOW", "60"))

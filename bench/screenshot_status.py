@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO)]
+sys.path[:0] = [str(REPO)]
 
-from browser import chromium  # noqa: E402
-from statusrack import TOKEN, status_rack  # noqa: E402
+from tests.browser import chromium  # noqa: E402
+from tests.statusrack import TOKEN, status_rack  # noqa: E402
 
 WIDTH, HEIGHT = 1100, 1900
 

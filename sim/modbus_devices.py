@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
 
 from pymodbus.constants import ExcCodes
 from pymodbus.server import ModbusTcpServer
@@ -36,6 +35,7 @@ from sim.quantities import READERS
 from sim.rack import RackModel
 from exporters.cooling.modbus_codec import clamp_raw, decode, encode
 from exporters.cooling.modbus_profile import Point, Profile, load_profile
+from exporters.safe_yaml import load_yaml_file
 
 def _write_setpoint(m: RackModel, a: str, z: str | None, v: float) -> None:
     m.coolant.secondary_supply_setpoint_c = v
@@ -70,7 +70,7 @@ def load_bindings(profile: str) -> Bindings:
     path = BINDINGS_DIR / f"{profile}.yaml"
     if not path.exists():
         return Bindings()
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml_file(path, "binding file") or {}
     return Bindings(dict(data.get("points") or {}),
                     {name: {int(b): q for b, q in bits.items()} for name, bits in (data.get("bits") or {}).items()})
 

@@ -18,6 +18,11 @@ from agent.memory import daemon_env
 from tests.helpers import REPO, free_port, wait_for
 
 
+class AgentUnreachable(AssertionError):
+    """The agent gave no HTTP answer (connection refused or reset, timeout). Raised, never turned into a status:
+    a test that asserts "not 200" or "nothing there" must not pass because the agent is down."""
+
+
 class AgentProcess:
     def __init__(self, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,
                  preexec: Callable[[], None] | None = None):
@@ -47,15 +52,23 @@ class AgentProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(self.config_path), "run"],
                                      stdout=self._log, stderr=self._log, env=env, cwd=REPO,
                                      preexec_fn=self.preexec)
-        wait_for(lambda: self.get("/healthz")[0] == 200 or self.proc.poll() is not None, 20, what="agent /healthz")
+        wait_for(lambda: self.healthy() or self.proc.poll() is not None, 20, what="agent /healthz")
         assert self.proc.poll() is None, f"agent exited: {self.log()}"
         return self
+
+    def healthy(self) -> bool:
+        """Whether /healthz answers 200 now; an agent still starting (no answer yet) is not healthy."""
+        try:
+            return self.get("/healthz")[0] == 200
+        except AgentUnreachable:
+            return False
 
     def get(self, path: str, token: str | None = None) -> tuple[int, bytes]:
         return self.request("GET", path, token=token)
 
     def request(self, method: str, path: str, body: Any = None, token: str | None = None,
                 raw: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """(status, body) of a real HTTP answer, whatever its status; AgentUnreachable when there is none."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
         if token:
@@ -65,8 +78,8 @@ class AgentProcess:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as err:
             return err.code, err.read()
-        except OSError:
-            return 0, b""
+        except OSError as exc:  # refused, reset, timed out: no answer at all
+            raise AgentUnreachable(f"{method} {self.url}{path}: no answer ({exc})") from exc
 
     def metrics(self) -> str:
         status, body = self.get("/metrics")

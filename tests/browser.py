@@ -13,7 +13,7 @@ import tempfile
 from typing import Any
 from urllib.parse import urlsplit
 
-from helpers import require_binary
+from tests.helpers import require_binary
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -1,14 +1,15 @@
-"""Shared pytest setup: `tests.helpers` and `helpers` both import; the repo root is importable."""
+"""Shared pytest setup: the repo root is importable, so every test module imports its support modules one way,
+`from tests.helpers import ...` (never a bare `helpers`, which would load a second copy of the module with its own
+state, e.g. the ports it has handed out)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-_TESTS = Path(__file__).resolve().parent
-for p in (str(_TESTS), str(_TESTS.parent)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
 # Property-based tests (hypothesis): a small, derandomized run in `make test` (seconds, the same examples
 # every run, so never flaky); `make fuzz` selects the `fuzz` profile through HYPOTHESIS_PROFILE and runs
@@ -37,9 +38,24 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every hypothesis test carries the `fuzz` marker, so `make fuzz` (pytest -m fuzz) finds them all."""
+    """Every hypothesis test carries the `fuzz` marker, so `make fuzz` (pytest -m fuzz) finds them all. A `repeat`
+    test (a loop of runs another test makes once) is `make fuzz`'s too: outside the fuzz profile it is deselected,
+    not skipped, so `make test` spends no time on it and reports no skip."""
+    import os
+
     import pytest
 
+    deep = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
+    kept, dropped = [], []
     for item in items:
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.fuzz)
+        if item.get_closest_marker("repeat") is not None:
+            item.add_marker(pytest.mark.fuzz)
+            if not deep:
+                dropped.append(item)
+                continue
+        kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

@@ -42,8 +42,10 @@ class EtcdRack:
                  what="two pollers per shared device")
 
     def clear(self) -> None:
+        """The simulated faults cleared and every running agent's leak incidents resolved (an agent a test killed
+        answers nothing: asking it would fail, as it should, so it is not asked)."""
         self.sim.clear()
-        wait_for(lambda: not any(i["detector"] == "leak" for a in self.agents for i in incidents(a).get("open", [])),
+        wait_for(lambda: not any(i["detector"] == "leak" for a in alive(self.agents) for i in incidents(a).get("open", [])),
                  60, what="leak incidents resolved everywhere")
 
 
@@ -114,10 +116,17 @@ def static_configs(sim: Any, base: Path, nodes: list[str], pollers: dict[str, li
     return cfgs
 
 
+def _answer(agent: AgentProcess, method: str, path: str, token: str | None = None) -> bytes:
+    """The body of a 200 answer. Anything else fails the test: a refusal or an error is never "nothing there"
+    (and no answer at all raises AgentUnreachable in AgentProcess.request)."""
+    status, body = agent.request(method, path, token=token)
+    assert status == 200, f"{agent.config['agent']['node']}: {method} {path}: HTTP {status} {body[:300]!r}"
+    return body
+
+
 def metric(agent: AgentProcess, name: str, **labels: str) -> float | None:
-    status, body = agent.get("/metrics")
-    if status != 200:
-        return None
+    """The value of a series on the agent's /metrics; None only when the agent answered without that series."""
+    body = _answer(agent, "GET", "/metrics")
     want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     m = re.search(rf"^{re.escape(name)}(?:{{{re.escape(want)}}})? (\S+)$" if want else
                   rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body.decode(), re.M)
@@ -141,18 +150,15 @@ def polls(agent: AgentProcess, device: str) -> bool:
 
 
 def journal(agent: AgentProcess) -> list[dict[str, Any]]:
-    status, body = agent.get("/api/v1/journal?limit=2000", token=TOKEN)
-    return json.loads(body)["entries"] if status == 200 else []
+    return json.loads(_answer(agent, "GET", "/api/v1/journal?limit=2000", token=TOKEN))["entries"]
 
 
 def incidents(agent: AgentProcess) -> dict[str, Any]:
-    status, body = agent.get("/api/v1/incidents", token=TOKEN)
-    return json.loads(body) if status == 200 else {}
+    return json.loads(_answer(agent, "GET", "/api/v1/incidents", token=TOKEN))
 
 
 def approve(agent: AgentProcess, ident: str) -> list[str]:
-    status, body = agent.request("POST", f"/api/v1/incidents/{ident}/approve", token=TOKEN)
-    return json.loads(body).get("approved", []) if status == 200 else []
+    return json.loads(_answer(agent, "POST", f"/api/v1/incidents/{ident}/approve", token=TOKEN)).get("approved", [])
 
 
 def results(agent: AgentProcess, action: str, **match: Any) -> list[dict[str, Any]]:

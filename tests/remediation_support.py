@@ -13,7 +13,7 @@ from agent.remediation.settings import RemediationSettings
 from agent.snapshot import Snapshot
 from exporters.model import Quality, Reading, counter, gauge
 
-from helpers import free_port
+from tests.helpers import free_port
 
 SPECS = {
     "supernode_leak_detected": gauge("supernode_leak_detected", "1 wet.", ["zone", "sensor"]),

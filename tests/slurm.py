@@ -7,7 +7,7 @@ from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Iterator  # noqa: E402
 
-from helpers import wait_for  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
 
 
 @contextmanager
@@ -31,9 +31,15 @@ def batch_job(cluster: SlurmCluster, script: Path, node: str = "node01") -> Iter
         wait_for(gone, 30, interval=0.2, what=f"job {job} gone from the queue")
 
 
+def node_states(cluster: SlurmCluster) -> dict[str, str]:
+    """Slurm's node states without the flag suffixes (`idle*`: slurmd slow to answer on a loaded host): how every
+    test reads them, so a flag never decides a test."""
+    return {n: st.rstrip("*~#!%$@^-") for n, st in cluster.states().items()}
+
+
 def running_cluster(names: list[str], *extra_binaries: str) -> Iterator[SlurmCluster]:
     """A private single-host Slurm for a module's tests (`yield from` it in a fixture); stopped by PID after."""
-    from helpers import require_binary
+    from tests.helpers import require_binary
 
     for b in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", *extra_binaries):
         require_binary(b)

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from helpers import require_binary, recording, wait_for
+from tests.helpers import free_port, recording, require_binary, wait_for
 
 V3_USER, V3_AUTH, V3_PRIV = "agentv3", "auth-key-0123", "priv-key-4567"
 
@@ -45,15 +45,9 @@ def _answers(port: int, community: str) -> bool:
             return False
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_snmpsim(workdir: Path, data_dirs: list[Path], probe_community: str) -> Iterator[int]:
     binary = snmpsim_binary()
-    port = free_udp_port()
+    port = free_port(socket.SOCK_DGRAM)  # outside the ephemeral range, in this worker's slice
     log = open(workdir / "snmpsim.log", "w")
     argv = [binary, *(f"--data-dir={d}" for d in data_dirs), f"--cache-dir={workdir / 'cache'}",
             f"--agent-udpv4-endpoint=127.0.0.1:{port}", "--logging-method=stdout",

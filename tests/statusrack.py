@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from sim.demo import agent_config
-from agentproc import AgentProcess
-from helpers import free_port, wait_for
-from simrack import SimRack, sim_rack
+from tests.agentproc import AgentProcess
+from tests.helpers import free_port, wait_for
+from tests.simrack import SimRack, sim_rack
 
 TOKEN = "status-page-admin-token"
 

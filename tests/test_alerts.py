@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agent.remediation import alert_rules
@@ -53,8 +54,13 @@ def test_promtool_unit_tests_pass():
     assert res.stdout.count("SUCCESS") == len(TEST_FILES)
 
 
+@pytest.mark.repeat
 def test_promtool_unit_tests_pass_fifty_times_in_a_row():
     """Alert values must not depend on rule-group evaluation order, which promtool picks anew each run.
+
+    `make fuzz` only (the `repeat` marker): `make test` runs the unit tests once (test_promtool_unit_tests_pass)
+    and guards the cause itself, structurally (test_alerts_read_no_recording_rule); this loop is the search for
+    an order-dependent value that the structural rule would have missed.
 
     The detector tests (every detector alert; where the NVLink value flaked 1
     run in 5-7) are loaded and evaluated fifty times and the health and

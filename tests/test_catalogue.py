@@ -24,7 +24,7 @@ def test_remediation_counters_of_known_labels_start_at_zero(tmp_path):
     """A quiet rack: every playbook's actions and guardrails, every detector's incidents are already series."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from remediation_support import engine
+    from tests.remediation_support import engine
 
     eng = engine(tmp_path)
     registry = CollectorRegistry(auto_describe=False)

@@ -21,7 +21,7 @@ from exporters.gpu import nvml_metrics
 from exporters.model import Quality, Reading
 from exporters.power import pdu_metrics
 
-from remediation_support import engine, inventory
+from tests.remediation_support import engine, inventory
 
 SPECS = {**modbus_metrics.ALL, **{m.name: m for m in nvml_metrics.ALL}}
 

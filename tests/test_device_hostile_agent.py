@@ -20,9 +20,9 @@ import pytest
 
 from sim.rack import RackModel
 from sim.snmp_pdu import SimulatedRaritanPdu
-from agentproc import base_config, running_agent
-from bad_snmp_agent import BadSnmpAgent
-from helpers import wait_for
+from tests.agentproc import base_config, running_agent
+from tests.bad_snmp_agent import BadSnmpAgent
+from tests.helpers import wait_for
 
 FIX = Path(__file__).parent / "fixtures" / "links"
 HOSTILE = "\n".join([" " * 20_000, "Module voltage :" + " " * 20_000 + "VVV", "\t" * 20_000 + "x"]) + "\n"

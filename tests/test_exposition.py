@@ -4,6 +4,9 @@ The golden rack is frozen (no model ticks, fixed clock and durations), so
 every byte of the exposition is deterministic: a renamed metric, a lost
 label or a changed unit shows up as a diff. Regenerate on purpose with
 `UPDATE_GOLDEN=1 make test PYTEST_ARGS=tests/test_exposition.py`.
+
+The golden file is a change detector generated from this code, not an independent oracle (tests/golden/README.md):
+it catches an unreviewed change; promtool's lint and the metric catalogue (test_catalogue.py) check correctness.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import math
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from bad_snmp_agent import _tlv, int_tlv, oid_tlv, response
+from tests.bad_snmp_agent import _tlv, int_tlv, oid_tlv, response
 from exporters.cooling import modbus_codec
 from exporters.power import snmp_v2c
 from exporters.links.dom import module_readings, parse_module

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from agent.config import ConfigError, Identity, Inventory, load_config
 from agent.remediation.webhook import TARGET_LABELS, WebhookError, handle_payload, parse_payload, targets_for
 
-from remediation_support import engine
+from tests.remediation_support import engine
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "fuzz"
 pytestmark = pytest.mark.timeout(0 if DEEP else 120)  # the deep profile runs as long as it needs
@@ -116,25 +116,56 @@ def test_webhook_schema_answers_a_value_or_a_4xx(body):
             assert targets["node"] in ("node01", "node02")
 
 
+UNKNOWN_NAMES = ["NotADetector", "gpu_xid", "leak ", ""]
+
+
+def payloads_naming(names: list[str]) -> st.SearchStrategy[dict]:
+    """Alertmanager payloads whose alerts name real detectors and playbook alertnames (and a few near misses):
+    with names drawn from `label_values` alone no alert would ever reach a detector."""
+    name = st.sampled_from(names + UNKNOWN_NAMES) | st.text(max_size=8)
+    target = st.fixed_dictionaries({}, optional={"node": st.sampled_from(["node01", "node02", "node9", ""]),
+                                                 "gpu": st.sampled_from(["0", "3", "17", "٣"]),
+                                                 "zone": st.sampled_from(["zone-a", "zone-z"])})
+    alert = st.builds(lambda n, d, t, s, sev: {"status": s, "startsAt": "2026-01-01T00:00:00Z",
+                                               "labels": {"alertname": n, **({"detector": d} if d else {}), **t,
+                                                          "severity": sev}},
+                      name, st.none() | name, target, st.sampled_from(["firing", "firing", "resolved", "x"]),
+                      st.sampled_from(["critical", "warning", "bogus"]))
+    return st.fixed_dictionaries({"version": st.just("4"), "status": st.just("firing"),
+                                  "alerts": st.lists(alert, min_size=1, max_size=4)})
+
+
 def test_webhook_handler_never_grows_state_from_fuzzed_payloads(tmp_path):
-    """The whole handler on a live engine: whatever comes in, only known detectors become incidents."""
+    """The whole handler on a live engine: whatever comes in, only known detectors become incidents. The payloads
+    name real detectors, so alerts do reach them (incidents open) while unknown names are ignored, and a payload
+    the handler refuses is refused with a 4xx (both seen, not assumed)."""
     async def main():
         eng = engine(tmp_path, mode="observe")
         await eng.start()
         known = {t for t in eng.detectors.trackers} | {b.trigger.alertname for b in eng.playbooks} | \
             {b.trigger.detector for b in eng.playbooks}
-        seen: list[int] = []
+        known.discard(None)
+        refused: list[int] = []
+        answers: list[dict] = []
+        loop = asyncio.get_running_loop()
+
+        async def handle(body: bytes) -> dict:  # on the engine's loop, as the HTTP route calls it
+            return handle_payload(eng, body)
 
         @FUZZ
-        @given(p=payloads)
+        @given(p=payloads_naming(sorted(known)))
         def run(p):
             try:
-                handle_payload(eng, json.dumps(p).encode())
+                answers.append(asyncio.run_coroutine_threadsafe(handle(json.dumps(p).encode()), loop).result(30))
             except WebhookError as exc:
-                seen.append(exc.status)
-                assert 400 <= exc.status < 500
+                refused.append(exc.status)
+                assert 400 <= exc.status < 500, exc
 
         await asyncio.to_thread(run)
-        assert all(i.detector in known for i in eng.incidents.all())
+        opened = eng.incidents.all()
+        assert opened, "no fuzzed alert reached a detector"
+        assert {i.detector for i in opened} <= known
+        assert sum(a["accepted"] for a in answers) > 0 and sum(a["ignored"] for a in answers) > 0, answers[:5]
+        assert refused and all(400 <= s < 500 for s in refused)
         await eng.stop()
     asyncio.run(main())

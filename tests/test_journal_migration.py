@@ -1,22 +1,38 @@
 """The journal's schema version, its migration from the format written before versions, and retention.
 
-The "current format" is the schema the agent wrote before versions existed: migration 1, which
-(like every released migration) never changes, so this test keeps describing the files on disk.
+The old format is taken from a real file, never from the current code: tests/fixtures/journal-pre-version/journal.db
+was written by the journal module of commit ff77abe, before versions existed (its README says how). The migration
+test migrates that file; the retention tests build their rows on its schema.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
-from agent.remediation.journal import SCHEMA_V1, SCHEMA_VERSION, Journal, JournalError, Retention
+from agent.remediation.journal import SCHEMA_VERSION, Journal, JournalError, Retention
+from tests.helpers import REPO
 
 DAY = 86400.0
-PRE_VERSION_SCHEMA = SCHEMA_V1  # migration 1 is, verbatim, the schema written before versions existed
+OLD_FILE = REPO / "tests" / "fixtures" / "journal-pre-version" / "journal.db"
+
+
+def _read(path: Path, sql: str) -> list[tuple]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+# The schema of the real old file (tables, indexes, triggers), as that agent created it.
+PRE_VERSION_SCHEMA = ";\n".join(sql for (sql,) in _read(OLD_FILE, "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL "
+                                                                  "AND name != 'sqlite_sequence' ORDER BY rowid")) + ";"
 
 
 def old_journal(path: Path, now: float) -> tuple[list[tuple], list[tuple]]:
@@ -65,16 +81,25 @@ def _version(path: Path) -> int:
 
 
 def test_a_journal_of_the_pre_version_format_is_migrated_and_nothing_is_lost(tmp_path):
+    """The real old file (no user_version) opens in the current agent: every row and webhook alert kept, the
+    replay indexes rebuilt from it, the triggers still append-only, and the file at the current version."""
     path = tmp_path / "journal.db"
-    rows, webhook = old_journal(path, time.time())
+    shutil.copy(OLD_FILE, path)
+    assert _version(path) == 0
+    rows = _read(path, "SELECT ts, kind, action_id, incident_id, playbook, action, target, result, detail "
+                       "FROM journal ORDER BY seq")
+    webhook = _read(path, "SELECT fingerprint, starts_at, status FROM webhook_alerts")
+    assert len(rows) == 8 and len(webhook) == 3  # what the fixture's README says it holds
     j = Journal(path)  # no retention: the migration alone
     j.open()
     try:
         entries = j.entries()
-        assert [(e.ts, e.kind, e.action_id, e.incident_id, e.playbook, e.action, e.target, e.result,
-                 json.dumps(e.detail, separators=(", ", ": ")) if e.detail else "{}") for e in entries] == rows
-        assert all(j.alert_seen(fp, starts, status) for fp, starts, status, _ in webhook)
+        assert [(e.ts, e.kind, e.action_id, e.incident_id, e.playbook, e.action, e.target, e.result, e.detail)
+                for e in entries] == [(*r[:8], json.loads(r[8])) for r in rows]
+        assert all(j.alert_seen(*key) for key in webhook)
+        assert not j.alert_seen("fp-y", "2026-01-02T00:00:00Z", "resolved")
         assert j.last_result("a1").result == "done" and [e.action_id for e in j.unfinished_intents()] == ["b1"]
+        assert j.intent("a1").detail == {"plan": {"reason": "x"}}
         j.append("incident", incident_id="inc-e", result="open")
         assert j.flush()
     finally:

@@ -22,7 +22,7 @@ from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import REPO, free_port, require_binary, wait_for
 from tests.simrack import sim_rack
-from tests.slurm import SlurmCluster
+from tests.slurm import SlurmCluster, node_states
 
 TOKEN = "token-for-tests"
 RACK = ["node01", "node02"]      # the simulated rack (its inventory)
@@ -62,9 +62,6 @@ def _incidents(agent) -> dict:
     return json.loads(body)
 
 
-def _states(cluster: SlurmCluster) -> dict[str, str]:
-    """Slurm's node states without the flag suffixes (`idle*`: slurmd slow to answer on a loaded host)."""
-    return {n: st.rstrip("*~#!%$@^-") for n, st in cluster.states().items()}
 
 
 def _reason(cluster: SlurmCluster, node: str) -> str:
@@ -87,7 +84,7 @@ def test_other_racks_drained_nodes_do_not_block_this_racks_drain(clean_cluster, 
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
             rack.inject("xid", node="node01", gpu=0, code=79)
-            wait_for(lambda: _states(cluster).get("node01") in ("drained", "draining"), 30,
+            wait_for(lambda: node_states(cluster).get("node01") in ("drained", "draining"), 30,
                      what=f"node01 drained (journal: {_journal(agent, kind='blocked')})")
             assert _reason(cluster, "node01").startswith("supernode-agent:")
             assert not _journal(agent, kind="blocked", action="drain")
@@ -104,7 +101,7 @@ def test_other_racks_drained_nodes_do_not_block_this_racks_drain(clean_cluster, 
             assert rows[0]["detail"]["guardrail"] == "blast_radius"
             assert "node02" in why and "max_drained_nodes is 1" in why
             assert not any(n in why for n in OTHER_RACK), why
-            assert _states(cluster)["node01"] == "idle"
+            assert node_states(cluster)["node01"] == "idle"
 
 
 # -- 3: Slurm unreachable is a blocked, retried step; the rest of the playbook still runs ---------------
@@ -145,10 +142,10 @@ def test_slurm_unreachable_blocks_the_drain_retries_it_and_the_leak_playbook_goe
             assert {b["detail"]["guardrail"] for b in blocked} == {"scheduler_unreachable"}
             assert "Unable to contact slurm controller" in blocked[0]["detail"]["why"]
             assert "retry in" in blocked[0]["detail"]["why"]
-            assert _states(cluster)["node01"] == "idle"
+            assert node_states(cluster)["node01"] == "idle"
             flag.unlink()  # slurmctld answers again: the retry drains the node
             wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30, what="drain done")
-            assert _states(cluster).get("node01") in ("drained", "draining")
+            assert node_states(cluster).get("node01") in ("drained", "draining")
             log = agent.log()  # the step's failure is a decision line, not a remediation task's traceback
             assert "remediation task failed" not in log
             assert re.search(r'event="drain blocked".*guardrail=scheduler_unreachable', log), log[-3000:]
@@ -282,9 +279,9 @@ def test_a_node_drained_for_an_xid_is_not_resumed_on_a_timer_while_its_health_ch
                                10, what="resume waits for approval")
             assert pending[0]["approval"] == "resume_after_check" and pending[0]["phase"] == "undo"
             assert not _incidents(agent)["open"]
-            assert _states(cluster)["node01"] in ("drained", "draining")
+            assert node_states(cluster)["node01"] in ("drained", "draining")
             assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
-            wait_for(lambda: _states(cluster).get("node01") == "idle", 30, what="resumed after approval")
+            wait_for(lambda: node_states(cluster).get("node01") == "idle", 30, what="resumed after approval")
             assert _journal(agent, kind="approval", result="approved")[0]["detail"]["by"] == "admin"
 
 
@@ -296,7 +293,7 @@ def test_a_node_drained_for_an_xid_resumes_by_itself_when_the_nvml_check_passes(
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
             rack.inject("xid", node="node01", gpu=0, code=79)
             wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30, what="drained")
-            wait_for(lambda: _states(cluster).get("node01") == "idle", 30, what="resumed after the check passed")
+            wait_for(lambda: node_states(cluster).get("node01") == "idle", 30, what="resumed after the check passed")
             check = _journal(agent, kind="health_check")
             assert [c["result"] for c in check] == ["passed"] and check[0]["detail"]["check"] == "nvml"
 
@@ -324,7 +321,7 @@ def test_maintenance_stops_the_agent_acting_on_the_node_and_survives_a_restart(c
             rack.inject("xid", node="node01", gpu=0, code=79)
             rows = wait_for(lambda: _journal(agent, kind="blocked", action="drain"), 30, what="drain blocked")
             assert rows[0]["detail"]["guardrail"] == "maintenance" and "by admin" in rows[0]["detail"]["why"]
-            assert _states(cluster)["node01"] == "idle"
+            assert node_states(cluster)["node01"] == "idle"
             assert re.search(r'event="drain blocked".*guardrail=maintenance', agent.log())
             out = _cli(tmp_path, "maintenance", "off", "--node", "node01")
             assert out.returncode == 0 and "no node in maintenance" in out.stdout, out

@@ -20,7 +20,7 @@ import contextlib
 
 import pytest
 
-from bad_modbus_server import BadModbusServer
+from tests.bad_modbus_server import BadModbusServer
 from exporters.cooling.modbus import ModbusSource
 from exporters.cooling.modbus_client import gateway_for, release_gateway
 from exporters.model import SourceError

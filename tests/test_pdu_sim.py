@@ -12,7 +12,7 @@ from sim.snmp_pdu import SimulatedRaritanPdu
 from exporters.model import SourceError
 from exporters.power.pdu import PduSource, rack_power_readings
 from exporters.power.snmp_client import SnmpCredentials
-from helpers import await_for
+from tests.helpers import await_for
 
 
 def by_key(result) -> dict[tuple, float]:

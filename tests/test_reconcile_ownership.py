@@ -9,8 +9,8 @@ from agent.remediation.actions.slurm import SchedulerError
 from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors
 
-from helpers import await_for
-from remediation_support import engine, results
+from tests.helpers import await_for
+from tests.remediation_support import engine, results
 
 OUTCOMES = ("mitigated", "partial", "failed", "observed")
 

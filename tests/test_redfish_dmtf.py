@@ -32,9 +32,9 @@ from typing import Callable
 
 import pytest
 
-from helpers import ALLOW_MISSING_PEERS, REPO, wait_for
-from redfish_rig import LONG, TRAY_DETECTORS
-from simrack import SimRack
+from tests.helpers import ALLOW_MISSING_PEERS, REPO, wait_for
+from tests.redfish_rig import LONG, TRAY_DETECTORS
+from tests.simrack import SimRack
 
 CSDL = REPO / "tests" / "fixtures" / "redfish" / "csdl"
 PROFILES = REPO / "tests" / "fixtures" / "redfish" / "ocp-profiles"

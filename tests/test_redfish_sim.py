@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from sim.faults import FaultError
-from helpers import REPO, await_for, free_port
-from redfish_rig import LONG, SESSIONS, TRAY_DETECTORS, message_is, record, rig, sse
+from tests.helpers import REPO, await_for, free_port
+from tests.redfish_rig import LONG, SESSIONS, TRAY_DETECTORS, message_is, record, rig, sse
 
 COLD_PLATE_0 = "Chassis_0_LeakDetector_0_ColdPlate"
 MANIFOLD_1 = "Chassis_0_LeakDetector_1_Manifold"

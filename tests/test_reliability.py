@@ -16,8 +16,8 @@ from agent.reliability import (CLASSES, RACK_CLASSES, ComponentCollector, Observ
                                component_counts, format_report, reliability_report)
 from agent.remediation.journal import Journal
 
-from helpers import REPO, await_for
-from remediation_support import engine
+from tests.helpers import REPO, await_for
+from tests.remediation_support import engine
 
 ZONES = {"zone-a": ["node01"], "zone-b": ["node02"], "zone-ab": ["node01", "node02"]}
 
@@ -80,10 +80,13 @@ def test_component_counts_come_from_the_inventory_and_the_profiles():
                     cdus=[{"name": "cdu1", "profile": "reference-cdu", "channels": {1: "zone-a", 2: "zone-b"}}],
                     leak_zones=[{"name": "zone-a", "nodes": ["node01"]}, {"name": "zone-b", "nodes": ["node02"]}],
                     pdus=[{"name": "pdu-a", "profile": "raritan-pdu2", "outlets": {"1": "node01", "2": "node02"}}])
-    counts = component_counts(inv)
-    assert counts == {"gpu": 4, "nvlink": 72, "optic": 2, "cdu": 1, "pump": 2, "leak_sensor": counts["leak_sensor"],
-                      "pdu_outlet": 2, "node": 1}
-    assert counts["leak_sensor"] >= 2  # the reference CDU's two wired leak inputs (and its rope, if mapped)
+    # The reference CDU (exporters/profiles/modbus/reference-cdu.yaml) has two pumps and two leak input channels,
+    # both mapped to a zone here: two leak sensors.
+    assert component_counts(inv) == {"gpu": 4, "nvlink": 72, "optic": 2, "cdu": 1, "pump": 2, "leak_sensor": 2,
+                                     "pdu_outlet": 2, "node": 1}
+    # A channel mapped to no zone is no sensor this rack watches.
+    one_zone = inv.model_copy(update={"cdus": [inv.cdus[0].model_copy(update={"channels": {1: "zone-a"}})]})
+    assert component_counts(one_zone)["leak_sensor"] == 1
 
 
 def test_observed_component_time_carries_over_a_change_of_counts():

@@ -27,8 +27,8 @@ from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors, RemediationEngine
 from agent.remediation.settings import RemediationSettings
 
-from helpers import await_for
-from remediation_support import engine, identity, inventory, results
+from tests.helpers import await_for
+from tests.remediation_support import engine, identity, inventory, results
 
 NODES = ("node01", "node02", "node03", "node04")
 

@@ -16,8 +16,8 @@ from agent.remediation.playbooks import PlaybookError, load_playbooks
 from agent.remediation.settings import DetectorSettings
 from exporters.model import Quality
 
-from helpers import await_for
-from remediation_support import engine, reading, results, snap
+from tests.helpers import await_for
+from tests.remediation_support import engine, inventory, reading, results, snap
 
 
 def test_journal_is_append_only(tmp_path):
@@ -169,7 +169,7 @@ def test_blast_radius_counts_scheduler_state(tmp_path):
         sched = SimulatedScheduler(["node01", "node02", "node03", "node04"])
         await sched.drain("node03", "someone")  # a person's drain counts too
         eng = engine(tmp_path, executors=Executors(scheduler=sched),
-                     inv=__import__("remediation_support").inventory(nodes=("node01", "node02", "node03", "node04")),
+                     inv=inventory(nodes=("node01", "node02", "node03", "node04")),
                      max_drained_nodes=2, max_drained_fraction=1.0)
         await eng.start()
         a, b = _xid_incident(eng, "node01"), _xid_incident(eng, "node02")
@@ -185,7 +185,7 @@ def test_blast_radius_counts_scheduler_state(tmp_path):
 def test_circuit_breaker_stays_open_until_reset_and_undo_still_runs(tmp_path):
     async def main():
         sched = SimulatedScheduler([f"node{i:02d}" for i in range(1, 7)])
-        inv = __import__("remediation_support").inventory(nodes=[f"node{i:02d}" for i in range(1, 7)])
+        inv = inventory(nodes=[f"node{i:02d}" for i in range(1, 7)])
         eng = engine(tmp_path, executors=Executors(scheduler=sched), inv=inv, breaker_max_actions=1,
                      max_drained_nodes=10, max_drained_fraction=1.0)
         await eng.start()
@@ -211,7 +211,7 @@ def test_circuit_breaker_stays_open_until_reset_and_undo_still_runs(tmp_path):
 def test_rate_limit_and_cooldown(tmp_path):
     async def main():
         sched = SimulatedScheduler(["node01", "node02", "node03"])
-        inv = __import__("remediation_support").inventory(nodes=["node01", "node02", "node03"])
+        inv = inventory(nodes=["node01", "node02", "node03"])
         eng = engine(tmp_path, executors=Executors(scheduler=sched), inv=inv, rate_per_hour={"drain": 1, "default": 60},
                      max_drained_nodes=10, max_drained_fraction=1.0)
         await eng.start()

@@ -33,9 +33,9 @@ from sim.rack import RackModel
 from sim.snmp_pdu import SWITCH_STATE, STATE_OFF, STATE_ON, SimulatedRaritanPdu
 from exporters.cooling.modbus_control import read_control_point
 
-from helpers import REPO, await_for, free_port, require_binary, wait_for
-from nvml_sim import NvmlSimServer
-from remediation_support import results
+from tests.helpers import REPO, await_for, free_port, require_binary, wait_for
+from tests.nvml_sim import NvmlSimServer
+from tests.remediation_support import results
 from tests.test_links_kernel import _operstate, veth  # noqa: F401  (the netns/veth fixture)
 from tests.test_modbus_sim import _mbpoll
 from tests.test_webhook import ADMIN, TOKEN, alert, payload, serve
@@ -319,7 +319,7 @@ def test_exec_runs_only_allow_listed_programs_with_inventory_arguments_and_notif
 
 CHILD = textwrap.dedent("""\
     import asyncio, sys
-    sys.path[:0] = [{tests!r}, {repo!r}]
+    sys.path[:0] = [{repo!r}]
     from agent.config import parse_config
     from agent.remediation.wiring import build_engine
     async def main():
@@ -367,7 +367,7 @@ def test_sigkill_between_power_cap_intent_and_result(tmp_path):
     gate = HoldAfterSet(journal=tmp_path / "journal.db")
     srv = NvmlSimServer(model, middlewares=(gate.middleware,)).start()
     cfg = config(tmp_path, {}, sources={"nvml": {"backend": "sim", "sim_url": srv.url}})
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=str(REPO / "tests"), repo=str(REPO), cfg=cfg)])
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=str(REPO), cfg=cfg)])
     try:
         wait_for(lambda: gate.sets, timeout=30, what="power limit set by the child")
         child.send_signal(signal.SIGKILL)

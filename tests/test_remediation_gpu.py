@@ -9,8 +9,8 @@ from agent.remediation.engine import Executors
 from sim.nvml_twin import NvmlTwin
 from sim.rack import RackModel
 
-from helpers import await_for
-from remediation_support import engine, inventory, nvml_twin_server, reading, results, snap
+from tests.helpers import await_for
+from tests.remediation_support import engine, inventory, nvml_twin_server, reading, results, snap
 
 
 def test_power_cap_clamps_reads_back_and_restores(tmp_path):

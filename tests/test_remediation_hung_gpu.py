@@ -19,8 +19,8 @@ from sim.nvml_faults import set_hang
 from sim.nvml_twin import NvmlTwin
 from sim.rack import RackModel
 
-from helpers import await_for
-from remediation_support import identity, inventory, nvml_twin_server, results
+from tests.helpers import await_for
+from tests.remediation_support import identity, inventory, nvml_twin_server, results
 
 OUTCOMES = ("mitigated", "partial", "failed", "observed")
 

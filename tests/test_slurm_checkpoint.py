@@ -10,9 +10,9 @@ from agent.remediation.actions.slurm import SlurmScheduler
 from agent.remediation.engine import Executors, RemediationEngine
 from agent.remediation.settings import RemediationSettings
 
-from helpers import await_for, wait_for
-from remediation_support import identity, inventory, results
-from slurm import batch_job, running_cluster
+from tests.helpers import await_for, wait_for
+from tests.remediation_support import identity, inventory, results
+from tests.slurm import batch_job, running_cluster
 
 OUTCOMES = ("mitigated", "partial", "failed", "observed")
 

@@ -14,9 +14,9 @@ import pytest
 from agent.remediation.actions.slurm import SlurmScheduler
 from agent.remediation.engine import Executors, RemediationEngine
 
-from helpers import REPO, require_binary, wait_for, await_for
-from remediation_support import identity, inventory, settings
-from slurm import SlurmCluster
+from tests.helpers import REPO, require_binary, wait_for, await_for
+from tests.remediation_support import identity, inventory, settings
+from tests.slurm import SlurmCluster
 
 # scontrol wrapper: runs the real scontrol, logs the call, then (for drains) hangs so the agent is killed
 # after the drain took effect but before it could journal the result.
@@ -33,10 +33,10 @@ WRAPPER = textwrap.dedent("""\
 
 CHILD = textwrap.dedent("""\
     import asyncio, sys
-    sys.path[:0] = [{tests!r}, {repo!r}]
+    sys.path[:0] = [{repo!r}]
     from agent.remediation.actions.slurm import SlurmScheduler
     from agent.remediation.engine import Executors, RemediationEngine
-    from remediation_support import identity, inventory, settings
+    from tests.remediation_support import identity, inventory, settings
     async def main():
         sched = SlurmScheduler(scontrol={wrapper!r}, slurm_conf={conf!r})
         eng = RemediationEngine(settings(max_drained_fraction=1.0), "enforce", identity(),
@@ -63,7 +63,7 @@ def test_sigkill_between_intent_and_result(cluster, tmp_path):
     wrapper.chmod(0o755)
     log, journal = tmp_path / "calls.log", tmp_path / "journal.db"
     env = {**os.environ, "WRAP_LOG": str(log), "REAL_SCONTROL": require_binary("scontrol"), "WRAP_HANG": "1"}
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(tests=str(REPO / "tests"), repo=str(REPO),
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(repo=str(REPO),
                                                                  wrapper=str(wrapper), conf=str(cluster.conf),
                                                                  journal=str(journal))], env=env)
     try:

@@ -9,11 +9,11 @@ import pytest
 from agent.remediation.actions.slurm import SlurmScheduler
 from agent.remediation.engine import Executors
 
-from helpers import await_for, require_binary
+from tests.helpers import await_for, require_binary
 from agent.remediation.engine import RemediationEngine
 from agent.remediation.settings import RemediationSettings
-from remediation_support import engine, identity, inventory, results
-from slurm import SlurmCluster, batch_job
+from tests.remediation_support import engine, identity, inventory, results
+from tests.slurm import SlurmCluster, batch_job, node_states
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +44,16 @@ def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_pa
         assert st.drained and st.reason.startswith("supernode-agent: " + a.id)
         b = eng.fire("gpu_xid_critical", {"node": "node03"}, "critical", source="alertmanager")
         await await_for(lambda: b.state == "failed", timeout=20)
-        assert cluster.states()["node03"] == "idle"  # 2 already drained per sinfo: blocked
+        assert node_states(cluster)["node03"] == "idle"  # 2 already drained per sinfo: blocked
         assert [e.detail["guardrail"] for e in results(eng, kind="blocked", action="drain")] == ["blast_radius"]
         # someone else's drain: our incident on node02 neither drains nor resumes it
         c = eng.fire("gpu_lost", {"node": "node02", "gpu": "0"}, "critical", source="alertmanager")
         await await_for(lambda: c.state == "mitigated", timeout=20)
         eng.clear("gpu_lost", {"node": "node02", "gpu": "0"})
         eng.clear("gpu_xid_critical", {"node": "node01"})
-        await await_for(lambda: cluster.states().get("node01") == "idle", timeout=20, what="node01 resumed")
+        await await_for(lambda: node_states(cluster).get("node01") == "idle", timeout=20, what="node01 resumed")
         await await_for(lambda: not eng.tasks, timeout=20)
-        assert cluster.states()["node02"] == "drained"
+        assert node_states(cluster)["node02"] == "drained"
         assert (await sched.state("node02")).reason == "bob: fan swap"
         await eng.stop()
     asyncio.run(main())
@@ -69,14 +69,14 @@ def test_two_drains_checked_at_once_pass_the_blast_radius_one_at_a_time(cluster,
         a = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical", source="alertmanager")
         b = eng.fire("gpu_xid_critical", {"node": "node03"}, "critical", source="alertmanager")
         await await_for(lambda: {a.state, b.state} <= {"mitigated", "failed"}, timeout=30, what="both steps ended")
-        assert {a.state, b.state} == {"mitigated", "failed"}, cluster.states()
-        states = cluster.states()
+        assert {a.state, b.state} == {"mitigated", "failed"}, node_states(cluster)
+        states = node_states(cluster)
         assert sorted(n for n in ("node01", "node03") if states[n] in ("drained", "draining")) == \
             [("node01" if a.state == "mitigated" else "node03")]
         assert [e.detail["guardrail"] for e in results(eng, kind="blocked", action="drain")] == ["blast_radius"]
         eng.clear("gpu_xid_critical", {"node": "node01"})
         eng.clear("gpu_xid_critical", {"node": "node03"})
-        await await_for(lambda: all(cluster.states().get(n) == "idle" for n in ("node01", "node03")), timeout=20,
+        await await_for(lambda: all(node_states(cluster).get(n) == "idle" for n in ("node01", "node03")), timeout=20,
                         what="our drain resumed")
         await eng.stop()
     try:
@@ -86,9 +86,11 @@ def test_two_drains_checked_at_once_pass_the_blast_radius_one_at_a_time(cluster,
 
 
 def test_checkpoint_signal_reaches_the_running_job_before_the_drain(cluster, tmp_path):
-    """`checkpoint_signal`: the node's batch jobs get the signal (a chance to checkpoint), then the node drains."""
+    """`checkpoint_signal`: the node's batch jobs get the signal (a chance to checkpoint), then the node drains.
+    The order is Slurm's own: slurmctld logs each request as it serves it, the job's signal (REQUEST_KILL_JOB)
+    before node01's `state set to DRAINING`; and the job itself trapped the signal."""
 
-    from helpers import wait_for
+    from tests.helpers import wait_for
 
     for b in ("sbatch", "squeue", "scancel"):
         require_binary(b)
@@ -99,10 +101,13 @@ trap 'echo checkpointed > {marker}' USR1
 touch {ready}
 for i in $(seq 600); do sleep 0.1; done
 """)
-    with batch_job(cluster, script):
+    ctld_log = cluster.dir / "log" / "slurmctld.log"
+    served_before = 0
+    with batch_job(cluster, script) as job:
         wait_for(lambda: ready.exists(), 30, what="job running on node01")
 
         async def main():
+            nonlocal served_before
             sched = SlurmScheduler(slurm_conf=cluster.conf)
             inv = inventory(nodes=("node01", "node02", "node03"))
             settings = RemediationSettings.model_validate({
@@ -113,14 +118,19 @@ for i in $(seq 600); do sleep 0.1; done
                                     Executors(scheduler=sched))
             await eng.start()
             assert not marker.exists()  # ordering, not clocks: the job is signalled only once the drain begins
+            served_before = ctld_log.stat().st_size
             inc = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
             await await_for(lambda: inc.state == "mitigated", timeout=20)
             st = await sched.state("node01")
             assert st.reason.startswith("supernode-agent: ") and st.state in ("draining", "drained")
             eng.clear("gpu_xid_critical", {"node": "node01"})
-            await await_for(lambda: cluster.states().get("node01") in ("idle", "mixed", "allocated"), timeout=20,
+            await await_for(lambda: node_states(cluster).get("node01") in ("idle", "mixed", "allocated"), timeout=20,
                             what="node01 resumed")
             await eng.stop()
 
         asyncio.run(main())
         wait_for(lambda: marker.exists(), 10, what="the job trapped USR1")
+        served = ctld_log.read_bytes()[served_before:].decode(errors="replace").splitlines()
+        signal_at = [i for i, line in enumerate(served) if f"REQUEST_KILL_JOB JobId={job} " in line]
+        drain_at = [i for i, line in enumerate(served) if "node node01 state set to DRAINING" in line]
+        assert signal_at and drain_at and signal_at[0] < drain_at[0], served

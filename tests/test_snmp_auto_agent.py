@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from helpers import wait_for
-from snmpsim_peer import recordings, run_snmpsim
+from tests.helpers import wait_for
+from tests.snmpsim_peer import recordings, run_snmpsim
 from tests.agentproc import base_config, running_agent
 
 

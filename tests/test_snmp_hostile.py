@@ -20,7 +20,7 @@ import pytest
 
 from sim.rack import RackModel
 from sim.snmp_pdu import SimulatedRaritanPdu
-from bad_snmp_agent import BadSnmpAgent
+from tests.bad_snmp_agent import BadSnmpAgent
 from exporters.power import snmp_v2c
 from exporters.model import Quality, SourceError
 from exporters.power.pdu import PduSource

@@ -14,8 +14,8 @@ from sim.scheduler import SimulatedScheduler
 from agent.remediation.api import add_remediation_routes
 from agent.remediation.engine import Executors
 
-from helpers import await_for, free_port
-from remediation_support import engine, inventory, results
+from tests.helpers import await_for, free_port
+from tests.remediation_support import engine, inventory, results
 
 TOKEN, ADMIN = "hook-secret", "admin-secret"
 

@@ -9,9 +9,9 @@ import aiohttp
 from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors
 
-from helpers import await_for
-from remediation_support import engine
-from test_webhook import TOKEN, alert, payload, serve
+from tests.helpers import await_for
+from tests.remediation_support import engine
+from tests.test_webhook import TOKEN, alert, payload, serve
 
 
 def test_an_alert_the_engine_refused_is_acted_on_when_alertmanager_retries(tmp_path):

@@ -16,8 +16,8 @@ from agent.remediation.api import cli_incidents, cli_journal
 from exporters.validation import terminal_safe
 from agent.remediation.webhook import WebhookError, handle_payload
 
-from remediation_support import engine
-from test_webhook import ADMIN, TOKEN, alert, payload, serve
+from tests.remediation_support import engine
+from tests.test_webhook import ADMIN, TOKEN, alert, payload, serve
 
 
 def nvlink(node="node01", gpu="0", link="0", fp=None, **extra) -> dict:

@@ -38,7 +38,6 @@ class Guardrails:
         self.per_kind: dict[str, deque[float]] = {}
         self.last_by_target: dict[tuple[str, str], float] = {}
         self.breaker_open = False
-        self.breaker_opened_at: float | None = None
         self.in_flight: list[Reservation] = []  # passed, not yet acted or given back
         self.draining: Counter[str] = Counter()  # nodes whose drain passed blast radius and has not ended
 
@@ -132,12 +131,10 @@ class Guardrails:
             self.recent.popleft()
         if len(self.recent) >= self.s.breaker_max_actions and not self.breaker_open:
             self.breaker_open = True
-            self.breaker_opened_at = now
 
     def reset_breaker(self) -> bool:
         was = self.breaker_open
         self.breaker_open = False
-        self.breaker_opened_at = None
         self.recent.clear()
         return was
 

@@ -280,7 +280,7 @@ def sources(states: Iterable[SourceState], now: float, remote: frozenset[tuple[s
             state, why = "up", "polled by another agent, its polls shared here" if key in remote else ""
         out.append({"source": st.source, "device": st.device, "state": state, "why": why,
                     "age_seconds": None if st.last_success is None else round(now - st.last_success, 1),
-                    "interval_seconds": st.interval, "errors": sum(st.errors.values()), "polled_here": key not in remote})
+                    "interval_seconds": st.interval, "errors": sum(st.errors.values())})
     return out
 
 

@@ -12,12 +12,9 @@ from typing import Mapping
 from exporters.cooling import modbus_metrics as mm
 from exporters.model import SourceError
 from exporters.cooling.modbus import ModbusSource
-from exporters.cooling.modbus_profile import ProfileError, load_profile
+from exporters.cooling.modbus_profile import load_profile
+from exporters.errors import ProbeError, ProfileError
 from exporters.render import render_probe
-
-
-class ProbeError(Exception):
-    """The device did not answer, or the profile does not fit it; the message says which."""
 
 
 async def probe_modbus(profile_name: str, host: str, port: int, unit: int | None = None, timeout: float = 2.0,

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporters.cooling import modbus_metrics
+from exporters.errors import ProfileError
 from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.units import from_base, known_unit, to_base
 from exporters.validation import validate_document
@@ -31,10 +32,6 @@ Table = Literal["coil", "discrete", "input", "holding"]
 # Function codes used to read each table.
 READ_FC = {"coil": 1, "discrete": 2, "holding": 3, "input": 4}
 MODICON_BASE = {"coil": 0, "discrete": 10000, "input": 30000, "holding": 40000}
-
-
-class ProfileError(Exception):
-    """A profile that cannot be used; the message names the file and field."""
 
 
 class _Strict(BaseModel):

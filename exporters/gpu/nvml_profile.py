@@ -11,15 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from exporters.errors import ProfileError
+from exporters.safe_yaml import InputError, load_yaml_file
 
 DEFAULT_PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "nvml.yaml"
 NVLINK_METRICS = ("errors", "transmit_bytes", "receive_bytes", "bit_error_rate")
 ENCODINGS = ("plain", "ber_packed")
-
-
-class ProfileError(ValueError):
-    """The NVML profile is malformed; the message names the entry's path."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +125,9 @@ def _link_fields(raw: Any) -> tuple[LinkField, ...]:
 
 def load_profile(path: Path = DEFAULT_PROFILE) -> NvmlProfile:
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ProfileError(f"{path}: {e}") from None
+        raw = load_yaml_file(path, "NVML profile")
+    except InputError as e:  # names the file (and line)
+        raise ProfileError(str(e)) from None
     if not isinstance(raw, dict):
         raise ProfileError(f"{path}: expected a mapping at the top")
     gpu_fields = {n.label: n for n in _named("gpu_fields", raw.get("gpu_fields"))}

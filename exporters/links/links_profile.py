@@ -10,24 +10,19 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import yaml
+from exporters.errors import ProfileError
+from exporters.safe_yaml import InputError, load_yaml_file
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "links"
-
-
-class ProfileError(ValueError):
-    """A links profile that cannot be used; the message names the file and field."""
 
 
 @functools.lru_cache(maxsize=None)
 def load_links_profile(name: str) -> dict[str, Any]:
     path = PROFILE_DIR / f"{name}.yaml"
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from None
+        data = load_yaml_file(path, "links profile")
+    except InputError as exc:  # names the file (and line)
+        raise ProfileError(str(exc)) from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a mapping at the top level")
     return data

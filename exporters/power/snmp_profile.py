@@ -50,6 +50,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from exporters.errors import ProfileError
 from exporters.model import Kind
 from exporters.power.pdu_metrics import PROFILE_METRICS
 from exporters.safe_yaml import InputError, load_yaml_file
@@ -57,10 +58,6 @@ from exporters.validation import validate_document
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "snmp"
 _OID = re.compile(r"^1(\.(0|[1-9][0-9]*))+$")
-
-
-class ProfileError(Exception):
-    """A profile that cannot be used; the message names the file and the field."""
 
 
 class _Strict(BaseModel):

@@ -16,6 +16,7 @@ from exporters.redfish.client import RedfishClient
 from exporters.redfish.profile import ProfileError
 from exporters.redfish.source import RedfishSource
 from exporters.render import render_probe
+from exporters.errors import ProbeError
 
 HINTS = {
     "tls": "the service's certificate is not trusted: give --ca-file (the CA that signed it) or --pin "
@@ -24,10 +25,6 @@ HINTS = {
     "timeout": "the service did not answer in time (--timeout)",
     "connection": "nothing answers there (address, port, firewall)",
 }
-
-
-class ProbeError(Exception):
-    """The service did not answer, refused us, or is not a Redfish service; the message says which."""
 
 
 async def probe_redfish(url: str, user: str | None = None, password: str | None = None,

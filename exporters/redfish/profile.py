@@ -18,15 +18,12 @@ from exporters.redfish import metrics as rm
 from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.units import known_unit, to_base
 from exporters.validation import validate_document
+from exporters.errors import ProfileError
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "redfish"
 
 Chain = list[str]  # property names followed from a resource, a collection expanded on the way
 ResourceKind = Literal["leak_detector", "connector", "pump", "filter", "reservoir"]
-
-
-class ProfileError(Exception):
-    """A profile that cannot be used; the message names the file and field."""
 
 
 class _Strict(BaseModel):

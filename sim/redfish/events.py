@@ -28,11 +28,12 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
-import yaml
+
+from exporters.safe_yaml import load_yaml_file
 
 log = logging.getLogger("supernode.sim.redfish")
 
-MESSAGES: dict[str, dict[str, str]] = yaml.safe_load((Path(__file__).resolve().parent / "messages.yaml").read_text())
+MESSAGES: dict[str, dict[str, str]] = load_yaml_file(Path(__file__).resolve().parent / "messages.yaml", "message registry")
 EVENT_TYPE = "#Event.v1_11_0.Event"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 

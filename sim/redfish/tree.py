@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
+from exporters.safe_yaml import InputError, load_yaml_file
 
 HERE = Path(__file__).resolve().parent
 MOCKUPS = HERE / "mockups"
@@ -191,29 +191,12 @@ def build_tree(layers: list[tuple[str, tuple[str, ...] | None]], binding_files: 
     return Tree(resources, bindings, writable)
 
 
-class _UniqueKeys(yaml.SafeLoader):
-    """YAML that refuses a key given twice (plain YAML keeps the last one silently: a lost `set`)."""
-
-
-def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise TreeError(f"line {key_node.start_mark.line + 1}: {key!r} is given twice")
-        seen.add(key)
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
 def _apply(path: Path, resources: dict[str, dict], bindings: dict[str, list[Binding]], writable: dict[str, set[str]],
            resolve: Callable[[str], Callable[[], Any]]) -> None:
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeys) or {}
-    except TreeError as exc:
-        raise TreeError(f"{path}: {exc}") from None
+        data = load_yaml_file(path, "binding file") or {}  # refuses a key given twice (a lost `set`)
+    except InputError as exc:  # names the file and line
+        raise TreeError(str(exc)) from None
     unknown = sorted(set(data) - {"set", "bind", "patch"})
     if unknown:
         raise TreeError(f"{path}: unknown section(s) {', '.join(unknown)}; expected set, bind, patch")

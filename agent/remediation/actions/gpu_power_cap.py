@@ -37,10 +37,6 @@ def _constraints(lib: Any, index: int) -> tuple[float, float, float]:
     return lo / 1000.0, hi / 1000.0, default / 1000.0
 
 
-def gpu_count(lib: Any) -> int:
-    return int(lib.nvmlDeviceGetCount())
-
-
 class GpuPowerCapAction:
     kind = "gpu_power_cap"
 
