@@ -182,7 +182,7 @@ class RedfishSource:
                     for rule in rules.values()}
         families.update((s.name, s) for s in (rm.DETECTOR_STATE, rm.HEALTH, mm.LEAK_DETECTED, mm.LEAK_FAULT,
                                               rm.SERVICE_INFO, rm.REQUESTS, rm.LOGINS, rm.DISCOVERIES, rm.EVENTS,
-                                              rm.EVENT_STREAM_UP))
+                                              rm.EVENT_STREAM_UP, rm.EVENT_STREAM_ERRORS, rm.EVENT_POLLS_COALESCED))
         return families
 
     def pinned_labels(self) -> dict[str, frozenset[str]]:
