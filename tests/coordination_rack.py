@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import re
 import signal
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from agent.demo import agent_config
 from tests.agentproc import AgentProcess
+from tests.etcd import running_etcd
 from tests.helpers import free_port, wait_for
+from tests.simrack import SimRack
 
 TOKEN = "coordination-test-token"
 
@@ -28,6 +31,34 @@ def coordinated_config(sim: Any, node: str, workdir: Path, endpoints: list[str],
                            "etcd": {"endpoints": endpoints, "prefix": "/supernode-test"}}
     cfg["remediation"]["guardrails"].update(guardrails)
     return cfg
+
+
+@contextmanager
+def etcd_rack(base: Path, nodes: tuple[str, ...], ttl: float = 5.0) -> Iterator[tuple[Any, SimRack, list[AgentProcess]]]:
+    """A 3-member etcd cluster, the simulated rack and one coordinated agent per node (the leader reads every
+    tray: `watch_rack_trays`); everything stopped on the way out, a SIGSTOPped agent too."""
+    gen = running_etcd(base / "etcd", 3)
+    etcd = next(gen)
+    sim = SimRack(base, nodes=len(nodes), gpus=2).start()
+    agents: list[AgentProcess] = []
+    try:
+        for node in nodes:
+            work = base / node
+            work.mkdir()
+            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=ttl)
+            cfg["sources"]["redfish"]["watch_rack_trays"] = True
+            agents.append(AgentProcess(cfg, work).start())
+        yield etcd, sim, agents
+    finally:
+        for a in agents:
+            if a.proc is not None and a.proc.poll() is None:
+                a.proc.send_signal(signal.SIGCONT)
+            a.stop()
+        sim.stop()
+        try:
+            next(gen)
+        except StopIteration:
+            pass
 
 
 def static_configs(sim: Any, base: Path, nodes: list[str], pollers: dict[str, list[str]]

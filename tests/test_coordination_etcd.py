@@ -17,9 +17,8 @@ import time
 import pytest
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import (TOKEN, alive, approve, coordinated_config, incidents, is_leader, is_up, leaders,
+from tests.coordination_rack import (TOKEN, alive, approve, etcd_rack, incidents, is_leader, is_up, leaders,
                                      metric, polls, restart, results)
-from tests.etcd import running_etcd
 from tests.helpers import wait_for
 from tests.simrack import SimRack
 
@@ -65,31 +64,10 @@ class Rack:
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
-    base = tmp_path_factory.mktemp("coordination")
-    gen = running_etcd(base / "etcd", 3)
-    etcd = next(gen)
-    sim = SimRack(base, nodes=3, gpus=2).start()
-    agents: list[AgentProcess] = []
-    try:
-        for node in NODES:
-            work = base / node
-            work.mkdir()
-            cfg = coordinated_config(sim.sim, node, work, etcd.endpoints, ttl=TTL)
-            cfg["sources"]["redfish"]["watch_rack_trays"] = True
-            agents.append(AgentProcess(cfg, work).start())
+    with etcd_rack(tmp_path_factory.mktemp("coordination"), NODES, ttl=TTL) as (etcd, sim, agents):
         r = Rack(etcd, sim, agents)
         r.steady()
         yield r
-    finally:
-        for a in agents:
-            if a.proc is not None and a.proc.poll() is None:
-                a.proc.send_signal(signal.SIGCONT)
-            a.stop()
-        sim.stop()
-        try:
-            next(gen)
-        except StopIteration:
-            pass
 
 
 def test_one_leader_and_each_shared_device_sees_at_most_two_clients(rack):

@@ -32,6 +32,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from agent.auth import token_map
 from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
                                      cmp_mod, cmp_value, op_put)
 from agent.coordination.facts import Fact, FactExchange, encode, is_wet, poll_started
@@ -247,6 +248,7 @@ class EtcdCoordinator(RackState):
         self.facts.store = agent.store
         self.poll_now = agent.scheduler.poll_now
         self.align = getattr(agent.scheduler, "align", None)
+        self.admin_tokens = lambda: token_map(agent.loaded.admin_tokens)  # the tokens of the running config
         agent.store.add_listener(self.on_publish)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
