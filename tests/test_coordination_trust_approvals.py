@@ -55,7 +55,7 @@ def approved(who: str = "alice", secret: str | None = None, at: float = NOW - 5,
            "requested_by": "node01", "state": "approved", "approved_by": who, "approved_via": "node02",
            "approved_at": at, "pending_revision": STEP.revision, "all": False,
            "proof": approval_proof(secret if secret is not None else TOKENS[who], STEP.rid, STEP.revision,
-                                   STEP.incident_id, who, at)}
+                                   STEP.incident_id, who, at, "node02", False)}
     doc.update(over)
     return doc
 
@@ -92,6 +92,9 @@ def test_a_proof_made_with_another_token_or_for_another_person_is_refused():
     assert why(dict(approved("alice"), approved_by="bob")) == "bad_proof"
     # a token this agent does not hold
     assert why(approved("mallory", secret="x")) == "unknown_token"
+    # a genuine approval whose journaled fields an etcd writer rewrote
+    assert why(dict(approved(), approved_via="node03")) == "bad_proof"
+    assert why(dict(approved(), all=True)) == "bad_proof"
 
 
 def test_an_approval_for_another_pending_record_or_episode_or_step_is_refused():
@@ -147,7 +150,7 @@ def test_any_record_never_raises_and_is_never_accepted_without_the_right_proof(r
     doc = json.loads(raw)
     assert create == STEP.revision and mod > create and doc["pending_revision"] == STEP.revision
     assert doc["proof"] == approval_proof(TOKENS[got.approved_by], STEP.rid, STEP.revision, STEP.incident_id,
-                                          got.approved_by, got.approved_at)
+                                          got.approved_by, got.approved_at, got.approved_via, got.all)
     assert (doc["id"], doc["incident_id"], doc["action"], doc["target"], doc["phase"]) == \
         (STEP.rid, STEP.incident_id, STEP.action, STEP.target, STEP.phase)
     assert math.isfinite(got.approved_at) and STEP.created_at - SKEW <= got.approved_at <= NOW + SKEW

@@ -16,7 +16,7 @@ only when all of these hold:
 - it names the person (`approved_by`: the admin token's name) and the agent
   that checked that person's token (`approved_via`, an inventory node);
 - it carries `proof`: HMAC-SHA256 over (rack id, R, incident id, who,
-  approved_at) keyed with that admin token's secret. Every agent of a rack
+  approved_at, approved_via, all) keyed with that admin token's secret. Every agent of a rack
   holds the rack's admin tokens (its config's secrets), so the acting agent
   checks the proof against its own copy of the token named `who`. Etcd never
   holds a token: an etcd writer who does not also hold an admin token cannot
@@ -54,10 +54,12 @@ def rack_approval_id(incident_key: str, incident_id: str, action: str, target: s
 
 
 def approval_proof(secret: SecretStr | str, rid: str, pending_revision: int, incident_id: str, who: str,
-                   approved_at: float) -> str:
-    """HMAC-SHA256 of the approval's identity, keyed with the approving person's admin token."""
+                   approved_at: float, via: str, all_: bool) -> str:
+    """HMAC-SHA256 of the approval's identity, keyed with the approving person's admin token. What the acting
+    agent journals from the record (via, all) is in it too: an etcd writer cannot rewrite it either."""
     key = secret.get_secret_value() if isinstance(secret, SecretStr) else secret
-    msg = json.dumps([rid, int(pending_revision), incident_id, who, float(approved_at)], separators=(",", ":"))
+    msg = json.dumps([rid, int(pending_revision), incident_id, who, float(approved_at), via, bool(all_)],
+                     separators=(",", ":"))
     return hmac.new(key.encode(), msg.encode(), hashlib.sha256).hexdigest()
 
 
@@ -148,10 +150,11 @@ def approval_of(raw: bytes | str, create_revision: int, mod_revision: int, step:
     secret = tokens.get(who)
     if secret is None:
         raise RecordError("unknown_token", f"approved_by {who[:60]!r} is no admin token of this agent")
-    want = approval_proof(secret, step.rid, step.revision, step.incident_id, who, at)
+    flag = doc.get("all", False)
+    if not isinstance(flag, bool):
+        raise RecordError("type", "all: expected true or false")
+    want = approval_proof(secret, step.rid, step.revision, step.incident_id, who, at, via, flag)
     if not hmac.compare_digest(want.encode(), given.encode("utf-8", "replace")):
         raise RecordError("bad_proof", f"proof does not match admin token {who[:60]!r}")
     subject = doc.get("subject")
-    flag = doc.get("all", False)
-    return Approval(who, via, at, mod_revision, subject[:MAX_NAME] if isinstance(subject, str) else None,
-                    flag if isinstance(flag, bool) else False)
+    return Approval(who, via, at, mod_revision, subject[:MAX_NAME] if isinstance(subject, str) else None, flag)

@@ -449,7 +449,8 @@ class RackState:
             at = self.clock()
             doc = dict(doc, state="approved", approved_by=who, approved_via=self.node, approved_at=at,
                        pending_revision=kv.create_revision, all=all_,
-                       proof=approval_proof(secret, rid, kv.create_revision, doc["incident_id"], who, at),
+                       proof=approval_proof(secret, rid, kv.create_revision, doc["incident_id"], who, at, self.node,
+                                            all_),
                        **({"subject": subject} if subject and subject != who else {}))
             try:
                 ok, _, _ = await self.client.txn([cmp_mod(kv.key, kv.mod_revision)], [op_put(kv.key, json.dumps(doc))])
