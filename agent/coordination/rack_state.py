@@ -294,7 +294,9 @@ class RackState:
                                                            [op_put(key, json.dumps(p.rack_doc))], [op_get(key)])
                 if ok:
                     p.rack_revision, p.rack_created_at = rev, p.created_at
-                    self._check_approval(rid, self.mirror.get(key), republish=False)  # a change seen meanwhile
+                    seen = self.mirror.get(key)
+                    if seen is not None and seen.create_revision == rev:  # a change the watch brought meanwhile
+                        self._check_approval(rid, seen, republish=False)
                     return
                 kvs = responses[0]["response_range"].get("kvs") or []
                 if not kvs:
