@@ -282,7 +282,7 @@ def test_a_node_drained_for_an_xid_is_not_resumed_on_a_timer_while_its_health_ch
             assert node_states(cluster)["node01"] in ("drained", "draining")
             assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
             wait_for(lambda: node_states(cluster).get("node01") == "idle", 30, what="resumed after approval")
-            assert _journal(agent, kind="approval", result="approved")[0]["detail"]["by"] == "admin"
+            assert _journal(agent, kind="approval", result="approved")[0]["detail"]["approved_by"] == "admin"
 
 
 def test_a_node_drained_for_an_xid_resumes_by_itself_when_the_nvml_check_passes(clean_cluster, tmp_path):

@@ -222,9 +222,18 @@ def test_pdu_outlet_off_is_held_for_approval_then_switched_and_undone(tmp_path):
         assert [e.detail["approval"] for e in pending] == ["pdu_outlet_off"] * 2
         assert await states(3, 4) == [STATE_ON, STATE_ON] and model.nodes["node02"].powered
         async with aiohttp.ClientSession() as s:
+            # two steps pending under one incident id: listed, none approved, until the person says all
             async with s.post(f"{url}/api/v1/incidents/{inc.id}/approve",
                               headers={"Authorization": f"Bearer {ADMIN}"}) as r:
-                assert r.status == 200
+                assert r.status == 409
+                assert sorted(p["target"] for p in (await r.json())["pending"]) == [
+                    "outlet=3,pdu=pdu-a", "outlet=4,pdu=pdu-a"]
+            assert not [e for e in results(eng, kind="approval", incident_id=inc.id) if e.result == "approved"]
+            async with s.post(f"{url}/api/v1/incidents/{inc.id}/approve?all=true",
+                              headers={"Authorization": f"Bearer {ADMIN}"}) as r:
+                assert r.status == 200 and len((await r.json())["approved"]) == 2
+        rows = [e for e in results(eng, kind="approval", incident_id=inc.id) if e.result == "approved"]
+        assert [(e.detail["all"], e.detail["approved_by"]) for e in rows] == [(True, "admin")] * 2
         await await_for(lambda: inc.state == "mitigated", what="outlets switched")
         assert await states(3, 4) == [STATE_OFF, STATE_OFF]
         assert not model.nodes["node02"].powered and model.nodes["node01"].powered

@@ -43,6 +43,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from agent.auth import token_map
 from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone, WatchCompacted, cmp_create,
                                      cmp_mod, cmp_value, op_delete, op_put)
 from agent.coordination.exchange import FactExchange
@@ -304,6 +305,7 @@ class EtcdCoordinator(RackState):
         self.facts.store = agent.store
         self.poll_now = agent.scheduler.poll_now
         self.align = getattr(agent.scheduler, "align", None)
+        self.admin_tokens = lambda: token_map(agent.loaded.admin_tokens)  # the tokens of the running config
         agent.store.add_listener(self.on_publish)
         self._task = asyncio.get_running_loop().create_task(self._run())
 

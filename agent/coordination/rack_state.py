@@ -25,9 +25,12 @@ each other for the key and sleeping between tries.
   per-kind hourly rates, and the breaker's own state (a person resets it on
   any agent).
 - `approvals/<id>`: a destructive shared step waiting for a person, written
-  by the leader that reached it. Approve on any agent; a new leader finds the
-  record and carries on; an approval is consumed by the one step it was for,
-  so a later episode of the same incident asks again.
+  by the leader that reached it; the id names the episode (the leader's
+  incident id). Approve on any agent: that agent writes the approval with a
+  proof keyed with the person's admin token, which the leader checks with its
+  own copy before it journals and acts (agent.coordination.approvals: the
+  record alone proves nothing). An approval is consumed by the one step it
+  was for, so a later episode of the same incident asks again.
 
 Times in these keys are wall-clock times (the only clock agents share).
 """
@@ -35,20 +38,24 @@ Times in these keys are wall-clock times (the only clock agents share).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from typing import Any, Callable
 
 from agent.coordination.etcd import KV, EtcdError, cmp_create, cmp_mod, op_delete, op_get, op_put
-from agent.coordination.records import ActionsDoc, Rejections, actions_doc, drains_doc
+from agent.auth import token_map
+from agent.coordination.approvals import Step, approval_of, approval_proof, pending_record, rack_approval_id
+from agent.coordination.records import (ActionsDoc, RecordError, Rejections, actions_doc, drains_doc, parse_json,
+                                        wall_time)
 
 log = logging.getLogger("supernode.coordination")
 CONTENTION_TRIES = 30
 
 
-def rack_approval_id(incident_key: str, action: str, target: str, phase: str) -> str:
-    return "rack-" + hashlib.sha1(f"{incident_key}|{action}|{target}|{phase}".encode()).hexdigest()[:12]
+# Detection lag between two agents' incidents of one leak (a poll, a fact through etcd): with the clock skew
+# allowed, the leader's incident of an episode opened within this of another agent's incident of it. Episodes of
+# one fault further apart than this are told apart.
+EPISODE_LAG_SECONDS = 10.0
 
 
 class RackState:
@@ -61,6 +68,9 @@ class RackState:
         self.inventory_nodes = frozenset(loaded.config.inventory.nodes or [loaded.config.agent.node])
         self.rejections = Rejections()
         self.local_pending: dict[str, Any] = {}  # rack approval id -> engine Pending
+        self._publishing: set[str] = set()  # rack approval ids whose record is being written now
+        # name -> admin token: the proof of a rack approval is keyed with one (EtcdCoordinator.start follows reloads)
+        self.admin_tokens: Callable[[], dict[str, Any]] = lambda: token_map(loaded.admin_tokens)
         self._written: dict[str, KV] = {}  # guard key -> our own last write (ahead of the mirror until its event)
         self._reservations: list[tuple[str, asyncio.Future]] = []  # action counts waiting for the next txn
         self._reserver: asyncio.Task | None = None
@@ -230,103 +240,220 @@ class RackState:
         return bool(done and was)
 
     # -- approvals ----------------------------------------------------------------------------------------
+    # The leader writes a pending record per destructive shared step; a person approves on any agent, which
+    # writes the approval with a proof made with that person's admin token (agent.coordination.approvals); the
+    # leader checks the proof against its own copy of the token and journals who approved before it acts.
 
-    def _approvals(self) -> dict[str, tuple[Any, dict[str, Any]]]:
+    def _approval_records(self) -> dict[str, tuple[KV, dict[str, Any]]]:
+        """The approval records that parse (views and approvers; not counted here: the watch counts each
+        revision once, in on_rack_change)."""
         pre = f"{self.root}/approvals/"
+        now = self.clock()
         out = {}
         for key, kv in list(self.mirror.items()):
             if key.startswith(pre):
                 try:
-                    out[key[len(pre):]] = (kv, json.loads(kv.value))
-                except ValueError:
+                    out[key[len(pre):]] = (kv, pending_record(kv.value, now, self.skew, self.approval_expiry))
+                except RecordError:
                     continue
         return out
 
+    @property
+    def approval_expiry(self) -> float:
+        return float(self.guardrails.approval_expiry_seconds)
+
     def pending_added(self, pending: Any, incident: Any) -> None:
-        """The leader reached a destructive shared step: make its approval rack state (or adopt one)."""
+        """The leader reached a destructive shared step: make its approval rack state (or adopt its own)."""
         if not (self.up() and self.is_leader()) or pending.action not in ("cdu_write", "pdu_outlet"):
             return
-        rid = rack_approval_id(incident.key, pending.action, pending.target, pending.phase)
+        rid = rack_approval_id(incident.key, incident.id, pending.action, pending.target, pending.phase)
         pending.rack_id = rid
+        pending.rack_doc = {
+            "id": rid, "incident_id": incident.id, "incident_key": incident.key,
+            "incident_opened_at": incident.opened_at, "detector": incident.detector, "targets": incident.targets,
+            "playbook": pending.playbook, "action": pending.action, "target": pending.target,
+            "phase": pending.phase, "approval": pending.approval, "created_at": pending.created_at,
+            "expires_at": pending.expires_at, "state": "pending", "requested_by": self.node}
         self.local_pending[rid] = pending
-        asyncio.get_running_loop().create_task(self._publish_pending(rid, pending, incident))
+        asyncio.get_running_loop().create_task(self._publish_pending(rid, pending))
 
-    async def _publish_pending(self, rid: str, p: Any, inc: Any) -> None:
+    async def _publish_pending(self, rid: str, p: Any, tries: int = 3) -> None:
+        """Create the step's pending record; its create revision is what an approval must name. A record
+        already there is adopted only when it is this agent's own record of this very step (a restart), pending
+        or genuinely approved; anything else (planted, garbled, approved without proof) is deleted and the
+        record made afresh."""
+        if rid in self._publishing:
+            return
+        self._publishing.add(rid)
         key = f"{self.root}/approvals/{rid}"
-        doc = {"id": rid, "incident_key": inc.key, "detector": inc.detector, "targets": inc.targets,
-               "playbook": p.playbook, "action": p.action, "target": p.target, "phase": p.phase,
-               "approval": p.approval, "created_at": p.created_at, "expires_at": p.expires_at, "state": "pending",
-               "requested_by": self.node}
         try:
-            ok, responses, _ = await self.client.txn([cmp_create(key, 0)], [op_put(key, json.dumps(doc))],
-                                                     [op_get(key)])
-            if ok:
-                return
-            kvs = responses[0]["response_range"].get("kvs", [])
-            if not kvs:
-                return
-            from agent.coordination.etcd import KV
-
-            old = KV.from_json(kvs[0])
-            existing = json.loads(old.value)
-            live = existing.get("expires_at", 0) > self.clock() and existing.get("state") in ("pending", "approved")
-            if live:
-                self.mirror[key] = old
-                self._resolve_if_approved(rid, existing)
-                return
-            # a consumed or lapsed record of an earlier episode: this step asks again
-            await self.client.txn([cmp_mod(key, old.mod_revision)], [op_put(key, json.dumps(doc))])
-        except (EtcdError, KeyError, IndexError, ValueError) as exc:
+            for _ in range(tries):
+                if p.future.done() or self.local_pending.get(rid) is not p:
+                    return
+                ok, responses, rev = await self.client.txn([cmp_create(key, 0)],
+                                                           [op_put(key, json.dumps(p.rack_doc))], [op_get(key)])
+                if ok:
+                    p.rack_revision, p.rack_created_at = rev, p.created_at
+                    seen = self.mirror.get(key)
+                    if seen is not None and seen.create_revision == rev:  # a change the watch brought meanwhile
+                        self._check_approval(rid, seen, republish=False)
+                    return
+                kvs = responses[0]["response_range"].get("kvs") or []
+                if not kvs:
+                    continue
+                old = KV.from_json(kvs[0])
+                doc = self._own_record(rid, p, old)
+                if doc is not None:
+                    p.rack_revision, p.rack_created_at = old.create_revision, min(p.created_at, doc["created_at"])
+                    if self._check_approval(rid, old, republish=False):
+                        return
+                await self.client.txn([cmp_mod(key, old.mod_revision)], [op_delete(key)])
+            log.warning("rack approval not recorded: its key kept being rewritten", extra={"id": rid})
+        except (EtcdError, KeyError, IndexError, TypeError, ValueError) as exc:
             log.warning("rack approval not recorded; approve on this agent", extra={"error": str(exc)[:200]})
+        finally:
+            self._publishing.discard(rid)
+
+    def _own_record(self, rid: str, p: Any, kv: KV) -> dict[str, Any] | None:
+        """The record at `rid` when it is this agent's own pending (or approved) record of step `p`."""
+        try:
+            doc = pending_record(kv.value, self.clock(), self.skew, max(self.approval_expiry, p.expires_at - p.created_at))
+        except RecordError as exc:
+            self.rejections.error("approval", kv.key, kv.mod_revision, exc)
+            return None
+        mine = (doc["id"], doc["incident_id"], doc["action"], doc["target"], doc["phase"], doc["requested_by"])
+        if mine != (rid, p.incident_id, p.action, p.target, p.phase, self.node) or doc["state"] == "consumed":
+            self.rejections.reject("approval", "planted", kv.key, kv.mod_revision,
+                                   "a record of this step that this agent did not write")
+            return None
+        return doc
 
     def pending_removed(self, pending: Any, approved: bool) -> None:
         rid = getattr(pending, "rack_id", None)
         if rid is None or self.local_pending.pop(rid, None) is None:
             return
         if approved and self.up():
-            asyncio.get_running_loop().create_task(self._consume(rid, pending))
+            asyncio.get_running_loop().create_task(self._consume(rid))
 
-    async def _consume(self, rid: str, p: Any) -> None:
+    async def _consume(self, rid: str) -> None:
         key = f"{self.root}/approvals/{rid}"
         try:
             kv = await self.client.get(key)
-            if kv is None:
+            doc = parse_json(kv.value) if kv is not None else None
+            if not isinstance(doc, dict):
                 return
-            doc = dict(json.loads(kv.value), state="consumed", consumed_by=self.node, consumed_at=self.clock())
+            doc = dict(doc, state="consumed", consumed_by=self.node, consumed_at=self.clock())
             await self.client.txn([cmp_mod(key, kv.mod_revision)], [op_put(key, json.dumps(doc))])
-        except (EtcdError, ValueError):
+        except (EtcdError, RecordError):
             pass
 
-    def _resolve_if_approved(self, rid: str, doc: dict[str, Any]) -> None:
+    def _check_approval(self, rid: str, kv: KV | None, republish: bool = True) -> bool:
+        """A change of a step's record this agent waits on: a genuine approval is journaled and lets the step
+        act; a claimed one that is not (planted, stale, other episode, no or wrong proof) is refused, counted,
+        journaled with why, and the pending record is written afresh so a person can still approve.
+        False: refused; True: pending still, approved, or nothing of ours to check."""
         p = self.local_pending.get(rid)
-        if p is not None and doc.get("state") == "approved" and not p.future.done():
-            log.info("rack approval seen", extra={"id": rid, "by": doc.get("approved_by")})
+        if p is None or p.future.done() or p.rack_revision is None:
+            return True
+        if kv is None:  # deleted under us: ask again
+            if republish:
+                asyncio.get_running_loop().create_task(self._publish_pending(rid, p))
+            return True
+        if (kv.key, kv.mod_revision) in p.refused:
+            return False
+        step = Step(rid, p.incident_id, p.action, p.target, p.phase, p.rack_revision, p.rack_created_at)
+        try:
+            approval = approval_of(kv.value, kv.create_revision, kv.mod_revision, step, self.admin_tokens(),
+                                   self.inventory_nodes, self.clock(), self.skew,
+                                   max(self.approval_expiry, p.expires_at - p.created_at))
+        except RecordError as exc:
+            p.refused.add((kv.key, kv.mod_revision))
+            self.rejections.error("approval", kv.key, kv.mod_revision, exc)
+            self._journal_approval(p, "refused", {"why": exc.why, "detail": exc.detail[:300], "rack": True,
+                                                  "rack_id": rid, "rack_revision": kv.mod_revision,
+                                                  "pending_revision": p.rack_revision})
+            if republish:
+                asyncio.get_running_loop().create_task(self._publish_pending(rid, p))
+            return False
+        if approval is not None:
+            log.info("rack approval verified", extra={"id": rid, "by": approval.approved_by,
+                                                      "via": approval.approved_via})
+            self._journal_approval(p, "approved", approval.journal_detail(rid, p.rack_revision))
             p.future.set_result(True)
+        return True
+
+    def _journal_approval(self, p: Any, result: str, detail: dict[str, Any]) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.journal.append("approval", action_id=p.id, incident_id=p.incident_id, playbook=p.playbook,
+                                  action=p.action, target=p.target, result=result,
+                                  detail={"phase": p.phase, **detail})
 
     def on_rack_change(self, key: str) -> None:
+        """Each revision of an approval record, once: the step this agent waits on checks it; any other record
+        that fails its schema (planted, garbled, a ten-year expiry) is counted and ignored by every view."""
         pre = f"{self.root}/approvals/"
-        if key.startswith(pre):
-            rid = key[len(pre):]
-            kv = self.mirror.get(key)
-            if kv is not None:
-                try:
-                    self._resolve_if_approved(rid, json.loads(kv.value))
-                except ValueError:
-                    pass
+        if not key.startswith(pre):
+            return
+        rid, kv = key[len(pre):], self.mirror.get(key)
+        if rid in self.local_pending:
+            self._check_approval(rid, kv)
+        elif kv is not None:
+            try:
+                pending_record(kv.value, self.clock(), self.skew, self.approval_expiry)
+            except RecordError as exc:
+                self.rejections.error("approval", key, kv.mod_revision, exc)
 
-    async def approve(self, ident: str, who: str, incidents: list[Any]) -> list[str]:
-        """Approve rack-wide: by its rack id, or by this agent's own incident of the same fault (an open incident
-        approves the steps that act on it, a resolved one the steps that undo it: an earlier episode's
-        pending undo is not approved by approving this episode)."""
-        mine = {(i.key, "apply" if i.state != "resolved" else "undo") for i in incidents if i.id == ident}
-        done = []
+    def _live(self, doc: dict[str, Any], now: float) -> bool:
+        """A record a person may approve now: pending, unexpired, asked by the agent that leads now."""
+        return doc["state"] == "pending" and doc["expires_at"] > now and doc["requested_by"] == self.leader_node()
+
+    def _same_episode(self, inc: Any, doc: dict[str, Any], now: float) -> bool:
+        """Is the leader's record a step of this agent's incident `inc` (same fault, same episode)? Each agent
+        has its own incident id for one leak; the leader's incident opened while this one was open (give or
+        take EPISODE_LAG_SECONDS of detection lag, and the clock skew). An open incident approves the steps that act on
+        it, a resolved one those that undo it."""
+        if doc["incident_key"] != inc.key or (doc["phase"] == "apply") != (inc.state != "resolved"):
+            return False
+        try:
+            opened = wall_time(doc.get("incident_opened_at"), "incident_opened_at", now, self.skew)
+        except RecordError:
+            return False
+        end = inc.resolved_at if inc.resolved_at is not None else now
+        slack = EPISODE_LAG_SECONDS + self.skew
+        return inc.opened_at - slack <= opened <= end + slack
+
+    def approval_candidates(self, ident: str, incidents: list[Any]) -> tuple[bool, list[dict[str, Any]]]:
+        """(exact, steps): the rack step whose id is `ident` (exact), else the live rack steps of the episode
+        `ident` names: the leader's incident id, or this agent's own incident of the same episode."""
         now = self.clock()
-        for rid, (kv, doc) in self._approvals().items():
-            if doc.get("state") != "pending" or doc.get("expires_at", 0) <= now:
+        live = {rid: (kv, doc) for rid, (kv, doc) in self._approval_records().items() if self._live(doc, now)}
+        if ident in live:
+            return True, [self._view(ident, live[ident][1])]
+        mine = [i for i in incidents if i.id == ident]
+        return False, [self._view(rid, doc) for rid, (_, doc) in sorted(live.items())
+                       if doc["incident_id"] == ident or any(self._same_episode(i, doc, now) for i in mine)]
+
+    async def approve(self, rids: list[str], who: str, subject: str | None = None, all_: bool = False) -> list[str]:
+        """Approve these live rack steps as the person whose admin token is named `who`: each record gets
+        the approval and its proof (keyed with that token), for the leader to check."""
+        secret = self.admin_tokens().get(who)
+        if secret is None:
+            log.warning("rack approval not written: no admin token of that name here", extra={"who": who[:60]})
+            return []
+        done = []
+        records = self._approval_records()
+        now = self.clock()
+        for rid in rids:
+            kv, doc = records.get(rid, (None, None))
+            if kv is None or not self._live(doc, now):
                 continue
-            if ident != rid and (doc.get("incident_key"), doc.get("phase")) not in mine:
-                continue
-            doc = dict(doc, state="approved", approved_by=who, approved_at=now, approved_on=self.node)
+            at = self.clock()
+            doc = dict(doc, state="approved", approved_by=who, approved_via=self.node, approved_at=at,
+                       pending_revision=kv.create_revision, all=all_,
+                       proof=approval_proof(secret, rid, kv.create_revision, doc["incident_id"], who, at, self.node,
+                                            all_),
+                       **({"subject": subject} if subject and subject != who else {}))
             try:
                 ok, _, _ = await self.client.txn([cmp_mod(kv.key, kv.mod_revision)], [op_put(kv.key, json.dumps(doc))])
             except EtcdError as exc:
@@ -337,12 +464,14 @@ class RackState:
         return done
 
     def incident_closed(self, incident: Any) -> None:
-        """The fault is over here: its shared steps still waiting for a person no longer need one."""
+        """The fault is over here: the steps this agent asked for, still waiting for a person, no longer
+        need one (records of an agent that no longer leads are dropped too: nobody acts on them)."""
         if not self.up():
             return
-        stale = [kv for kv, doc in self._approvals().values()
-                 if doc.get("incident_key") == incident.key and doc.get("state") == "pending"
-                 and doc.get("phase") == "apply"]
+        leader = self.leader_node()
+        stale = [kv for kv, doc in self._approval_records().values()
+                 if doc["incident_key"] == incident.key and doc["state"] == "pending"
+                 and (doc["requested_by"] != leader or (doc["requested_by"] == self.node and doc["phase"] == "apply"))]
         if stale:
             asyncio.get_running_loop().create_task(self._drop(stale))
 
@@ -353,11 +482,14 @@ class RackState:
             except EtcdError:
                 pass
 
+    @staticmethod
+    def _view(rid: str, doc: dict[str, Any]) -> dict[str, Any]:
+        return {"id": rid, "incident_id": doc["incident_id"], "incident_key": doc["incident_key"],
+                "playbook": doc.get("playbook"), "action": doc["action"], "target": doc["target"],
+                "phase": doc["phase"], "approval": doc.get("approval"), "created_at": doc["created_at"],
+                "expires_at": doc["expires_at"], "rack": True, "requested_by": doc["requested_by"]}
+
     def pending_view(self) -> list[dict[str, Any]]:
         now = self.clock()
-        return [{"id": rid, "incident_id": doc.get("incident_key"), "playbook": doc.get("playbook"),
-                 "action": doc.get("action"), "target": doc.get("target"), "phase": doc.get("phase"),
-                 "approval": doc.get("approval"), "created_at": doc.get("created_at"),
-                 "expires_at": doc.get("expires_at"), "rack": True, "requested_by": doc.get("requested_by")}
-                for rid, (_, doc) in sorted(self._approvals().items())
-                if doc.get("state") == "pending" and doc.get("expires_at", 0) > now]
+        return [self._view(rid, doc) for rid, (_, doc) in sorted(self._approval_records().items())
+                if self._live(doc, now)]

@@ -77,7 +77,10 @@ class LocalRack:
     def incident_closed(self, incident: Any) -> None:
         return None
 
-    async def approve(self, ident: str, who: str, incidents: list[Any]) -> list[str]:
+    def approval_candidates(self, ident: str, incidents: list[Any]) -> tuple[bool, list[dict[str, Any]]]:
+        return False, []
+
+    async def approve(self, rids: list[str], who: str, subject: str | None = None, all_: bool = False) -> list[str]:
         return []
 
     def pending_view(self) -> list[dict[str, Any]]:

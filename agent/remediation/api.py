@@ -19,6 +19,7 @@ from agent.httpclient import request_json
 from exporters.validation import terminal_safe
 
 from .decisions import log_webhook_rejection
+from .engine import AmbiguousApproval
 from .journal import Journal
 from .webhook import WebhookError, handle_payload
 
@@ -78,10 +79,22 @@ def add_remediation_routes(app: web.Application, engine, admin_token: TokenSourc
 
     @admin
     async def approve(request: web.Request, who: str) -> web.Response:
-        done = await engine.approve_anywhere(request.match_info["id"], who=who)
+        """One step by its id; an incident's one pending step; several only with `?all=true` (409 lists them)."""
+        flag = request.query.get("all", "false").lower()
+        if flag not in ("true", "false", "1", "0"):
+            return web.json_response({"error": "all must be true or false"}, status=400)
+        # the admin token's name (under mTLS `who` is the certificate subject): it keys a rack approval's proof
+        token = next((n for n, t in token_map(admin_token).items() if caller(request, {n: t}) is not None), None)
+        try:
+            done = await engine.approve_anywhere(request.match_info["id"], who=who, all_=flag in ("true", "1"),
+                                                 token=token)
+        except AmbiguousApproval as exc:
+            return web.json_response({"error": f"{len(exc.steps)} steps pending under this incident: approve one "
+                                               "by its id, or all of them with all=true", "pending": exc.steps},
+                                     status=409)
         if not done:
             return web.json_response({"error": "nothing pending under that id"}, status=404)
-        return web.json_response({"approved": done, "by": who})
+        return web.json_response({"approved": done, "by": token or who})
 
     @reader
     async def journal(request: web.Request, who: str) -> web.Response:
@@ -142,18 +155,28 @@ def _entry_dict(e) -> dict:
 
 # -- CLI helpers (agent/cli.py calls these) -------------------------------------
 
-def _call(base_url: str, path: str, token_file: Path | str | None, method: str = "GET",
-          body: dict | None = None) -> dict | int:
-    """The agent's answer as a dict, or the CLI's exit code after printing why there is none."""
+def _request(base_url: str, path: str, token_file: Path | str | None, method: str = "GET",
+             body: dict | None = None) -> tuple[int, dict] | int:
+    """(status, answer) from the agent, or the CLI's exit code after printing why it could not be reached."""
     token = Path(token_file).read_text().strip() if token_file else None
     try:
         status, data = request_json(method, base_url.rstrip("/") + path, body, token=token)
     except OSError as exc:
         print(f"error: cannot reach {base_url}: {exc}", file=sys.stderr)
         return 2
-    if status != 200:
-        why = data.get("error", "") if isinstance(data, dict) else ""
-        print(f"error: {status} {terminal_safe(why)}", file=sys.stderr)
+    return status, data if isinstance(data, dict) else {}
+
+
+def _call(base_url: str, path: str, token_file: Path | str | None, method: str = "GET",
+          body: dict | None = None, also: tuple[int, ...] = ()) -> dict | int:
+    """The agent's answer as a dict (status 200, or one of `also`), or the CLI's exit code after printing why
+    there is none."""
+    got = _request(base_url, path, token_file, method, body)
+    if isinstance(got, int):
+        return got
+    status, data = got
+    if status != 200 and status not in also:
+        print(f"error: {status} {terminal_safe(data.get('error', ''))}", file=sys.stderr)
         return 1
     return data
 
@@ -194,12 +217,23 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
     return 0
 
 
-def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | str) -> int:
-    data = _call(base_url, f"/api/v1/incidents/{incident_or_action_id}/approve", token_file, method="POST")
+def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | str, all_: bool = False) -> int:
+    """Approve one step (by its id), an incident's one pending step, or with --all every pending step of it;
+    an incident with several pending steps and no --all: print them and ask which (exit 1)."""
+    query = "?all=true" if all_ else ""
+    data = _call(base_url, f"/api/v1/incidents/{incident_or_action_id}/approve{query}", token_file, method="POST",
+                 also=(409,))
     if isinstance(data, int):
         return data
-    for aid in data["approved"]:
-        print(f"approved {terminal_safe(aid)}")
+    if "pending" in data:
+        print(f"{terminal_safe(incident_or_action_id)} has several pending steps; approve one by its ID "
+              "(supernode-agent approve ID), or all of them with --all:", file=sys.stderr)
+        _table([["ID", "ACTION", "TARGET", "PHASE"]] +
+               [[str(p.get("id")), str(p.get("action")), str(p.get("target")), str(p.get("phase"))]
+                for p in data["pending"] if isinstance(p, dict)], out=sys.stderr)
+        return 1
+    for aid in data.get("approved", []):
+        print(f"approved {terminal_safe(aid)}" + (" (--all)" if all_ else ""))
     return 0
 
 

@@ -20,8 +20,11 @@ def add_remediation_parsers(sub: argparse._SubParsersAction) -> None:
     inc.add_argument("id", nargs="?", help="incident id (with resolve/reject)")
     inc.add_argument("--url", default=None, help="agent URL (default: from the config's listen address)")
     inc.add_argument("--token-file", default=None, help="admin token file (default: the config's admin_token)")
-    ap = sub.add_parser("approve", help="approve a pending destructive step (by incident or action id)")
+    ap = sub.add_parser("approve", help="approve a pending destructive step: by its id, or by incident id when "
+                        "that incident has one pending step (several: they are listed; --all approves them all)")
     ap.add_argument("id")
+    ap.add_argument("--all", action="store_true", help="approve every pending step of the incident (journaled as "
+                    "all: true)")
     ap.add_argument("--url", default=None)
     ap.add_argument("--token-file", default=None)
     mt = sub.add_parser("maintenance", help="a person works on a node: the agent observes it but does not act")
@@ -150,7 +153,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.cmd == "incidents":
         return cli_incidents(url, token_file)
     if args.cmd == "approve":
-        return cli_approve(url, args.id, token_file) if _need_token("approve", token_file) else 2
+        return cli_approve(url, args.id, token_file, args.all) if _need_token("approve", token_file) else 2
     if args.cmd == "maintenance":
         until = parse_until(args.until)
         if not _need_token("maintenance", token_file):

@@ -21,8 +21,8 @@ log = logging.getLogger("supernode.decision")
 # LogRecord attributes a detail key must not overwrite
 _RENAMED = {"message": "outcome"}
 _BAD_RESULTS = ("failed", "blocked", "expired", "rejected")
-_DETAIL_KEYS = ("guardrail", "why", "error", "message", "by", "phase", "approval", "reason", "until", "check",
-                "mode", "restored_incidents", "reconciled", "held_by")
+_DETAIL_KEYS = ("guardrail", "why", "error", "message", "by", "approved_by", "approved_via", "phase", "approval",
+                "reason", "until", "check", "mode", "restored_incidents", "reconciled", "held_by")
 
 
 def _event(kind: str, action: str | None, result: str | None) -> str:

@@ -310,7 +310,10 @@ def _row_state(e: Any, pending_ids: set[str]) -> dict[str, Any] | None:
                 return {"state": "waiting_approval", "approval": d.get("approval", ""), "why": ""}
             return None  # answered or expired: the next row says what happened
         if e.result == "approved":
-            return {"state": "running", "why": f"approved by {d.get('by', '?')}"}
+            return {"state": "running", "why": f"approved by {d.get('approved_by', d.get('by', '?'))}"}
+        if e.result == "refused" and e.action_id in pending_ids:  # a forged or stale approval: still waiting
+            return {"state": "waiting_approval", "approval": d.get("approval", ""),
+                    "why": f"an approval was refused ({d.get('why', '?')})"}
         return {"state": "blocked", "guardrail": "approval", "why": f"approval {e.result}"}
     if e.kind == "result":
         if e.result == "failed":
