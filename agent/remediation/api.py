@@ -19,7 +19,7 @@ from agent.httpclient import request_json
 from exporters.validation import terminal_safe
 
 from .decisions import log_webhook_rejection
-from .engine import AmbiguousApproval
+from .approvals import AmbiguousApproval
 from .journal import Journal
 from .webhook import WebhookError, handle_payload
 

@@ -9,6 +9,7 @@ it is made only when every required step's effect was read back on every target.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Awaitable, Callable, Sequence
 
 from .playbooks import Step
@@ -60,3 +61,11 @@ def outcome(steps: Sequence[Step], results: Sequence[Sequence[str]], mode: str) 
     if reached == len(required):
         return "mitigated"
     return "partial" if reached else "failed"
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def action_id(incident_id: str, step: int, target: str, phase: str = "apply") -> str:
+    return hashlib.sha1(f"{incident_id}|{step}|{target}|{phase}".encode()).hexdigest()[:16]

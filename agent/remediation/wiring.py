@@ -56,7 +56,7 @@ def _fence(rack: Any, what: str) -> Any:
     """The leader's proof before a shared actuator write (agent.coordination); a refusal is a `fenced` block."""
     from agent.coordination.etcd_rack import Fenced
     from agent.remediation.actions import ActionError
-    from agent.remediation.engine import UNFENCED
+    from agent.remediation.step_runner import UNFENCED
 
     async def check() -> None:
         if UNFENCED.get():  # a person approved this queued step while coordination was lost

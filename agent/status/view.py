@@ -326,7 +326,7 @@ def _row_state(e: Any, pending_ids: set[str]) -> dict[str, Any] | None:
 
 def step_states(incident_id: str, steps: list[Any], rows: Iterable[Any], pending_ids: set[str]) -> list[dict[str, Any]]:
     """Each playbook step of an incident with the state of each of its targets, from the journal rows."""
-    from agent.remediation.engine import action_id
+    from agent.remediation.steps import action_id
 
     out = [{"index": i, "action": s.action, "approval": s.approval, "targets": {}} for i, s in enumerate(steps)]
     ids: dict[str, tuple[int, str, str]] = {}
