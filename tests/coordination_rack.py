@@ -161,6 +161,13 @@ def approve(agent: AgentProcess, ident: str) -> list[str]:
     return json.loads(_answer(agent, "POST", f"/api/v1/incidents/{ident}/approve", token=TOKEN)).get("approved", [])
 
 
+def approval_refused(agent: AgentProcess, ident: str) -> str:
+    """The agent's refusal of an approval by `ident` (404: nothing pending under it); fails if it approved."""
+    status, body = agent.request("POST", f"/api/v1/incidents/{ident}/approve", token=TOKEN)
+    assert status == 404, f"approve {ident}: HTTP {status} {body[:300]!r}"
+    return json.loads(body)["error"]
+
+
 def results(agent: AgentProcess, action: str, **match: Any) -> list[dict[str, Any]]:
     return [e for e in journal(agent) if e.get("action") == action and e.get("kind") in ("result", "blocked")
             and all(e.get(k) == v for k, v in match.items())]
