@@ -15,8 +15,9 @@ from exporters.model import SourceError
 
 
 def _probe_nvml(args: argparse.Namespace) -> str:
-    from exporters.gpu.nvml import NvmlSource
-    from exporters.render import render_probe
+    """The library the agent would use (real pynvml, or with --sim the simulator's twin through its entry point),
+    polled once by exporters/gpu/nvml_probe.py."""
+    from exporters.gpu.nvml_probe import probe_nvml
 
     if args.sim is not None:
         from agent.backends import NVML_TWIN, load_backend
@@ -30,21 +31,7 @@ def _probe_nvml(args: argparse.Namespace) -> str:
         import pynvml
 
         lib = pynvml
-
-    async def once() -> str:
-        src = NvmlSource(lib, args.expect_gpus, args.nvlinks, call_timeout=args.timeout, xid_events=False)
-        try:
-            result = await src.poll()
-        finally:
-            await src.close()
-        return render_probe("nvml", "gpus", result.readings)
-
-    try:
-        return asyncio.run(once())
-    except SourceError as exc:
-        raise ProbeError(f"{exc.kind}: {exc}") from None
-    except Exception as exc:  # pynvml raises NVMLError subclasses; say which
-        raise ProbeError(f"{type(exc).__name__}: {exc}") from None
+    return asyncio.run(probe_nvml(lib, args.expect_gpus, args.nvlinks, args.timeout))
 
 
 PROBES: dict[str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]] = {}

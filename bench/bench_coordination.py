@@ -38,7 +38,7 @@ from tests.agentproc import AgentProcess  # noqa: E402
 from tests.coordination_rack import (approve, coordinated_config, incidents, is_up, journal, leaders,  # noqa: E402
                                      metric, polls, static_configs)
 from tests.helpers import free_port, wait_for  # noqa: E402
-from tests.simrack import SimRack  # noqa: E402
+from sim.harness import SimRack  # noqa: E402
 
 NODES = int(os.environ.get("BENCH_NODES", "18"))
 WINDOW = float(os.environ.get("BENCH_WINDOW", "20"))

@@ -31,7 +31,7 @@ from sim.demo import agent_config  # noqa: E402
 from sim.slurm_cluster import SlurmCluster  # noqa: E402
 from tests.agentproc import running_agent  # noqa: E402
 from tests.helpers import fill_filesystem, free_port  # noqa: E402
-from tests.simrack import sim_rack  # noqa: E402
+from sim.harness import sim_rack  # noqa: E402
 from timing import percentiles, until  # noqa: E402
 
 POLL = 0.5

@@ -70,7 +70,7 @@ def _simulator(conn, workdir: str, default_intervals: bool, layout: str) -> None
     to run sent back to the parent (node01's first)."""
     from sim.demo import agent_config
     from sim.etcd_cluster import EtcdCluster, etcd_binary
-    from tests.simrack import sim_rack
+    from sim.harness import sim_rack
 
     etcd = None
     with sim_rack(Path(workdir)) as rack:

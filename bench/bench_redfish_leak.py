@@ -30,7 +30,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent.parent)]
 from sim.demo import agent_config  # noqa: E402
 from tests.agentproc import running_agent  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
-from tests.simrack import sim_rack  # noqa: E402
+from sim.harness import sim_rack  # noqa: E402
 from timing import percentiles, until  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "30"))

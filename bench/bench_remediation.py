@@ -160,7 +160,7 @@ def agent_path(tmp: Path) -> list[float]:
     import sqlite3
 
     from tests.agentproc import running_agent
-    from tests.simrack import sim_rack
+    from sim.harness import sim_rack
 
     from sim.demo import agent_config
 

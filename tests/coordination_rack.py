@@ -13,7 +13,7 @@ from sim.etcd_cluster import EtcdCluster
 from tests.agentproc import AgentProcess
 from tests.etcd import running_etcd
 from tests.helpers import free_port, wait_for
-from tests.simrack import SimRack
+from sim.harness import SimRack
 
 TOKEN = "coordination-test-token"
 NODES = ("node01", "node02", "node03")

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 from sim.demo import agent_config
 from tests.agentproc import AgentProcess
 from tests.helpers import free_port, wait_for
-from tests.simrack import SimRack, sim_rack
+from sim.harness import SimRack, sim_rack
 
 TOKEN = "status-page-admin-token"
 

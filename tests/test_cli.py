@@ -11,7 +11,7 @@ import yaml
 
 from sim.demo import agent_config
 from tests.helpers import REPO, free_port, require_binary
-from tests.simrack import SimRack
+from sim.harness import SimRack
 
 
 @pytest.fixture(scope="module")

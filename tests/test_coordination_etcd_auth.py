@@ -33,7 +33,7 @@ from tests.agentproc import AgentProcess
 from tests.coordination_rack import TOKEN, coordinated_config, is_up, metric
 from tests.etcd import running_etcd
 from tests.helpers import await_for, require_binary, wait_for
-from tests.simrack import SimRack
+from sim.harness import SimRack
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "rack18" / "rack.yaml"

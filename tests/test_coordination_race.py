@@ -16,7 +16,7 @@ from tests.agentproc import AgentProcess
 from tests.coordination_rack import coordinated_config, is_up, leaders, results
 from tests.etcd import running_etcd
 from tests.helpers import wait_for
-from tests.simrack import SimRack
+from sim.harness import SimRack
 from tests.slurm import running_cluster
 
 NODES = ["node01", "node02", "node03"]

@@ -21,7 +21,7 @@ from agent.snapshot import SnapshotStore
 from agent.sources import build_sources
 from tests.etcd import running_etcd
 from tests.helpers import await_for
-from tests.simrack import SimRack
+from sim.harness import SimRack
 
 NODES = ("node01", "node02")
 

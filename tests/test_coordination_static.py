@@ -14,7 +14,7 @@ import pytest
 from tests.agentproc import AgentProcess
 from tests.coordination_rack import incidents, journal, metric, results, set_maintenance, static_configs, xid_alert
 from tests.helpers import wait_for
-from tests.simrack import SimRack
+from sim.harness import SimRack
 
 SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
 

@@ -20,7 +20,7 @@ from tests.agentproc import AgentProcess
 from tests.coordination_rack import coordinated_config, incidents, is_up, leaders, results
 from tests.etcd import running_etcd
 from tests.helpers import wait_for
-from tests.simrack import SimRack
+from sim.harness import SimRack
 
 NODES = ("node01", "node02", "node03")
 TARGET, ZONE = "node03", "zone-c"

@@ -18,7 +18,7 @@ from exporters.cooling.modbus import ModbusSource
 from exporters.cooling.modbus_control import write_control_point
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
-from tests.simrack import sim_rack
+from sim.harness import sim_rack
 
 TOKEN = "token-for-tests"
 

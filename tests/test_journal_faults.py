@@ -186,7 +186,7 @@ def test_corrupt_journal_full_disk_and_hung_gpu_during_a_leak_still_drain_node01
     """The three faults at once, on the simulated rack with a real agent: node01 is drained, /metrics answers."""
     from sim.demo import agent_config
     from tests.helpers import free_port
-    from tests.simrack import sim_rack
+    from sim.harness import sim_rack
 
     (small_tmpfs / "journal.db").write_bytes(b"\x00garbage, not SQLite" * 200)
     with sim_rack(tmp_path / "rack") as rack:

@@ -21,7 +21,7 @@ import pytest
 from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import REPO, free_port, require_binary, wait_for
-from tests.simrack import sim_rack
+from sim.harness import sim_rack
 from tests.slurm import SlurmCluster, node_states
 
 TOKEN = "token-for-tests"

@@ -110,7 +110,7 @@ def test_building_every_source_of_a_sim_backed_config_loads_no_simulator_module(
 
     from sim.demo import agent_config
     from tests.helpers import free_port
-    from tests.simrack import sim_rack
+    from sim.harness import sim_rack
 
     for name in ("admin.token", "webhook.token"):
         (tmp_path / name).write_text("layering-test-token\n")

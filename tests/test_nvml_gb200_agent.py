@@ -13,7 +13,7 @@ import re
 from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
-from tests.simrack import sim_rack
+from sim.harness import sim_rack
 
 
 def _series(text: str, family: str, **labels: str) -> list[tuple[dict[str, str], float]]:

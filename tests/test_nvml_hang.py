@@ -22,7 +22,7 @@ from exporters.gpu import nvml_metrics as M
 from exporters.model import Quality, Reading
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
-from tests.simrack import sim_rack
+from sim.harness import sim_rack
 
 TOKEN = "token-for-tests"
 

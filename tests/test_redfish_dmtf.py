@@ -34,7 +34,7 @@ import pytest
 
 from tests.helpers import ALLOW_MISSING_PEERS, REPO, wait_for
 from tests.redfish_rig import LONG, TRAY_DETECTORS
-from tests.simrack import SimRack
+from sim.harness import SimRack
 
 CSDL = REPO / "tests" / "fixtures" / "redfish" / "csdl"
 PROFILES = REPO / "tests" / "fixtures" / "redfish" / "ocp-profiles"

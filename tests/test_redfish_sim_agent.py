@@ -17,7 +17,7 @@ import pytest
 from sim.demo import agent_config
 from tests.agentproc import running_agent
 from tests.helpers import free_port, wait_for
-from tests.simrack import sim_rack
+from sim.harness import sim_rack
 from tests.slurm import running_cluster
 
 TOKEN = "token-for-tests"

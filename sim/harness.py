@@ -1,4 +1,8 @@
-"""A simulated rack running in a background thread (its own event loop), for tests that run agents against it."""
+"""A simulated rack running in a background thread of the caller's process (its own event loop): the rack the
+tests and benches run real agents against, and inject faults into directly (`SimRack.inject`, the model itself).
+
+Why in the simulator: it is the simulator's own factory of a rack (issue 32), the one the suite, the benches
+and anything else embedding the simulator share; the agent's package never needs it."""
 
 from __future__ import annotations
 
