@@ -94,7 +94,7 @@ def rates(base: Path, nodes: int, etcd: EtcdCluster | None, agents_n: int) -> tu
                     a._log.close()
                     a.config["listen"]["port"] = a.port = free_port()
                     spawn(a)
-            return all(a.get("/healthz")[0] == 200 for a in agents)
+            return all(a.healthy() for a in agents)
         for a in agents:  # start them all, then wait: 18 interpreters starting one by one take minutes
             spawn(a)
         wait_for(all_up, 300, interval=1, what="agents up")
