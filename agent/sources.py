@@ -97,7 +97,9 @@ def _modbus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | Non
     return out
 
 
-def _pdus(loaded: LoadedConfig) -> list[ScheduledSource]:
+def pdu_sources(loaded: LoadedConfig) -> list[ScheduledSource]:
+    """The PDU sources of a config: what the agent polls, and what remediation switches outlets through
+    (agent/remediation/wiring.py takes each source's control, so one client per PDU does both)."""
     cfg = loaded.config
     s = cfg.sources
     if not (cfg.inventory.pdus and s.pdu.enabled):
@@ -176,7 +178,7 @@ def _redfish(loaded: LoadedConfig) -> list[ScheduledSource]:
     return out
 
 
-BUILDERS: list[Callable[[LoadedConfig], list[ScheduledSource]]] = [_nvml, _links, _pdus, _redfish]
+BUILDERS: list[Callable[[LoadedConfig], list[ScheduledSource]]] = [_nvml, _links, pdu_sources, _redfish]
 
 
 def build_sources(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | None = None) -> list[ScheduledSource]:

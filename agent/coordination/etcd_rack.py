@@ -66,7 +66,6 @@ class EtcdCoordinator(RackState):
         coord = cfg.coordination
         self.settings = coord
         self.node = cfg.agent.node
-        self.rack_name = cfg.agent.rack
         self.root = f"{coord.etcd.prefix}/{cfg.agent.rack}"
         self._facts_prefix = f"{self.root}/facts/"
         self.ttl = coord.lease_ttl_seconds

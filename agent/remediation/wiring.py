@@ -126,9 +126,9 @@ def build_executors(loaded: "LoadedConfig", rack: Any = None) -> Executors:
                 return await plain_write(cdu, point, value)
             ex.cdu_write = fenced_cdu_write
     if cfg.inventory.pdus:
-        from agent.sources import _pdus
+        from agent.sources import pdu_sources
 
-        controls = {s.source.device: s.source for s in _pdus(loaded)}
+        controls = {s.source.device: s.source for s in pdu_sources(loaded)}
 
         async def pdu_set(pdu: str, outlet: str, on: bool) -> bool:
             if rack is not None and rack.shared:
