@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import coordinated_config, incidents, is_up, leaders, results
-from tests.etcd import running_etcd
+from tests.coordination_rack import etcd_rack, incidents, is_up, leaders, results
 from tests.helpers import wait_for
-from sim.harness import SimRack
 
 NODES = ("node01", "node02", "node03")
 TARGET, ZONE = "node03", "zone-c"
@@ -41,29 +38,7 @@ garbage = st.one_of(st.binary(max_size=64), json_values.map(lambda v: json.dumps
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
-    base = tmp_path_factory.mktemp("trust-rack")
-    gen = running_etcd(base / "etcd", 1)
-    etcd = next(gen)
-    sim = SimRack(base, nodes=3, gpus=2).start()
-    agents: list[AgentProcess] = []
-    try:
-        for node in NODES:
-            work = base / node
-            work.mkdir()
-            agents.append(AgentProcess(coordinated_config(sim.sim, node, work, etcd.endpoints), work).start())
-        wait_for(lambda: all(is_up(a) for a in agents) and len(leaders(agents)) == 1, 60,
-                 what="three agents coordinating, one leader")
-        yield etcd, sim, agents
-    finally:
-        for a in agents:
-            if a.proc is not None and a.proc.poll() is None:
-                a.proc.send_signal(signal.SIGCONT)
-            a.stop()
-        sim.stop()
-        try:
-            next(gen)
-        except StopIteration:
-            pass
+    yield from etcd_rack(tmp_path_factory.mktemp("trust-rack"))
 
 
 def _leak_incident(agent: AgentProcess) -> dict | None:
@@ -75,7 +50,7 @@ def _leak_incident(agent: AgentProcess) -> dict | None:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(values=st.lists(garbage, min_size=len(KEYS), max_size=len(KEYS)))
 def test_garbage_in_every_rack_key_never_stops_a_leak_drain_and_cap(rack, values):
-    etcd, sim, agents = rack
+    etcd, sim, agents = rack.etcd, rack.sim, rack.agents
     target = next(a for a in agents if a.config["agent"]["node"] == TARGET)
     rackname = target.config["agent"]["rack"]
     for key, value in zip(KEYS, values):
