@@ -651,6 +651,7 @@ def parse_config(data: Any, source: str = "<config>", path: Path | None = None, 
         raise ConfigError(msg) from None
     _check_playbooks(config)
     _check_profiles(config)
+    _check_xid_overrides(config)
     dangling = reference_errors(config)
     if dangling:
         raise ConfigError(f"{source}: invalid config\n" + "\n".join(f"  {line}" for line in dangling))
@@ -671,6 +672,35 @@ def _check_playbooks(config: Config) -> None:
     except (OSError, ValueError) as exc:  # a path too long or with a NUL byte
         raise ConfigError(f"remediation.playbook_dir: cannot use {short_repr(str(config.remediation.playbook_dir))}: "
                           f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _check_xid_overrides(config: Config) -> None:
+    """An override names a catalogue XID and the catalogue's own actions: a typo fails check-config, naming it."""
+    overrides = config.remediation.xid_overrides
+    if not overrides:
+        return
+    from exporters.errors import ProfileError
+    from exporters.gpu.xid_catalogue import load_catalogue_file
+
+    try:
+        catalogue = load_catalogue_file()
+    except ProfileError as exc:
+        raise ConfigError(f"remediation.xid_overrides: the XID catalogue does not load: {exc}") from None
+    known = {e.code for e in catalogue.xids}
+    immediate = catalogue.immediate_actions()
+    errors = []
+    for code, override in sorted(overrides.items()):
+        path = f"remediation.xid_overrides.{code}"
+        if code not in known:
+            errors.append(f"{path}: XID {code} is not in the catalogue (Ampere/Hopper/Blackwell XIDs only)")
+        if override.immediate_action is not None and override.immediate_action not in immediate:
+            errors.append(f"{path}.immediate_action: {short_repr(override.immediate_action)} is not a catalogue "
+                          f"immediate action (one of {', '.join(sorted(immediate))})")
+        inv = override.investigatory_action
+        if inv is not None and inv not in catalogue.guidance_classes:
+            errors.append(f"{path}.investigatory_action: {short_repr(inv)} is not a catalogue guidance class")
+    if errors:
+        raise ConfigError("invalid config\n" + "\n".join(f"  {line}" for line in errors))
 
 
 def load_config(path: Path | str, node: str | None = None) -> LoadedConfig:

@@ -157,6 +157,16 @@ class JournalRetentionSettings(_Strict):
         "alerts for 5 days by default); a firing alert's rows are kept. null keeps them forever."))
 
 
+class XidOverride(_Strict):
+    """An operator's replacement for one entry of NVIDIA's XID catalogue (exporters/profiles/nvml/xid-catalogue.yaml).
+
+    Only the shape is checked here; that the XID is in the catalogue and the actions are in its vocabulary is
+    checked against the catalogue file at config load (agent/config.py), so check-config names the bad one."""
+
+    immediate_action: str | None = Field(default=None, description="A catalogue immediate action (e.g. RESET_GPU).")
+    investigatory_action: str | None = Field(default=None, description="A catalogue guidance class.")
+
+
 class RemediationSettings(_Strict):
     detectors: DetectorSettings = DetectorSettings()
     guardrails: Guardrails = Guardrails()
@@ -177,6 +187,9 @@ class RemediationSettings(_Strict):
         "Node whose agent drives shared rack devices (valves, outlets); default: the first inventory node."))
     webhook_token_secret: str | None = Field(default=None, description="Name in `secrets` of the webhook bearer token.")
     admin_token_secret: str | None = Field(default=None, description="Name in `secrets` of the admin (approve) token.")
+    xid_overrides: dict[int, XidOverride] = Field(default_factory=dict, description=(
+        "XID -> replacement immediate/investigatory action for that one catalogue entry (issue 33; read by the "
+        "recovery ladder, not yet by the detectors)."))
     resume_health_check: str = Field(default="nvml", description=(
         "Before resuming a node drained for a GPU fault (steps with resume_check): `nvml` (the agent's own "
         "check), the name of an exec_allow program (exit 0 passes), or `none` (always a person's approval)."))
