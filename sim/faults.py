@@ -98,11 +98,68 @@ def _gpu_lost(sim: "Simulator", p: dict[str, Any]) -> str:
     return set_lost(sim.model, g.node, g.index, True)
 
 
-@fault("xid", "Raise an XID event on a GPU.", NODE, GPU, Param("code", int, True, None, "XID number"))
+@fault("xid", "Raise an XID event on a GPU, by its entry in NVIDIA's XID catalogue for the GPU's architecture.",
+       NODE, GPU, Param("code", int, True, None, "XID number (one the catalogue lists for this GPU model)"),
+       Param("sticky", as_bool, False, False,
+             "the hardware holds the fault until its recovery: a RESET_GPU-class XID (or 48) until gpu-reset, "
+             "RESTART_BM (79: the GPU falls off the bus) until reboot; NVML's recovery action says which"))
 def _xid(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import raise_catalogued_xid
+
     g = _gpu(sim, p)
-    sim.model.raise_xid(g.node, g.index, p["code"])
-    return f"{g.node} gpu {g.index} xid {p['code']}"
+    try:
+        return raise_catalogued_xid(sim.model, g.node, g.index, p["code"], p["sticky"])
+    except ValueError as exc:
+        raise FaultError(f"xid: {exc}") from None
+
+
+@fault("gpu-reset", "Reset one GPU as `nvidia-smi --gpu-reset -i N` does: refused while a process runs on it "
+       "(workload above idle) or when it is off the bus; clears RESET_GPU-class faults and pending row remaps, "
+       "not RESTART_BM-class ones.", NODE, GPU)
+def _gpu_reset(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import RecoveryRefused, gpu_reset
+
+    g = _gpu(sim, p)
+    try:
+        return gpu_reset(sim.model, g.node, g.index)
+    except RecoveryRefused as exc:
+        raise FaultError(f"gpu-reset refused: {exc}") from None
+
+
+@fault("reboot", "The node reboots (what Slurm's RebootProgram asks for): every GPU fault a power cycle clears is "
+       "cleared, and the node gets a new boot id and boot time (`supernode-sim state`).",
+       Param("node", str, True, None, "node name"))
+def _reboot(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import reboot_node
+
+    return reboot_node(sim.model, _gpu(sim, p).node)
+
+
+@fault("row-remap", "An HBM row remap as nvmlDeviceGetRemappedRows reports it: pending (applied at the next GPU "
+       "reset) or failed (no spare row: the GPU needs service).", NODE, GPU,
+       Param("state", str, True, None, "pending or failed"))
+def _row_remap(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_row_remap
+
+    g = _gpu(sim, p)
+    try:
+        return set_row_remap(sim.model, g.node, g.index, p["state"])
+    except ValueError as exc:
+        raise FaultError(f"row-remap: {exc}") from None
+
+
+@fault("pcie-downtrain", "The GPU's PCIe link trains below its maximum width and/or generation (survives resets "
+       "and reboots; `sim clear` ends it).", NODE, GPU,
+       Param("width", int, False, None, "lanes (1, 2, 4, 8, 16; default: the maximum)"),
+       Param("gen", int, False, None, "PCIe generation (default: the maximum)"))
+def _pcie_downtrain(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_pcie_link
+
+    g = _gpu(sim, p)
+    try:
+        return set_pcie_link(sim.model, g.node, g.index, p["width"], p["gen"])
+    except ValueError as exc:
+        raise FaultError(f"pcie-downtrain: {exc}") from None
 
 
 @fault("nvlink-errors", "NVLink CRC/replay errors at a rate (per second) on one link.", NODE, GPU,

@@ -17,6 +17,8 @@ from typing import Any
 import pynvml
 from aiohttp import web
 
+from sim.nvml_faults import RecoveryRefused
+from sim.nvml_faults import gpu_reset as reset_gpu
 from sim.nvml_twin import PREFIX
 from sim.rack import GpuState, RackModel
 
@@ -25,11 +27,12 @@ DRIVER_VERSION = "570.124.06"
 CUDA_VERSION = 12080
 EVENT_POLL_S = 0.05
 MAX_WAIT_MS = 30_000
+JOB_PID_BASE = 40_000  # the pid of the simulated job's process on GPU i is JOB_PID_BASE + i
 
 
 def _reasons(g: GpuState, demand_w: float) -> int:
     mask = 0
-    if g.workload < 0.05:
+    if not g.busy:
         mask |= pynvml.nvmlClocksEventReasonGpuIdle
     if demand_w > g.power_limit_mw / 1000 * 0.98:
         mask |= pynvml.nvmlClocksEventReasonSwPowerCap
@@ -44,6 +47,7 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
     """Everything NVML would answer about one GPU, in NVML's own units (mW, mJ, MHz, bytes, C)."""
     demand_w = g.idle_w + g.workload * (g.default_limit_mw / 1000 - g.idle_w)
     util = min(1.0, g.power_w / (g.default_limit_mw / 1000)) if g.default_limit_mw else 0.0
+    mem_used = int(g.memory_total * (0.05 + 0.85 * min(1.0, g.workload)))
     clock_scale = min(1.0, (g.power_limit_mw / 1000) / demand_w) if demand_w > 0 else 1.0
     thresholds = [0] * 4
     thresholds[pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN] = g.shutdown_c
@@ -59,11 +63,17 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
         "limit_mw": g.power_limit_mw, "default_limit_mw": g.default_limit_mw,
         "min_limit_mw": g.min_limit_mw, "max_limit_mw": g.max_limit_mw,
         "util_gpu": int(round(100 * util)), "util_mem": int(round(60 * util)),
-        "mem_total": g.memory_total, "mem_used": int(g.memory_total * (0.05 + 0.85 * min(1.0, g.workload))),
+        "mem_total": g.memory_total, "mem_used": mem_used,
         "sm_mhz": int(g.sm_clock_mhz * clock_scale), "mem_mhz": g.mem_clock_mhz,
         "reasons": _reasons(g, demand_w),
         "ecc": [g.ecc_corrected, g.ecc_uncorrected],
         "remap": [g.remapped_correctable, g.remapped_uncorrectable, int(g.remap_pending), int(g.remap_failure)],
+        # [current gen, current width, max gen, max width]: an idle GPU's link drops to Gen1 to save power (as
+        # nvidia-smi shows it), so a downtraining check compares the generation under load, the width always
+        "pcie": [g.pcie_gen if g.busy else 1, g.pcie_width, g.pcie_max_gen, g.pcie_max_width],
+        # the job's compute process while one runs (pid, usedGpuMemory): a reset is refused while there is one
+        "processes": [[JOB_PID_BASE + g.index, mem_used]] if g.busy else [],
+        "xid_faults": [dict(f) for f in g.xid_faults], "last_xid": dict(g.last_xid) if g.last_xid else None,
         "pcie_replays": g.pcie_replays, "recovery_action": g.recovery_action, "persistence": g.persistence,
         "c2c_errors": list(g.c2c_errors) if g.c2c_errors is not None else None,
         "nvlink_version": g.nvlink_version, "nvlink_up": list(g.nvlink_up),
@@ -79,7 +89,8 @@ def node_state(model: RackModel, node: str) -> dict[str, Any]:
     with model.lock:
         n = model.nodes[node]
         return {"node": node, "driver": DRIVER_VERSION, "cuda": CUDA_VERSION, "xid_seq": model.xid_seq,
-                "driver_hang_s": n.nvml_hang_seconds, "gpus": [gpu_state(g) for g in model.nodes[node].gpus],
+                "driver_hang_s": n.nvml_hang_seconds, "boot_id": n.boot_id, "boot_time": n.boot_time,
+                "gpus": [gpu_state(g) for g in model.nodes[node].gpus],
                 **n.nvml_pinned}
 
 
@@ -126,6 +137,19 @@ def add_nvml_routes(app: web.Application, model: RackModel) -> None:
             return web.json_response({"error": f"bad request: {e!r}"}, status=400)
         return web.json_response({"ret": set_limit(model, node, index, limit_mw)})
 
+    async def reset(request: web.Request) -> web.Response:
+        """`nvidia-smi --gpu-reset -i N`, answered with the NVML return code the driver gives (and why)."""
+        node = node_of(request)
+        try:
+            index = int(request.match_info["index"])
+            model.gpu(node, index)
+        except (ValueError, IndexError) as e:
+            return web.json_response({"error": f"bad request: {e!r}"}, status=400)
+        try:
+            return web.json_response({"ret": pynvml.NVML_SUCCESS, "result": reset_gpu(model, node, index)})
+        except RecoveryRefused as e:
+            return web.json_response({"ret": e.ret, "result": str(e)})
+
     async def events(request: web.Request) -> web.Response:
         node = node_of(request)
         try:
@@ -143,4 +167,5 @@ def add_nvml_routes(app: web.Application, model: RackModel) -> None:
 
     app.router.add_get(PREFIX + "/{node}/state", state)
     app.router.add_post(PREFIX + "/{node}/gpus/{index}/power-limit", power_limit)
+    app.router.add_post(PREFIX + "/{node}/gpus/{index}/reset", reset)
     app.router.add_get(PREFIX + "/{node}/events", events)

@@ -2,13 +2,67 @@
 
 Each takes the model lock, changes only GpuState fields the NVML twin reads,
 and returns a one-line description for the injection log.
+
+Recovery behaves as the hardware does, so the agent's recovery ladder has a
+real-behaving peer: an XID is raised by its entry in NVIDIA's catalogue
+(exporters/profiles/nvml/xid-catalogue.yaml) for the GPU's architecture; a
+`sticky` XID of a class the hardware holds (immediate action RESET_GPU, or
+XID 48's workflow, whose data-center action is RESET_GPU; RESTART_BM) stays
+until the recovery that clears it, and meanwhile NVML's recovery-action field
+says so (and XID 154 reports the change, as R550+ drivers do); XID 79 (off
+the bus) leaves the GPU lost. `gpu_reset` is what `nvidia-smi --gpu-reset -i N`
+does (NVML has no public reset call): refused while a process runs on the
+GPU (NVML_ERROR_IN_USE) or when the GPU is off the bus (GPU_IS_LOST);
+otherwise it clears reset-class faults, applies pending row remaps and ends
+a hang, and leaves reboot-class ones. `reboot_node` clears what a power cycle
+of the node clears and gives the node a new boot id. What a reset or reboot
+cannot fix stays: a row-remap failure (no spare rows: service), a PCIe link
+trained down, a blocked cold plate, NVLink errors of a marginal link.
 """
 
 from __future__ import annotations
 
+import functools
+import time
+import uuid
 from typing import Iterable
 
+import pynvml
+
+from exporters.gpu.xid_catalogue import XidEntry, load_catalogue
 from sim.rack import GpuState, RackModel
+
+GPU_RESET, NODE_REBOOT = "gpu_reset", "node_reboot"
+# The catalogue's immediate actions whose fault the hardware holds, and what clears it. XID 48's workflow
+# (WORKFLOW_XID_48) says "Data Center Recovery Action Solo: RESET_GPU".
+HELD_BY = {"RESET_GPU": GPU_RESET, "WORKFLOW_XID_48": GPU_RESET, "RESTART_BM": NODE_REBOOT}
+_RECOVERY = {GPU_RESET: pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET, NODE_REBOOT: pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT}
+XID_OFF_THE_BUS = 79  # ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: NVML answers GPU_IS_LOST until a reboot
+XID_RECOVERY_ACTION_CHANGED = 154  # GPU_RECOVERY_ACTION_CHANGED: the driver reports a new recovery action
+PCIE_WIDTHS = (1, 2, 4, 8, 16)
+
+
+class RecoveryRefused(Exception):
+    """A reset the driver refuses; `ret` is the NVML return code it answers, the message says why."""
+
+    def __init__(self, ret: int, why: str):
+        super().__init__(why)
+        self.ret = ret
+
+
+@functools.lru_cache(maxsize=1)
+def catalogue() -> dict[int, XidEntry]:
+    """NVIDIA's XID catalogue, loaded once per simulator process."""
+    return load_catalogue()
+
+
+def xid_entry(code: int, architecture: str) -> XidEntry:
+    """The catalogue entry of `code` for a GPU of `architecture`; ValueError naming both when it has none."""
+    entry = catalogue().get(code)
+    if entry is None or architecture not in entry.architectures:
+        raise ValueError(f"code: XID {code} is not in the XID catalogue for {architecture} "
+                         f"(exporters/profiles/nvml/xid-catalogue.yaml)")
+    return entry
 
 
 def _gpus(model: RackModel, node: str | None, gpu: int | None) -> list[GpuState]:
@@ -67,6 +121,117 @@ def set_recovery_action(model: RackModel, node: str, gpu: int, action: int) -> s
     return f"{node} gpu {gpu} recovery_action={action}"
 
 
+def raise_catalogued_xid(model: RackModel, node: str, gpu: int, code: int, sticky: bool = False) -> str:
+    """Raise XID `code` on the GPU as its catalogue entry says; `sticky`: the hardware holds its class (see above).
+
+    ValueError (naming the code and the architecture) when the catalogue has no such XID for this GPU.
+    """
+    with model.lock:
+        g = model.gpu(node, gpu)
+        entry = xid_entry(code, g.architecture)
+        meaning = {"code": code, "mnemonic": entry.mnemonic, "description": entry.description,
+                   "immediate_action": entry.immediate_action, "investigatory_action": entry.investigatory_action}
+        model.raise_xid(node, gpu, code)
+        g.last_xid = meaning
+        held = HELD_BY.get(entry.immediate_action or "") if sticky else None
+        if held is not None:
+            g.xid_faults.append({"code": code, "mnemonic": entry.mnemonic,
+                                 "immediate_action": entry.immediate_action, "cleared_by": held})
+            if code == XID_OFF_THE_BUS:
+                g.lost = True
+            elif _set_recovery(g):
+                model.raise_xid(node, gpu, XID_RECOVERY_ACTION_CHANGED)
+    return (f"{node} gpu {gpu} xid {code} {entry.mnemonic} ({entry.immediate_action or 'no action published'})"
+            + (f", held until {held}" if held else ""))
+
+
+def _set_recovery(g: GpuState) -> bool:
+    """NVML's recovery action follows the held faults (the heaviest wins); True when it changed."""
+    held = {f["cleared_by"] for f in g.xid_faults}
+    want = _RECOVERY[NODE_REBOOT] if NODE_REBOOT in held else _RECOVERY[GPU_RESET] if GPU_RESET in held else None
+    if want is None or g.recovery_action == _RECOVERY[NODE_REBOOT] or g.recovery_action == want:
+        return False
+    g.recovery_action = want
+    return True
+
+
+def gpu_reset(model: RackModel, node: str, gpu: int) -> str:
+    """Reset one GPU as `nvidia-smi --gpu-reset -i N` does; RecoveryRefused (with the NVML code) when it cannot."""
+    with model.lock:
+        g = model.gpu(node, gpu)
+        if g.lost or g.missing:
+            raise RecoveryRefused(pynvml.NVML_ERROR_GPU_IS_LOST,
+                                  f"{node} gpu {gpu}: off the bus, a GPU reset cannot reach it (a reboot may)")
+        if g.busy:
+            raise RecoveryRefused(pynvml.NVML_ERROR_IN_USE,
+                                  f"{node} gpu {gpu}: in use by a process (workload {g.workload:g}); a reset needs "
+                                  "the GPU idle")
+        cleared = [f["code"] for f in g.xid_faults if f["cleared_by"] == GPU_RESET]
+        g.xid_faults = [f for f in g.xid_faults if f["cleared_by"] != GPU_RESET]
+        if g.recovery_action != pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT:
+            g.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+        _set_recovery(g)  # a reboot-class fault still held keeps asking for a reboot
+        applied = g.remap_pending
+        if g.remap_pending:  # the pending remap takes effect at the reset
+            g.remap_pending = False
+        g.hang_seconds = 0.0
+    return (f"{node} gpu {gpu} reset: cleared xid {cleared or 'none'}"
+            + (", row remap applied" if applied else "")
+            + (f", still held: xid {[f['code'] for f in g.xid_faults]}" if g.xid_faults else ""))
+
+
+def reboot_node(model: RackModel, node: str) -> str:
+    """The node reboots: its driver and every GPU start afresh, with a new boot id and time.
+
+    Cleared: lost, missing and hung GPUs, a hung driver, NotSupported answers, held XIDs, NVML's recovery
+    action, pending row remaps (applied). Kept: what a power cycle cannot fix (see the module docstring).
+    """
+    with model.lock:
+        n = model.nodes[node]
+        n.nvml_hang_seconds = 0.0
+        for g in n.gpus:
+            g.lost = g.missing = False
+            g.hang_seconds = 0.0
+            g.unsupported = set()
+            g.xid_faults = []
+            g.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+            g.remap_pending = False
+            g.nvlink_up = [True] * g.nvlink_count
+        n.boot_id = str(uuid.uuid4())
+        n.boot_time = time.time()
+        n.boots += 1
+        return f"{node} rebooted (boot {n.boots}, boot id {n.boot_id})"
+
+
+def set_row_remap(model: RackModel, node: str, gpu: int, state: str) -> str:
+    """A row remap as NVML reports it (nvmlDeviceGetRemappedRows): `pending` one more uncorrectable-error row
+    remapped, applied at the next reset; `failed` a remap that found no spare row (failureOccurred)."""
+    if state not in ("pending", "failed"):
+        raise ValueError(f"state: expected pending or failed, got {state!r}")
+    with model.lock:
+        g = model.gpu(node, gpu)
+        if state == "pending":
+            g.remapped_uncorrectable += 1
+            g.remap_pending = True
+        else:
+            g.remap_failure = True
+    return f"{node} gpu {gpu} row remap {state}"
+
+
+def set_pcie_link(model: RackModel, node: str, gpu: int, width: int | None, gen: int | None) -> str:
+    """The GPU's PCIe link trains to this width and/or generation, at most its maximum (a downtrained link)."""
+    with model.lock:
+        g = model.gpu(node, gpu)
+        width = g.pcie_max_width if width is None else width
+        gen = g.pcie_max_gen if gen is None else gen
+        if width not in PCIE_WIDTHS or width > g.pcie_max_width:
+            raise ValueError(f"width: expected one of {[w for w in PCIE_WIDTHS if w <= g.pcie_max_width]}, got {width}")
+        if not 1 <= gen <= g.pcie_max_gen:
+            raise ValueError(f"gen: expected 1..{g.pcie_max_gen}, got {gen}")
+        g.pcie_width, g.pcie_gen = width, gen
+    return f"{node} gpu {gpu} pcie x{width} gen{gen} (max x{g.pcie_max_width} gen{g.pcie_max_gen})"
+
+
 def clear_gpu_faults(model: RackModel, node: str | None = None, gpu: int | None = None) -> str:
     """Undo every GPU fault (counters already counted stay, as on real hardware)."""
     with model.lock:
@@ -82,4 +247,7 @@ def clear_gpu_faults(model: RackModel, node: str | None = None, gpu: int | None 
             g.nvlink_error_rate = {}
             g.nvlink_up = [True] * g.nvlink_count
             g.recovery_action = 0
+            g.xid_faults = []
+            g.remap_pending = g.remap_failure = False
+            g.pcie_width, g.pcie_gen = g.pcie_max_width, g.pcie_max_gen
     return f"cleared gpu faults on {len(gpus)} gpus"

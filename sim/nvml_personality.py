@@ -6,7 +6,8 @@ NotSupported and reports NVLink5 `NVML_FI_DEV_NVLINK_COUNT_*` fields instead
 (BER packed as in nvml.h). An exporter tested only against an H100-shaped twin
 would pass and then export nothing but NotSupported on the real rack.
 
-A personality is a set of GpuState overrides; `apply` sets them on a GPU.
+A personality is a set of GpuState overrides; `apply` sets them on a GPU. Its `architecture` is the XID
+catalogue's column (exporters/profiles/nvml/xid-catalogue.yaml) whose XIDs the GPU can raise.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ PERSONALITIES: dict[str, dict[str, Any]] = {
     "h100": {"name": "NVIDIA H100 80GB HBM3", "nvlink_version": 6,
              "power_limit_mw": 700_000, "default_limit_mw": 700_000, "min_limit_mw": 200_000,
              "max_limit_mw": 700_000, "memory_total": 80 * 1024**3, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
-             "unsupported": frozenset(), "c2c_errors": None},
+             "unsupported": frozenset(), "c2c_errors": None, "architecture": "H100",
+             "pcie_max_gen": 5, "pcie_gen": 5, "pcie_max_width": 16, "pcie_width": 16},
     # GB200 (Blackwell, NVL72 tray): NVLink5, 18 links, legacy NVLink error API NotSupported.
     "gb200": {"name": "NVIDIA GB200", "nvlink_version": 7,
               "power_limit_mw": 1_200_000, "default_limit_mw": 1_200_000, "min_limit_mw": 200_000,
               "max_limit_mw": 1_200_000, "memory_total": 189_471 * 1024**2, "sm_clock_mhz": 1965,
               "mem_clock_mhz": 3996, "slowdown_c": 88, "shutdown_c": 93, "gpu_max_c": 87,
-              "unsupported": _LEGACY_NVLINK, "c2c_errors": [0, 0, 0]},
+              "unsupported": _LEGACY_NVLINK, "c2c_errors": [0, 0, 0], "architecture": "GB200",
+              "pcie_max_gen": 6, "pcie_gen": 6, "pcie_max_width": 16, "pcie_width": 16},  # Blackwell: PCIe Gen6 x16
 }
 DEFAULT = "h100"
 

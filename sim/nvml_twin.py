@@ -454,6 +454,40 @@ class NvmlTwin:
     def nvmlDeviceGetRemappedRows(self, h: TwinDevice) -> tuple[int, int, int, int]:
         return tuple(self._dev(h, "nvmlDeviceGetRemappedRows")["remap"])  # type: ignore[return-value]
 
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetCurrPcieLinkGeneration")["pcie"][0]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetCurrPcieLinkWidth")["pcie"][1]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetMaxPcieLinkGeneration")["pcie"][2]
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetGpuMaxPcieLinkGeneration")["pcie"][2]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: TwinDevice) -> int:
+        return self._dev(h, "nvmlDeviceGetMaxPcieLinkWidth")["pcie"][3]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: TwinDevice) -> list[Any]:
+        """The GPU's compute processes as pynvml returns them (friendly objects of c_nvmlProcessInfo_v3_t)."""
+        g = self._dev(h, "nvmlDeviceGetComputeRunningProcesses")
+        return [pynvml.nvmlStructToFriendlyObject(pynvml.c_nvmlProcessInfo_v3_t(
+            pid=pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF))
+            for pid, used in g["processes"]]
+
+    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
+
+    def gpu_reset(self, h: TwinDevice) -> None:
+        """The twin's `nvidia-smi --gpu-reset -i N` (NVML has no public reset call; nvmlDeviceResetGpuLockedClocks
+        only unlocks clocks): raises the NVMLError the driver answers, NVMLError_InUse while a process runs on the
+        GPU, NVMLError_GpuIsLost for a GPU off the bus."""
+        self._dev(h, "gpu_reset")
+        reply = self._request("POST", f"/gpus/{h.index}/reset", {})
+        self._state = None
+        if reply.get("ret"):
+            raise _err(int(reply["ret"]))
+
     def nvmlDeviceGetPersistenceMode(self, h: TwinDevice) -> int:
         g = self._dev(h, "nvmlDeviceGetPersistenceMode")
         return pynvml.NVML_FEATURE_ENABLED if g["persistence"] else pynvml.NVML_FEATURE_DISABLED

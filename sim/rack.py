@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import random
 import threading
+import time
+import uuid
 from dataclasses import dataclass, field
 
 from sim.nvml_personality import DEFAULT as DEFAULT_PERSONALITY
@@ -19,6 +21,7 @@ from sim.nvml_personality import apply as apply_personality
 
 PG25_DENSITY = 1020.0  # kg/m^3 at ~30 C
 PG25_HEAT_CAPACITY = 3900.0  # J/(kg K)
+IDLE_WORKLOAD = 0.05  # below this workload no job runs on the GPU (no compute process, the GpuIdle reason)
 
 
 @dataclass
@@ -54,6 +57,15 @@ class GpuState:
     remap_pending: bool = False
     remap_failure: bool = False
     recovery_action: int = 0
+    # XIDs whose catalogue class the hardware holds until a GPU reset or a node reboot clears it (injected with
+    # --sticky): [{"code", "mnemonic", "immediate_action", "cleared_by": "gpu_reset" | "node_reboot"}, ...]
+    xid_faults: list[dict] = field(default_factory=list)
+    last_xid: dict | None = None  # the last XID raised, with its catalogue entry's meaning (sim/nvml_faults.py)
+    architecture: str = "H100"  # the XID catalogue's "Applies to" column this GPU answers for
+    pcie_max_gen: int = 5  # the link's maximum (GPU and slot): nvmlDeviceGetMaxPcieLinkGeneration / Width
+    pcie_max_width: int = 16
+    pcie_gen: int = 5  # what the link trained to (below the maximum: downtrained; see nvml_api.gpu_state)
+    pcie_width: int = 16
     lost: bool = False
     missing: bool = False  # fallen off the bus: not enumerated by NVML at all (nvmlDeviceGetCount drops it)
     nvlink_version: int = 6  # NVML_NVLINK_VERSION_* (6 = NVLink4 as on H100, 7 = NVLink5: BER and symbol-error fields)
@@ -79,6 +91,11 @@ class GpuState:
             self.nvlink_errors = [[0, 0, 0, 0, 0] for _ in range(self.nvlink_count)]
             self.nvlink_tx_kib = [0.0] * self.nvlink_count
             self.nvlink_rx_kib = [0.0] * self.nvlink_count
+
+    @property
+    def busy(self) -> bool:
+        """A job runs on the GPU (one compute process): NVML's idle clock-event reason is off, a reset is refused."""
+        return self.workload >= IDLE_WORKLOAD
 
     @property
     def hw_thermal_slowdown(self) -> bool:
@@ -139,6 +156,12 @@ class NodeState:
     tray_leaks: dict[str, str] = field(default_factory=dict)
     nvml_hang_seconds: float = 0.0  # every NVML call on the node blocks up to this long (a wedged driver)
     nvml_pinned: dict = field(default_factory=dict)  # driver / cuda of a captured node
+    # The host's boot: a new id and time at every simulated reboot (sim/nvml_faults.reboot_node), as
+    # /proc/sys/kernel/random/boot_id and the boot time change on a real host, so a check after a reboot can
+    # tell that the node did reboot.
+    boot_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    boot_time: float = field(default_factory=time.time)
+    boots: int = 1
 
     @property
     def power_w(self) -> float:

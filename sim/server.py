@@ -108,10 +108,13 @@ class Simulator:
                             "flow_lpm": c.flow_lpm, "leak_zones": dict(c.leak_zones),
                             "valve_open": dict(c.valve_open)},
                 "nodes": {n.name: {"power_w": n.power_w, "host_power": "On" if n.host_on else "Off",
+                                   "boot_id": n.boot_id, "boot_time": n.boot_time, "boots": n.boots,
                                    "power_actions": list(n.power_actions), "tray_leaks": dict(n.tray_leaks),
                                    "gpus": [{"index": g.index, "uuid": g.uuid, "power_w": round(g.power_w, 1),
                                              "limit_w": g.power_limit_mw / 1000, "temp_c": round(g.temp_c, 1),
-                                             "lost": g.lost} for g in n.gpus]}
+                                             "lost": g.lost, "xid_faults": [dict(f) for f in g.xid_faults],
+                                             "last_xid": dict(g.last_xid) if g.last_xid else None}
+                                            for g in n.gpus]}
                           for n in m.nodes.values()},
                 "faults": list(self.active_faults),
                 "devices": self.endpoints(),
