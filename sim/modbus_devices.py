@@ -112,12 +112,26 @@ class _Handler(ServerRequestHandler):
         _PEER.set(transport.get_extra_info("peername") if transport is not None else None)
         await super().handle_request()
 
+    def callback_connected(self) -> None:
+        super().callback_connected()
+        transport = getattr(self, "transport", None)
+        self._peer = transport.get_extra_info("peername") if transport is not None else None
+
+    def callback_disconnected(self, exc: Exception | None) -> None:
+        """A closed connection is no client any more: a poller that reconnected (its request timed out on a
+        loaded machine) is one client with a new connection, not two clients of the device."""
+        device = getattr(self.server, "sim_device", None)
+        if device is not None:
+            device.peers.pop(getattr(self, "_peer", None), None)
+        super().callback_disconnected(exc)
+
 
 class _Server(ModbusTcpServer):
     def __init__(self, device: "SimModbusDevice", port: int):
         placeholder = SimDevice(device.unit, simdata=[SimData(0, values=0, datatype=DataType.REGISTERS)])
         super().__init__(placeholder, address=("127.0.0.1", port), ignore_missing_devices=False)
         self.context = _Context(device)  # type: ignore[assignment]
+        self.sim_device = device
 
     def callback_new_connection(self):
         return _Handler(self, self.trace_packet, self.trace_pdu, self.trace_connect)
@@ -240,6 +254,7 @@ class SimModbusDevice:
         if self._server is None:
             return
         for conn in list(self._server.active_connections.values()):
+            self.peers.pop(getattr(conn, "_peer", None), None)  # closed here: pymodbus says nothing of it
             conn.close()
 
     # -- internals ------------------------------------------------------------------
@@ -292,7 +307,7 @@ class SimModbusDevice:
         return encode(clamp_raw(raw, p.type), p.type, p.order)
 
     def clients(self, within: float) -> int:
-        """Client connections that sent a request in the last `within` seconds."""
+        """Open client connections that sent a request in the last `within` seconds (one that closed is gone)."""
         now = time.monotonic()
         return sum(1 for t in list(self.peers.values()) if now - t <= within)
 

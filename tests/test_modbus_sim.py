@@ -347,6 +347,24 @@ def test_connection_dropped_mid_poll_is_reconnected():
     asyncio.run(run())
 
 
+def test_the_device_counts_open_client_connections_not_every_connection_it_ever_had():
+    """What the coordination tests read as "clients of this device" (how many agents poll it): a poller whose
+    connection dropped and reconnected is one client, and a poller that closed its connection is none."""
+    async def run() -> tuple[int, int, int]:
+        async with simulated("reference-cdu") as (model, dev):
+            src = source(dev)
+            await src.poll()
+            one = dev.clients(60.0)
+            dev.drop_connections()
+            await src.poll()  # reconnects: a new connection of the same poller
+            await await_for(lambda: dev.clients(60.0) == 1, 10, what="the dropped connection forgotten")
+            after_reconnect = dev.clients(60.0)
+            await src.close()
+            await await_for(lambda: dev.clients(60.0) == 0, 10, what="the closed connection forgotten")
+            return one, after_reconnect, dev.clients(60.0)
+    assert asyncio.run(run()) == (1, 1, 0)
+
+
 def test_stuck_point_freezes_while_the_model_moves():
     async def run():
         async with simulated("reference-cdu") as (model, dev):
