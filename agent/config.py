@@ -351,9 +351,9 @@ class RedfishSourceSettings(SafetySourceSettings):
         "After the event stream drops (or a push subscription is lost): wait this long before opening it "
         "again, doubling up to 60 s; polling carries the detectors meanwhile."))
     event_min_poll_seconds: float = Field(default=1.0, ge=0, le=60, description=(
-        "At most one poll forced by events (SSE or push) per service this often: the first event after a quiet "
-        "spell is read at once, the others inside the window share one poll at its end (a burst of pushes "
-        "cannot turn into a burst of BMC reads; the last event is always followed by a read)."))
+        "The window of the limit on polls forced by events (SSE or push) per service: up to 3 start at once in "
+        "it (a leak's event is never held back behind a warning's), the others share one poll at its end (a "
+        "burst of pushes cannot turn into a burst of BMC reads; the last event is always followed by a read)."))
     login_retry_seconds: float = Field(default=5.0, gt=0, le=300, description=(
         "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
     watch_rack_trays: bool = Field(default=False, description=(

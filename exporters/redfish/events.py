@@ -16,11 +16,14 @@ by a poll (what it could not read may have been a leak), and reopened with
 backoff. Before, one exception type nobody caught (aiohttp's LineTooLong on a
 48 MiB line) ended the watch silently with the stream still counted up.
 
-Why forced polls are coalesced: every relevant event (and every push, whoever
-sends it) asks for a read of the detectors; a burst of 100 pushes made 148
-detector reads. At most one forced poll starts per `min_poll_s`; an event
-inside that window schedules one poll at its end (all the window's events
-share it), so the last event is always followed by a read that starts after it.
+Why forced polls are limited, and how: every relevant event (and every push,
+whoever sends it) asks for a read of the detectors; a burst of 100 pushes made
+148 detector reads. Up to FORCED_BURST forced polls start at once within
+`min_poll_s` (a leak's event right after a warning or a clear is never held
+back: the push path is the rack's fastest leak path); beyond that, an event
+schedules one poll at the end of the window (all the window's later events
+share it), so a flood of events cannot become a flood of BMC reads, and the
+last event is always followed by a read that starts after it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from exporters.redfish.discovery import Tree
 from exporters.redfish.profile import Profile
 
 log = logging.getLogger("supernode.redfish")
+FORCED_BURST = 3  # forced polls that start at once within one `min_poll_s` window
 Transport = Literal["sse", "push", "none"]
 Mode = Literal["auto", "sse", "push"]
 
@@ -61,7 +65,7 @@ class EventWatch:
         self.min_poll_s, self.clock = min_poll_s, clock
         self.coalesced = 0  # events whose poll was folded into one already due
         self.failures: Counter[str] = Counter()  # stream failures by reason
-        self._last_forced = float("-inf")
+        self._forced: list[float] = []  # when the forced polls of the current window started
         self._deferred: asyncio.TimerHandle | None = None
         self.push_destination, self.push_token, self.context = push_destination, push_token, context
         self.retry_s, self.retry_max_s = retry_s, retry_max_s
@@ -106,14 +110,16 @@ class EventWatch:
         return hit
 
     def trigger(self) -> None:
-        """Ask for a poll now, at most one per `min_poll_s`; inside that window, one at its end for all."""
+        """Ask for a poll now, up to FORCED_BURST per `min_poll_s`; past that, one at the window's end for all."""
         if self._deferred is not None:
             self.coalesced += 1
             return
-        wait = self._last_forced + self.min_poll_s - self.clock()
-        if wait <= 0:
+        now = self.clock()
+        self._forced = [t for t in self._forced if now - t < self.min_poll_s]
+        if len(self._forced) < FORCED_BURST:
             self._fire()
             return
+        wait = self._forced[0] + self.min_poll_s - now
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a bare call): nothing to defer to, poll now
@@ -124,7 +130,7 @@ class EventWatch:
 
     def _fire(self) -> None:
         self._deferred = None
-        self._last_forced = self.clock()
+        self._forced.append(self.clock())
         self._trigger()
 
     # -- lifecycle -------------------------------------------------------------------
