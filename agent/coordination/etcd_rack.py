@@ -155,10 +155,15 @@ class EtcdCoordinator(RackState):
         node = kv.value.decode(errors="replace")
         if node not in self.inventory_nodes:
             return "unknown_node", f"the leader key names {node[:60]!r}, not a node of the rack"
-        member = self.mirror.get(f"{self.root}/members/{node}")
-        if member is None or member.lease != kv.lease:
+        if not self._under_member_lease(node, kv.lease):
             return "not_member", f"the leader key's lease is not {node}'s live member lease"
         return None
+
+    def _under_member_lease(self, node: str, lease: int) -> bool:
+        """Whether `lease` is the live lease of `node`'s member key: what proves a key (the leader, a fact) was
+        written by that node's running agent, since only it holds that lease. Dict lookups only."""
+        member = self.mirror.get(f"{self.root}/members/{node}")
+        return bool(lease) and member is not None and member.lease == lease
 
     def no_leader_seconds(self) -> float:
         """How long this agent, coordinating, has seen no leader (0 while it sees one, or while degraded)."""
@@ -518,8 +523,7 @@ class EtcdCoordinator(RackState):
         device = self.shared.jobs.get(job)
         if device is None:
             raise RecordError("unknown_job", f"{job[:80]!r} is no shared device of this rack")
-        member = self.mirror.get(f"{self.root}/members/{poller}")
-        if not kv.lease or member is None or member.lease != kv.lease:
+        if not self._under_member_lease(poller, kv.lease):
             raise RecordError("not_member", f"{poller[:60]!r}: the fact's lease {kv.lease:x} is no live member's "
                                             "of that name")
         name = poller.encode()
