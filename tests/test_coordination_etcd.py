@@ -55,7 +55,12 @@ def test_one_leader_and_each_shared_device_sees_at_most_two_clients(rack):
     wait_for(lambda: time.monotonic() - t0 > 6, 30, interval=0.5, what="a window of polls")
     for d in SHARED:
         assert rack.requests(d) > before[d], f"{d} not polled at all"
-        assert 1 <= rack.clients(d, 5.0) <= 2, f"{d}: {rack.clients(d, 5.0)} clients in the last 5 s"
+    # One or two clients at each device in a 5 s window. Waited for rather than read once: an agent whose lease
+    # cannot be proven for a moment on a loaded machine degrades and reads the leak inputs itself, as it must
+    # (a third client for a few seconds); with every agent polling every device no window ever qualifies.
+    wait_for(lambda: all(1 <= rack.clients(d, 5.0) <= 2 for d in SHARED), 60, interval=0.5,
+             what="a 5 s window in which every shared device saw one or two clients: "
+                  + ", ".join(f"{d} {rack.clients(d, 5.0)}" for d in SHARED))
     assert rack.device("rfcdu1").describe()["sse_streams"] <= 2  # only its pollers hold an event stream
     # Each series of a shared device is exported by its pollers only.
     for d, source in (("leak1", "leak"), ("pdu-a", "pdu"), ("rfcdu1", "redfish")):
