@@ -45,7 +45,8 @@ RACK_CLASSES = frozenset({"cdu", "pump", "leak_sensor", "pdu_outlet"})
 
 # Detector (or the alertname's detector label) -> class; coolant_flow_low is a pump when the CDU says so.
 DETECTOR_CLASS: Mapping[str, str] = {
-    "gpu_xid_critical": "gpu", "gpu_lost": "gpu",
+    "gpu_xid_critical": "gpu",  # until the catalogue judge replaces it (issue 33)
+    "gpu_lost": "gpu", "gpu_reset_required": "gpu", "gpu_reboot_required": "gpu", "gpu_service_required": "gpu",
     # One GPU at its slowdown threshold while the loop is fine: its cold plate or thermal interface.
     # (A loop that cannot carry the heat is coolant_flow_low / coolant_supply_hot, a CDU failure.)
     "gpu_thermal": "gpu",
@@ -57,7 +58,8 @@ DETECTOR_CLASS: Mapping[str, str] = {
     "pdu_outlet_off": "pdu_outlet",
 }
 NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
-                "tray_leak_rack")  # trays leaking at once: each tray is already its own node's leak
+                "tray_leak_rack",  # trays leaking at once: each tray is already its own node's leak
+                "gpu_app_fault")  # the catalogue's RESTART_APP: the application's fault, not the GPU's
 # A reading that is not ok (sensor_fault) is a failure of the device whose sensor it is.
 SENSOR_PREFIX_CLASS = (("supernode_cdu_", "cdu"), ("supernode_gpu_", "gpu"), ("supernode_nvlink_", "nvlink"),
                        ("supernode_optic_", "optic"), ("supernode_pdu_outlet_", "pdu_outlet"),

@@ -182,7 +182,7 @@ def set_maintenance(agent: AgentProcess, node: str, on: bool) -> dict:
 
 def xid_alert(agent: AgentProcess, node: str, status: str, starts: str) -> int:
     """One Alertmanager delivery (payload version 4) about a critical XID on `node`, to `agent`'s webhook."""
-    alert = {"status": status, "labels": {"alertname": "SupernodeGpuXidCritical", "detector": "gpu_xid_critical",
+    alert = {"status": status, "labels": {"alertname": "SupernodeGpuLost", "detector": "gpu_lost",
                                           "node": node, "severity": "critical"},
              "annotations": {}, "startsAt": starts, "fingerprint": f"xid-{node}-{starts}",
              "endsAt": "2026-12-01T01:00:00Z" if status == "resolved" else "0001-01-01T00:00:00Z"}

@@ -47,7 +47,7 @@ def cluster():
 
 
 def xid_alert(status: str) -> dict:
-    alert = {"status": status, "labels": {"alertname": "SupernodeGpuXidCritical", "detector": "gpu_xid_critical",
+    alert = {"status": status, "labels": {"alertname": "SupernodeGpuLost", "detector": "gpu_lost",
                                           "node": "node01", "severity": "critical"},
              "annotations": {}, "startsAt": "2026-01-01T00:00:00Z", "fingerprint": "xid-node01"}
     return {"version": "4", "status": status, "receiver": "agent", "groupKey": "{}", "alerts": [alert]}
@@ -75,7 +75,7 @@ def incident_state(agent: AgentProcess) -> str | None:
     status, body = agent.get("/api/v1/incidents", token=ADMIN)
     assert status == 200, (status, body[:300])
     data = json.loads(body)
-    return next((i["state"] for i in data["open"] + data["recent"] if i["detector"] == "gpu_xid_critical"), None)
+    return next((i["state"] for i in data["open"] + data["recent"] if i["detector"] == "gpu_lost"), None)
 
 
 def calls(log) -> list[str]:

@@ -39,7 +39,7 @@ async def crashed_after_drain(tmp_path, sched: Flaky) -> str:
     sched.hang_after_drain = True
     eng = engine(tmp_path, executors=Executors(scheduler=sched), max_drained_fraction=1.0)
     await eng.start()
-    inc = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
+    inc = eng.fire("gpu_lost", {"node": "node01"}, "critical")
     await await_for(lambda: sched.nodes["node01"].drained, what="drain in effect")
     await eng.stop()  # cancels the hung step: intent without result, like a crash
     sched.hang_after_drain = False
@@ -62,7 +62,7 @@ def test_unreadable_scheduler_at_start_stays_unknown_then_the_drain_is_still_und
         await await_for(lambda: inc.state in OUTCOMES, what="outcome once Slurm answers")
         assert [r.result for r in results(eng, kind="result", action="drain")] == ["unknown", "done"]
         assert inc.state == "mitigated"
-        eng.clear("gpu_xid_critical", {"node": "node01"})
+        eng.clear("gpu_lost", {"node": "node01"})
         await await_for(lambda: not sched.nodes["node01"].drained, what="our drain undone")
         await eng.stop()
     asyncio.run(main())
@@ -83,7 +83,7 @@ def test_a_step_re_run_after_a_crash_keeps_the_ownership_of_its_first_intent(tmp
         await await_for(lambda: inc.state in OUTCOMES, what="re-run outcome")
         rerun = results(eng, kind="intent", action="drain")[-1]
         assert rerun.detail["plan"]["before"]["owned"] is True  # node found drained, but by us
-        eng.clear("gpu_xid_critical", {"node": "node01"})
+        eng.clear("gpu_lost", {"node": "node01"})
         await await_for(lambda: not sched.nodes["node01"].drained, what="our drain undone after the re-run")
         await eng.stop()
     asyncio.run(main())

@@ -23,7 +23,7 @@ ZONES = {"zone-a": ["node01"], "zone-b": ["node02"], "zone-ab": ["node01", "node
 
 
 @pytest.mark.parametrize("detector, targets, detail, expected", [
-    ("gpu_xid_critical", {"node": "node01"}, {"gpu": "2"}, ("gpu", "node01/gpu2")),
+    ("gpu_lost", {"node": "node01"}, {"gpu": "2"}, ("gpu", "node01/gpu2")),
     ("gpu_lost", {"node": "node01", "gpu": "missing"}, {}, ("gpu", "node01/gpumissing")),
     ("gpu_thermal", {"node": "node01", "gpu": "1"}, {}, ("gpu", "node01/gpu1")),
     ("nvlink_errors", {"node": "node01", "gpu": "0"}, {"links_down": ["3"]}, ("nvlink", "node01/gpu0/link3")),
@@ -152,8 +152,8 @@ def _journal(tmp_path, now: float) -> Journal:
     j.append("engine", result="started", ts=now - 20 * DAY)
     j.append("engine", result="started", ts=now - 10 * DAY)
     gpu = {"class": "gpu", "id": "node01/gpu2"}
-    _incident(j, "x1", "gpu_xid_critical", {"node": "node01"}, now - 15 * DAY, now - 15 * DAY + 600, gpu)
-    _incident(j, "x2", "gpu_xid_critical", {"node": "node01"}, now - 5 * DAY, now - 5 * DAY + 1200, gpu)
+    _incident(j, "x1", "gpu_lost", {"node": "node01"}, now - 15 * DAY, now - 15 * DAY + 600, gpu)
+    _incident(j, "x2", "gpu_lost", {"node": "node01"}, now - 5 * DAY, now - 5 * DAY + 1200, gpu)
     _incident(j, "l1", "gpu_lost", {"node": "node01", "gpu": "0"}, now - 2 * DAY, None,
               {"class": "gpu", "id": "node01/gpu0"})
     # a journal row from before components were recorded: classified again from its detector and targets

@@ -75,7 +75,7 @@ class WitnessScheduler(SimulatedScheduler):
 
 def _fire(eng: RemediationEngine, node: str):
     source = "local" if node == eng.identity.node else "alertmanager"
-    return eng.fire("gpu_xid_critical", {"node": node}, "critical", source=source)
+    return eng.fire("gpu_lost", {"node": node}, "critical", source=source)
 
 
 @pytest.mark.parametrize("guard, guardrail", [

@@ -82,8 +82,8 @@ def test_gpu_thermal_near_slowdown():
 
 def test_shipped_playbooks_load_and_bad_playbook_names_field(tmp_path):
     names = {b.name for b in load_playbooks()}
-    assert {"leak-response", "coolant-degraded", "gpu-thermal", "gpu-xid-critical", "gpu-lost", "nvlink-errors",
-            "optic-degraded", "rack-power-over-budget"} <= names
+    assert {"leak-response", "coolant-degraded", "gpu-thermal", "gpu-reset", "gpu-reboot", "gpu-service",
+            "gpu-app-fault", "gpu-lost", "nvlink-errors", "optic-degraded", "rack-power-over-budget"} <= names
     (tmp_path / "bad.yaml").write_text("name: x\ntrigger: {detector: leak}\nsteps: [{action: reboot}]\n")
     with pytest.raises(PlaybookError, match="steps.0.action"):
         load_playbooks(tmp_path)
@@ -92,7 +92,7 @@ def test_shipped_playbooks_load_and_bad_playbook_names_field(tmp_path):
 def _xid_incident(eng, node="node01"):
     # An XID on another node reaches this agent only through Alertmanager (local detectors see local GPUs).
     source = "local" if node == eng.identity.node else "alertmanager"
-    return eng.fire("gpu_xid_critical", {"node": node}, "critical", source=source)
+    return eng.fire("gpu_lost", {"node": node}, "critical", source=source)
 
 
 def test_incident_refire_runs_playbook_once_and_resolve_undoes(tmp_path):
@@ -106,15 +106,15 @@ def test_incident_refire_runs_playbook_once_and_resolve_undoes(tmp_path):
         await await_for(lambda: inc.state == "mitigated", what="mitigated")
         assert (await sched.state("node01")).reason.startswith("supernode-agent:")
         assert len([e for e in results(eng, kind="intent", action="drain")]) == 1
-        eng.clear("gpu_xid_critical", {"node": "node01"})
+        eng.clear("gpu_lost", {"node": "node01"})
         await await_for(lambda: sched.nodes["node01"].state == "idle", what="resumed")
         assert inc.state == "resolved" and inc.resolved_at >= inc.opened_at
         reg = CollectorRegistry()
         reg.register(eng.collector())
-        assert reg.get_sample_value("supernode_incidents_total", {"detector": "gpu_xid_critical", "severity": "critical"}) == 1
-        assert reg.get_sample_value("supernode_incident_duration_seconds_count", {"detector": "gpu_xid_critical"}) == 1
+        assert reg.get_sample_value("supernode_incidents_total", {"detector": "gpu_lost", "severity": "critical"}) == 1
+        assert reg.get_sample_value("supernode_incident_duration_seconds_count", {"detector": "gpu_lost"}) == 1
         assert reg.get_sample_value("supernode_remediation_actions_total",
-                                    {"playbook": "gpu-xid-critical", "action": "drain", "result": "undone"}) == 1
+                                    {"playbook": "gpu-lost", "action": "drain", "result": "undone"}) == 1
         assert reg.get_sample_value("supernode_remediation_mode", {"mode": "enforce"}) == 1
         await eng.stop()
     asyncio.run(main())
@@ -128,7 +128,7 @@ def test_ownership_never_resumes_a_node_drained_by_a_person(tmp_path):
         await eng.start()
         inc = _xid_incident(eng)
         await await_for(lambda: inc.state == "mitigated")
-        eng.clear("gpu_xid_critical", {"node": "node01"})
+        eng.clear("gpu_lost", {"node": "node01"})
         await await_for(lambda: inc.state == "resolved" and not eng.tasks)
         assert sched.nodes["node01"].state == "drained" and sched.nodes["node01"].reason == "maintenance by alice"
         await eng.stop()
@@ -140,7 +140,7 @@ def _blocked(eng, guardrail):
     reg.register(eng.collector())
     rows = [e for e in eng.journal.entries() if e.kind == "blocked" and e.detail.get("guardrail") == guardrail]
     return rows, reg.get_sample_value("supernode_remediation_blocked_total",
-                                      {"playbook": "gpu-xid-critical", "guardrail": guardrail})
+                                      {"playbook": "gpu-lost", "guardrail": guardrail})
 
 
 @pytest.mark.parametrize("mode", ["observe", "dry-run"])
@@ -197,7 +197,7 @@ def test_circuit_breaker_stays_open_until_reset_and_undo_still_runs(tmp_path):
         assert sched.nodes["node02"].state == "idle"
         rows, n = _blocked(eng, "circuit_breaker")
         assert rows and n >= 1
-        eng.clear("gpu_xid_critical", {"node": "node01"})  # undo proceeds while open
+        eng.clear("gpu_lost", {"node": "node01"})  # undo proceeds while open
         await await_for(lambda: sched.nodes["node01"].state == "idle", what="undo while breaker open")
         assert eng.guard.breaker_open
         eng.reset_breaker("test")

@@ -37,11 +37,11 @@ def xid_engine(tmp_path, cluster, **slurm) -> tuple[RemediationEngine, SlurmSche
 def drain_and_resume(eng: RemediationEngine, cluster) -> str:
     async def main() -> str:
         await eng.start()
-        inc = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
+        inc = eng.fire("gpu_lost", {"node": "node01"}, "critical")
         await await_for(lambda: inc.state in OUTCOMES, timeout=30, what="outcome")
         state = inc.state
         assert cluster.states()["node01"] in ("draining", "drained")
-        eng.clear("gpu_xid_critical", {"node": "node01"})
+        eng.clear("gpu_lost", {"node": "node01"})
         await await_for(lambda: cluster.states().get("node01") in ("idle", "mixed", "allocated"), timeout=30,
                         what="node01 resumed")
         await eng.stop()

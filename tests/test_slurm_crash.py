@@ -42,7 +42,7 @@ CHILD = textwrap.dedent("""\
         eng = RemediationEngine(settings(max_drained_fraction=1.0), "enforce", identity(),
                                 inventory(nodes=("node01", "node02")), {journal!r}, Executors(scheduler=sched))
         await eng.start()
-        eng.fire("gpu_xid_critical", {{"node": "node01"}}, "critical")
+        eng.fire("gpu_lost", {{"node": "node01"}}, "critical")
         await asyncio.sleep(120)
     asyncio.run(main())
 """)
@@ -92,13 +92,13 @@ def test_sigkill_between_intent_and_result(cluster, tmp_path):
         assert not eng.journal.unfinished_intents()
         rec = [e for e in eng.journal.entries() if e.kind == "result" and e.action == "drain"]
         assert [(r.result, r.detail["reconciled"]) for r in rec] == [("done", "applied")]
-        inc = eng.incidents.find("gpu_xid_critical", {"node": "node01"})
+        inc = eng.incidents.find("gpu_lost", {"node": "node01"})
         assert inc is not None  # restored with the same id
         await await_for(lambda: inc.state == "mitigated", timeout=20)
         # restored, re-fired: no second drain
-        eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
+        eng.fire("gpu_lost", {"node": "node01"}, "critical")
         assert sum("State=DRAIN" in l for l in log.read_text().splitlines()) == 1
-        eng.clear("gpu_xid_critical", {"node": "node01"})  # and the reconciled drain is still ours to undo
+        eng.clear("gpu_lost", {"node": "node01"})  # and the reconciled drain is still ours to undo
         await await_for(lambda: cluster.states().get("node01") == "idle", timeout=20)
         await eng.stop()
     asyncio.run(restart())

@@ -38,11 +38,11 @@ async def _engine_after_bobs_drain(cluster, tmp_path) -> tuple[SlurmScheduler, R
 def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_path):
     async def main():
         sched, eng = await _engine_after_bobs_drain(cluster, tmp_path)  # counts for blast radius, never resumed
-        a = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
+        a = eng.fire("gpu_lost", {"node": "node01"}, "critical")
         await await_for(lambda: a.state == "mitigated", timeout=20)
         st = await sched.state("node01")
         assert st.drained and st.reason.startswith("supernode-agent: " + a.id)
-        b = eng.fire("gpu_xid_critical", {"node": "node03"}, "critical", source="alertmanager")
+        b = eng.fire("gpu_lost", {"node": "node03"}, "critical", source="alertmanager")
         await await_for(lambda: b.state == "failed", timeout=20)
         assert node_states(cluster)["node03"] == "idle"  # 2 already drained per sinfo: blocked
         assert [e.detail["guardrail"] for e in results(eng, kind="blocked", action="drain")] == ["blast_radius"]
@@ -50,7 +50,7 @@ def test_drain_resume_ownership_and_blast_radius_with_real_slurm(cluster, tmp_pa
         c = eng.fire("gpu_lost", {"node": "node02", "gpu": "0"}, "critical", source="alertmanager")
         await await_for(lambda: c.state == "mitigated", timeout=20)
         eng.clear("gpu_lost", {"node": "node02", "gpu": "0"})
-        eng.clear("gpu_xid_critical", {"node": "node01"})
+        eng.clear("gpu_lost", {"node": "node01"})
         await await_for(lambda: node_states(cluster).get("node01") == "idle", timeout=20, what="node01 resumed")
         await await_for(lambda: not eng.tasks, timeout=20)
         assert node_states(cluster)["node02"] == "drained"
@@ -66,16 +66,16 @@ def test_two_drains_checked_at_once_pass_the_blast_radius_one_at_a_time(cluster,
     second counts it: max_drained_nodes=2 holds, with one drain blocked by blast_radius."""
     async def main():
         sched, eng = await _engine_after_bobs_drain(cluster, tmp_path)
-        a = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical", source="alertmanager")
-        b = eng.fire("gpu_xid_critical", {"node": "node03"}, "critical", source="alertmanager")
+        a = eng.fire("gpu_lost", {"node": "node01"}, "critical", source="alertmanager")
+        b = eng.fire("gpu_lost", {"node": "node03"}, "critical", source="alertmanager")
         await await_for(lambda: {a.state, b.state} <= {"mitigated", "failed"}, timeout=30, what="both steps ended")
         assert {a.state, b.state} == {"mitigated", "failed"}, node_states(cluster)
         states = node_states(cluster)
         assert sorted(n for n in ("node01", "node03") if states[n] in ("drained", "draining")) == \
             [("node01" if a.state == "mitigated" else "node03")]
         assert [e.detail["guardrail"] for e in results(eng, kind="blocked", action="drain")] == ["blast_radius"]
-        eng.clear("gpu_xid_critical", {"node": "node01"})
-        eng.clear("gpu_xid_critical", {"node": "node03"})
+        eng.clear("gpu_lost", {"node": "node01"})
+        eng.clear("gpu_lost", {"node": "node03"})
         await await_for(lambda: all(node_states(cluster).get(n) == "idle" for n in ("node01", "node03")), timeout=20,
                         what="our drain resumed")
         await eng.stop()
@@ -119,11 +119,11 @@ for i in $(seq 600); do sleep 0.1; done
             await eng.start()
             assert not marker.exists()  # ordering, not clocks: the job is signalled only once the drain begins
             served_before = ctld_log.stat().st_size
-            inc = eng.fire("gpu_xid_critical", {"node": "node01"}, "critical")
+            inc = eng.fire("gpu_lost", {"node": "node01"}, "critical")
             await await_for(lambda: inc.state == "mitigated", timeout=20)
             st = await sched.state("node01")
             assert st.reason.startswith("supernode-agent: ") and st.state in ("draining", "drained")
-            eng.clear("gpu_xid_critical", {"node": "node01"})
+            eng.clear("gpu_lost", {"node": "node01"})
             await await_for(lambda: node_states(cluster).get("node01") in ("idle", "mixed", "allocated"), timeout=20,
                             what="node01 resumed")
             await eng.stop()

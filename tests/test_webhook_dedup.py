@@ -31,7 +31,7 @@ def test_an_alert_the_engine_refused_is_acted_on_when_alertmanager_retries(tmp_p
         runner, url, reg = await serve(eng)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         xid = alert()
-        xid["labels"]["detector"] = "gpu_xid_critical"  # lands in the local detector's playbook (drain)
+        xid["labels"]["detector"] = "gpu_lost"  # lands in the local detector's playbook (drain)
         async with aiohttp.ClientSession() as s:
             async def post():
                 async with s.post(url + "/api/v1/alerts", json=payload(xid), headers=auth) as r:

@@ -17,6 +17,7 @@ from exporters.model import Reading
 
 from .flow_baseline import FlowBaselines
 from .hysteresis import Observation, Tracker, targets_of
+from .recovery_ledger import RecoveryLedger
 from .settings import DetectorSettings, Hold
 
 
@@ -69,6 +70,8 @@ class Context:
     # (pdu, outlet) -> the inventory node it feeds: only those outlets are watched (an outlet that feeds
     # nothing the agent knows may be off on purpose)
     outlet_feeds: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # what the recovery ladder's steps did (the engine records, the GPU fault judge reads): recovery_ledger.py
+    recoveries: RecoveryLedger = field(default_factory=RecoveryLedger)
 
 
 class DetectorBase:

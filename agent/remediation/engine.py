@@ -35,6 +35,7 @@ from .lifecycle import IncidentLifecycle
 from .maintenance import Maintenance
 from .playbooks import Playbook, load_playbooks
 from .reconcile import Reconciler
+from .recovery_ledger import RecoveryLedger
 from .restored import seed_restored
 from .resume import ResumeCheck
 from .settings import RemediationSettings
@@ -71,10 +72,12 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
         leader = settings.rack_leader or (inventory.nodes[0] if inventory.nodes else identity.node)
         self.rack: Any = LocalRack(leader, identity.node)
         self.playbooks: list[Playbook] = load_playbooks(settings.playbook_dir)
+        self.recoveries = RecoveryLedger()  # what gpu_reset / node_reboot steps did: the GPU fault judge reads it
         self.detectors = Detectors(settings.detectors, Context(
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
             power_budget_watts=inventory.power_budget_watts,
-            outlet_feeds={(p.name, o): n for p in inventory.pdus for o, n in p.outlets.items()}), clock)
+            outlet_feeds={(p.name, o): n for p in inventory.pdus for o, n in p.outlets.items()},
+            recoveries=self.recoveries), clock)
         self.actions = self._build_actions()
         self.resume_check = ResumeCheck(settings.resume_health_check, self.executors.gpu_libs, inventory.gpus.count,
                                         settings.exec_allow, self._xid_active)

@@ -28,6 +28,28 @@ class Scheduler(Protocol):
 
     async def signal_jobs(self, node: str, signal: str) -> None: ...
 
+    # The GPU recovery ladder (issue 33): the node's jobs, told or requeued; a reboot through the scheduler.
+
+    async def jobs(self, node: str) -> list[str]:
+        """Ids of the jobs running on the node."""
+        ...
+
+    async def comment_job(self, job: str, text: str) -> None:
+        """Set the job's owner-visible comment (Slurm: scontrol update JobId=J Comment=...)."""
+        ...
+
+    async def requeue_job(self, job: str) -> None:
+        """Put the job back in the queue (Slurm: scontrol requeue J)."""
+        ...
+
+    async def reboot(self, node: str, reason: str) -> None:
+        """Reboot the node when it is idle and resume it after (Slurm: scontrol reboot ASAP nextstate=RESUME)."""
+        ...
+
+    async def boot_time(self, node: str) -> float | None:
+        """When the node last booted, as the scheduler knows it (Slurm: BootTime); None if it does not say."""
+        ...
+
 
 R = Any
 # A device function: called with the target's keys (and a value); blocking or a coroutine function.
@@ -49,3 +71,4 @@ class Executors:
     pdu_get: DeviceFn | None = None  # (pdu, outlet) -> bool: the outlet is on
     tray_power_set: DeviceFn | None = None  # (bmc, on: bool) -> None: Redfish ComputerSystem.Reset of a tray
     tray_power_get: DeviceFn | None = None  # bmc -> bool: the tray is powered
+    gpu_reset_command: list[str] | None = None  # argv template of a GPU reset ({gpu}, {node}, {uuid}); see settings

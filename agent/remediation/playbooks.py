@@ -26,9 +26,9 @@ MODES = ("observe", "dry-run", "enforce")
 
 TargetKind = Literal["gpus", "rack_gpus", "nodes", "port", "valve", "rack_valve", "outlets", "leaking_trays", "none"]
 ActionName = Literal["gpu_power_cap", "drain", "isolate_link", "cdu_write", "pdu_outlet", "tray_power", "notify",
-                     "exec"]
+                     "exec", "job_notify", "gpu_reset", "node_reboot"]
 ApprovalKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check",
-                      "always"]
+                      "gpu_reset", "node_reboot", "always"]
 
 
 class PlaybookError(Exception):

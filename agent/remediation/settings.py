@@ -14,11 +14,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_write", "pdu_outlet", "tray_power",
-                     "notify", "exec"]
+                     "notify", "exec", "job_notify", "gpu_reset", "node_reboot"]
 
 # Approval keys a playbook step may carry (approval:, undo_approval:, and resume_after_check for a resume whose
 # health check did not pass) that `guardrails.automatic` may waive; "always" can never be waived.
-AutomaticKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check"]
+AutomaticKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check",
+                       "gpu_reset", "node_reboot"]
 
 CRITICAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140, 144, 145, 146, 147, 148, 149, 150, 154]
 
@@ -108,9 +109,10 @@ class Guardrails(_Strict):
     attempts_per_incident: int = Field(default=3, ge=1, description="Tries of one step before escalation.")
     retry_backoff_seconds: float = Field(default=0.5, ge=0, description="First retry delay; doubles each try.")
     approval_expiry_seconds: float = Field(default=3600.0, gt=0, description="A pending approval lapses after this.")
-    automatic: list[AutomaticKey] = Field(default_factory=list, description=(
+    automatic: list[AutomaticKey] = Field(default_factory=lambda: ["gpu_reset"], description=(
         "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, tray_power_off, "
-        "resume_after_leak, resume_after_check (a tray is powered on again only with a person's approval)."))
+        "resume_after_leak, resume_after_check, gpu_reset, node_reboot (a tray is powered on again only with a "
+        "person's approval). Default: gpu_reset alone (a reset of a drained GPU with no process on it)."))
     scheduler_retry_max_seconds: float = Field(default=60.0, gt=0, description=(
         "A step blocked by scheduler_unreachable is retried with doubling delays up to this one."))
 
@@ -167,6 +169,27 @@ class XidOverride(_Strict):
     investigatory_action: str | None = Field(default=None, description="A catalogue guidance class.")
 
 
+class GpuRecoverySettings(_Strict):
+    """How the GPU recovery ladder acts (issue 33): tell the job, reset a GPU, reboot the node through Slurm."""
+
+    job_notify: Literal["comment", "requeue", "none"] = Field(default="comment", description=(
+        "What an application-level fault (the catalogue's RESTART_APP) does to the node's jobs: `comment` sets "
+        "the job's Comment (owner-visible in squeue/sacct), `requeue` puts it back in the queue, `none` only "
+        "journals."))
+    gpu_reset_command: list[str] = Field(
+        default_factory=lambda: ["nvidia-smi", "--gpu-reset", "-i", "{gpu}"], min_length=1, description=(
+            "Argument list of a GPU reset ({gpu}: the index, {node}, {uuid} replaced per element; never a shell)."))
+    gpu_reset_timeout_seconds: float = Field(default=60.0, gt=0, description="Longest one reset may run.")
+    idle_wait_seconds: float = Field(default=600.0, gt=0, description=(
+        "How long a reset waits for the GPU to have no process (its node drained, the job gone) before it fails "
+        "and the ladder escalates."))
+    reboot_timeout_seconds: float = Field(default=900.0, gt=0, description=(
+        "How long a node_reboot waits for Slurm to report the node booted again (BootTime after the request) "
+        "before it fails and the ladder escalates to service."))
+    verify_seconds: float = Field(default=30.0, gt=0, description=(
+        "After a reset or reboot: how long the health read may take to show the GPU healthy."))
+
+
 class RemediationSettings(_Strict):
     detectors: DetectorSettings = DetectorSettings()
     guardrails: Guardrails = Guardrails()
@@ -190,6 +213,7 @@ class RemediationSettings(_Strict):
     xid_overrides: dict[int, XidOverride] = Field(default_factory=dict, description=(
         "XID -> replacement immediate/investigatory action for that one catalogue entry (issue 33; read by the "
         "recovery ladder, not yet by the detectors)."))
+    gpu_recovery: GpuRecoverySettings = GpuRecoverySettings()
     resume_health_check: str = Field(default="nvml", description=(
         "Before resuming a node drained for a GPU fault (steps with resume_check): `nvml` (the agent's own "
         "check), the name of an exec_allow program (exit 0 passes), or `none` (always a person's approval)."))

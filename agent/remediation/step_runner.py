@@ -12,12 +12,13 @@ import contextvars
 import logging
 from typing import Any, Mapping
 
-from .actions import ActionError, ActionResult, target_str
+from .actions import ActionError, ActionResult, parse_target, target_str
 from .blast import SCHEDULER_UNREACHABLE, check_drain
 from .guardrails import Reservation
 from .incidents import Incident
 from .ownership import carry_ownership
 from .playbooks import Playbook, Step
+from .recovery_ledger import RECOVERY_ACTIONS, Recovery
 from .steps import action_id, error_text, outcome, run_graph
 
 log = logging.getLogger("supernode.remediation")
@@ -280,4 +281,9 @@ class StepRunner:
         self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
                             target=tgt, result=result, detail=detail)
         self._count(book.name, step.action, result)
+        if step.action in RECOVERY_ACTIONS and result in ("done", "failed"):
+            # the GPU fault judge's proof of a recovery (or the cause of an escalation): see recovery_ledger.py
+            t = parse_target(tgt)
+            self.recoveries.record(Recovery(t.get("node", self.identity.node), t.get("gpu"), step.action,
+                                            result == "done", self.clock(), str(detail.get("error", ""))))
         return result
