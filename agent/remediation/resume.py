@@ -22,31 +22,9 @@ import asyncio
 from typing import Any, Callable, Mapping
 
 from .actions import run_program
+from .gpu_health import check_gpus
 
-RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (exporters/profiles/nvml.yaml)
 CALL_TIMEOUT = 5.0
-_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-
-
-def _field_value(fv: Any) -> int:
-    """The integer in a c_nvmlFieldValue_t, read by its valueType (the union member NVML filled)."""
-    return int(getattr(fv.value, _VALUE_ATTR.get(int(fv.valueType), "ullVal")))
-
-
-def _nvml_check(lib: Any, expected: int) -> tuple[bool, str]:
-    count = lib.nvmlDeviceGetCount()
-    if expected and count < expected:
-        return False, f"{count} of {expected} GPUs visible to NVML"
-    for i in range(count):
-        try:
-            h = lib.nvmlDeviceGetHandleByIndex(i)
-            lib.nvmlDeviceGetUUID(h)
-            fv = lib.nvmlDeviceGetFieldValues(h, [RECOVERY_ACTION_FIELD])[0]
-        except Exception as exc:  # GPU_IS_LOST and friends: the GPU is not healthy
-            return False, f"GPU {i} does not answer NVML: {exc}"
-        if fv.nvmlReturn == lib.NVML_SUCCESS and _field_value(fv) != 0:
-            return False, f"GPU {i}: NVML asks for recovery action {_field_value(fv)} (not NONE)"
-    return True, f"{count} GPUs answer NVML, recovery action NONE on each"
 
 
 class ResumeCheck:
@@ -57,6 +35,19 @@ class ResumeCheck:
         self.expected = expected_gpus
         self.exec_allow = exec_allow
         self.xid_active = xid_active
+
+    async def gpus_healthy(self, node: str, indices: list[int] | None = None) -> tuple[bool, str]:
+        """The NVML health read alone (no XID hold): what a reset or a reboot is verified with."""
+        lib = self.gpu_libs.get(node)
+        if lib is None:
+            return False, f"no NVML for {node} on this agent: cannot check its GPUs"
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT):
+                return await asyncio.to_thread(check_gpus, lib, self.expected, indices)
+        except asyncio.TimeoutError:
+            return False, f"NVML did not answer within {CALL_TIMEOUT:g} s"
+        except Exception as exc:
+            return False, f"NVML check failed: {exc}"
 
     async def run(self, node: str) -> tuple[bool, str]:
         """(passed, why in words) for resuming `node`."""
@@ -70,7 +61,7 @@ class ResumeCheck:
                 return False, f"a critical XID on {node} is still within the detector's hold"
             try:
                 async with asyncio.timeout(CALL_TIMEOUT):
-                    return await asyncio.to_thread(_nvml_check, lib, self.expected)
+                    return await asyncio.to_thread(check_gpus, lib, self.expected)
             except asyncio.TimeoutError:
                 return False, f"NVML did not answer within {CALL_TIMEOUT:g} s"
             except Exception as exc:
