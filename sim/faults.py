@@ -102,13 +102,16 @@ def _gpu_lost(sim: "Simulator", p: dict[str, Any]) -> str:
        NODE, GPU, Param("code", int, True, None, "XID number (one the catalogue lists for this GPU model)"),
        Param("sticky", as_bool, False, False,
              "the hardware holds the fault until its recovery: a RESET_GPU-class XID (or 48) until gpu-reset, "
-             "RESTART_BM (79: the GPU falls off the bus) until reboot; NVML's recovery action says which"))
+             "RESTART_BM (79: the GPU falls off the bus) until reboot; NVML's recovery action says which"),
+       Param("recurs", as_bool, False, False,
+             "with --sticky, a reset-class fault a GPU reset does not fix: the XID comes again right after each "
+             "reset, only a reboot clears it"))
 def _xid(sim: "Simulator", p: dict[str, Any]) -> str:
     from sim.nvml_faults import raise_catalogued_xid
 
     g = _gpu(sim, p)
     try:
-        return raise_catalogued_xid(sim.model, g.node, g.index, p["code"], p["sticky"])
+        return raise_catalogued_xid(sim.model, g.node, g.index, p["code"], p["sticky"], p["recurs"])
     except ValueError as exc:
         raise FaultError(f"xid: {exc}") from None
 

@@ -121,8 +121,11 @@ def set_recovery_action(model: RackModel, node: str, gpu: int, action: int) -> s
     return f"{node} gpu {gpu} recovery_action={action}"
 
 
-def raise_catalogued_xid(model: RackModel, node: str, gpu: int, code: int, sticky: bool = False) -> str:
-    """Raise XID `code` on the GPU as its catalogue entry says; `sticky`: the hardware holds its class (see above).
+def raise_catalogued_xid(model: RackModel, node: str, gpu: int, code: int, sticky: bool = False,
+                         recurs: bool = False) -> str:
+    """Raise XID `code` on the GPU as its catalogue entry says; `sticky`: the hardware holds its class (see above);
+    `recurs`: a held reset-class fault a reset does not fix (the defect is still there: the GPU raises the XID
+    again right after the reset and NVML still asks for a reset), which only a reboot clears.
 
     ValueError (naming the code and the architecture) when the catalogue has no such XID for this GPU.
     """
@@ -136,7 +139,8 @@ def raise_catalogued_xid(model: RackModel, node: str, gpu: int, code: int, stick
         held = HELD_BY.get(entry.immediate_action or "") if sticky else None
         if held is not None:
             g.xid_faults.append({"code": code, "mnemonic": entry.mnemonic,
-                                 "immediate_action": entry.immediate_action, "cleared_by": held})
+                                 "immediate_action": entry.immediate_action, "cleared_by": held,
+                                 "recurs": bool(recurs and held == GPU_RESET)})
             if code == XID_OFF_THE_BUS:
                 g.lost = True
             elif _set_recovery(g):
@@ -166,8 +170,9 @@ def gpu_reset(model: RackModel, node: str, gpu: int) -> str:
             raise RecoveryRefused(pynvml.NVML_ERROR_IN_USE,
                                   f"{node} gpu {gpu}: in use by a process (workload {g.workload:g}); a reset needs "
                                   "the GPU idle")
-        cleared = [f["code"] for f in g.xid_faults if f["cleared_by"] == GPU_RESET]
-        g.xid_faults = [f for f in g.xid_faults if f["cleared_by"] != GPU_RESET]
+        cleared = [f["code"] for f in g.xid_faults if f["cleared_by"] == GPU_RESET and not f.get("recurs")]
+        recurring = [f["code"] for f in g.xid_faults if f.get("recurs")]
+        g.xid_faults = [f for f in g.xid_faults if f["cleared_by"] != GPU_RESET or f.get("recurs")]
         if g.recovery_action != pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT:
             g.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
         _set_recovery(g)  # a reboot-class fault still held keeps asking for a reboot
@@ -175,6 +180,8 @@ def gpu_reset(model: RackModel, node: str, gpu: int) -> str:
         if g.remap_pending:  # the pending remap takes effect at the reset
             g.remap_pending = False
         g.hang_seconds = 0.0
+        for code in recurring:  # the defect a reset does not fix raises its XID again at once
+            model.raise_xid(node, gpu, code)
     return (f"{node} gpu {gpu} reset: cleared xid {cleared or 'none'}"
             + (", row remap applied" if applied else "")
             + (f", still held: xid {[f['code'] for f in g.xid_faults]}" if g.xid_faults else ""))

@@ -195,3 +195,20 @@ def test_a_downtrained_pcie_link_reads_below_its_maximum_and_survives_reset_and_
         sim.inject("pcie-downtrain", {"node": NODE, "gpu": "1", "gen": "6"})
     sim.clear()
     assert twin.nvmlDeviceGetCurrPcieLinkWidth(h) == 16
+
+
+def test_a_recurring_fault_comes_back_after_each_reset_and_only_a_reboot_clears_it(rig):
+    sim, twin = rig
+    sim.inject("workload", {"node": NODE, "gpu": "0", "ratio": "0"})
+    h = twin.nvmlDeviceGetHandleByIndex(0)
+    sim.inject("xid", {"node": NODE, "gpu": "0", "code": "48", "sticky": "true", "recurs": "true"})
+    assert recovery_action(twin, 0) == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    seen = len(sim.model.gpu(NODE, 0).xids)
+    twin.gpu_reset(h)
+    # the reset ran, the defect did not go: the XID again, and the driver still asks for a reset
+    assert [e[1] for e in sim.model.gpu(NODE, 0).xids[seen:]] == [48]
+    assert recovery_action(twin, 0) == pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    assert [f["code"] for f in state_of(sim)["gpus"][0]["xid_faults"]] == [48]
+    sim.inject("reboot", {"node": NODE})
+    assert recovery_action(twin, 0) == pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    assert state_of(sim)["gpus"][0]["xid_faults"] == []
