@@ -41,6 +41,15 @@ def parse_fault_params(extra: Sequence[str]) -> dict[str, str]:
     return params
 
 
+def gpu_reset_command(url: str) -> list[str]:
+    """An agent's `remediation.gpu_recovery.gpu_reset_command` on a simulated rack: this CLI's `inject gpu-reset`
+    at the simulator `url`, run by the Python that runs the simulator ({node} and {gpu} left for the agent).
+
+    It exits 1 with the twin's refusal on stderr (a process still on the GPU, the GPU off the bus) and 0 once
+    the GPU is reset, as `nvidia-smi --gpu-reset -i N` does on a real node."""
+    return [sys.executable, "-m", "sim.cli", "--sim", url, "inject", "gpu-reset", "--node", "{node}", "--gpu", "{gpu}"]
+
+
 def _cmd_api(args: argparse.Namespace, extra: Sequence[str]) -> int:
     """inject / clear / state / faults: one request to the running simulator, its answer printed as JSON."""
     from sim.server import find_simulator

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from agent.memory import daemon_env
+from sim.cli import gpu_reset_command
 from sim.server import Simulator
 from sim.ports import free_port
 
@@ -62,6 +63,8 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
         "slurm": ({"backend": "slurm", "slurm_conf": str(slurm_conf)} if slurm_conf else {"backend": "simulated"}),
         # A demo rack of two nodes: let a leak drain either; act quickly so the story is visible.
         "guardrails": {"max_drained_fraction": 1.0, "max_drained_nodes": len(model.nodes), "cooldown_seconds": 5},
+        # no nvidia-smi here: the recovery ladder resets a GPU of the twin through the simulator's own CLI
+        "gpu_recovery": {"gpu_reset_command": gpu_reset_command(sim.url)},
     }
     if etcd_endpoints:
         cfg["coordination"] = {"backend": "etcd", "etcd": {"endpoints": list(etcd_endpoints)}}

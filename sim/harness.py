@@ -45,6 +45,13 @@ class SimRack:
     def url(self) -> str:
         return self.sim.url
 
+    @property
+    def gpu_reset_command(self) -> list[str]:
+        """What an agent of this rack runs to reset a GPU (its `remediation.gpu_recovery.gpu_reset_command`)."""
+        from sim.cli import gpu_reset_command
+
+        return gpu_reset_command(self.sim.url)
+
     def stop(self) -> None:
         try:
             self.call(self.sim.stop())

@@ -105,6 +105,7 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
         from .actions.drain import DrainAction
         from .actions.exec import ExecAction
         from .actions.gpu_power_cap import GpuPowerCapAction
+        from .actions.gpu_reset import GpuResetAction
         from .actions.notify import NotifyAction
 
         ex, s = self.executors, self.settings
@@ -112,6 +113,9 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
             "gpu_power_cap": GpuPowerCapAction(ex.gpu_libs, s.device_timeout_seconds),
             "exec": ExecAction(s.exec_allow),
         }
+        if ex.gpu_libs:  # the recovery ladder's reset rung: only where this agent reads its node's GPUs
+            acts["gpu_reset"] = GpuResetAction(ex.gpu_libs, s.gpu_recovery, s.device_timeout_seconds,
+                                               ex.gpu_reset_command)
         if s.notify_url:  # without a URL, notify steps are journaled as result not_configured (not a block)
             acts["notify"] = NotifyAction(s.notify_url, s.notify_timeout_seconds)
         if ex.scheduler is not None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..calls import NVML
 from . import ActionError, ActionResult
+from .nvml_gpu import GpuActionBase
 
 try:  # the shared NVML control helpers, when present
     from exporters.gpu.nvml_control import get_power_limit, set_power_limit  # type: ignore
@@ -37,23 +37,12 @@ def _constraints(lib: Any, index: int) -> tuple[float, float, float]:
     return lo / 1000.0, hi / 1000.0, default / 1000.0
 
 
-class GpuPowerCapAction:
+class GpuPowerCapAction(GpuActionBase):
     kind = "gpu_power_cap"
 
     def __init__(self, libs: Mapping[str, Any], lock_timeout: float = 5.0):
         self.libs = dict(libs)
         self.timeout = lock_timeout
-
-    def _lib(self, node: str) -> Any:
-        lib = self.libs.get(node)
-        if lib is None:
-            raise ActionError(f"no NVML handle for node {node} (not this agent's node)", permanent=True)
-        return lib
-
-    async def _call(self, fn, lib, index, *args):
-        """On NVML's own bounded pool with a timeout: a hung GPU fails the step, never holds it, and while
-        its earlier call is still stuck it is refused at once (one hung GPU holds one thread)."""
-        return await NVML(fn, lib, index, *args, timeout=self.timeout, key=(id(lib), index))
 
     def _wanted(self, lib: Any, index: int, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> tuple[float, dict]:
         lo, hi, default = _constraints(lib, index)
