@@ -50,6 +50,9 @@ DETECTOR_CLASS: Mapping[str, str] = {
     # One GPU at its slowdown threshold while the loop is fine: its cold plate or thermal interface.
     # (A loop that cannot carry the heat is coolant_flow_low / coolant_supply_hot, a CDU failure.)
     "gpu_thermal": "gpu",
+    # A link trained down, or a board holding its clocks down without a thermal reason: the GPU's tray (its
+    # riser, slot, board or power delivery) no longer does what it should.
+    "gpu_pcie_degraded": "gpu", "gpu_clock_slowdown": "gpu",
     "nvlink_errors": "nvlink",
     "optic_degraded": "optic",
     "coolant_flow_low": "cdu", "coolant_supply_hot": "cdu",
@@ -59,7 +62,8 @@ DETECTOR_CLASS: Mapping[str, str] = {
 }
 NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
                 "tray_leak_rack",  # trays leaking at once: each tray is already its own node's leak
-                "gpu_app_fault")  # the catalogue's RESTART_APP: the application's fault, not the GPU's
+                "gpu_app_fault",  # the catalogue's RESTART_APP: the application's fault, not the GPU's
+                "gpu_straggler")  # an effect: its cause (link, clock slowdown, thermal) is its own detector's
 # A reading that is not ok (sensor_fault) is a failure of the device whose sensor it is.
 SENSOR_PREFIX_CLASS = (("supernode_cdu_", "cdu"), ("supernode_gpu_", "gpu"), ("supernode_nvlink_", "nvlink"),
                        ("supernode_optic_", "optic"), ("supernode_pdu_outlet_", "pdu_outlet"),

@@ -165,6 +165,20 @@ def _pcie_downtrain(sim: "Simulator", p: dict[str, Any]) -> str:
         raise FaultError(f"pcie-downtrain: {exc}") from None
 
 
+@fault("clock-slowdown", "The GPU holds its SM clock down, reporting an NVML clock-event reason (hw_slowdown, "
+       "hw_power_brake) or none (a straggler nothing explains); `sim clear` ends it.", NODE, GPU,
+       Param("reason", str, False, "hw_slowdown", "hw_slowdown, hw_power_brake or none"),
+       Param("ratio", float, False, 0.5, "share of its SM clock the GPU keeps"))
+def _clock_slowdown(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_clock_slowdown
+
+    g = _gpu(sim, p)
+    try:
+        return set_clock_slowdown(sim.model, g.node, g.index, p["reason"], p["ratio"])
+    except ValueError as exc:
+        raise FaultError(f"clock-slowdown: {exc}") from None
+
+
 @fault("nvlink-errors", "NVLink CRC/replay errors at a rate (per second) on one link.", NODE, GPU,
        Param("link", int, False, 0, "NVLink index"), Param("rate", float, False, 100.0, "errors per second"))
 def _nvlink(sim: "Simulator", p: dict[str, Any]) -> str:

@@ -40,6 +40,10 @@ def _reasons(g: GpuState, demand_w: float) -> int:
         mask |= pynvml.nvmlClocksEventReasonSwThermalSlowdown
     if g.hw_thermal_slowdown:
         mask |= pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    if "hw_slowdown" in g.slowdown_reasons:
+        mask |= pynvml.nvmlClocksEventReasonHwSlowdown
+    if "hw_power_brake" in g.slowdown_reasons:  # the umbrella HW Slowdown bit is set with it, as nvidia-smi shows
+        mask |= pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown
     return mask
 
 
@@ -64,7 +68,7 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
         "min_limit_mw": g.min_limit_mw, "max_limit_mw": g.max_limit_mw,
         "util_gpu": int(round(100 * util)), "util_mem": int(round(60 * util)),
         "mem_total": g.memory_total, "mem_used": mem_used,
-        "sm_mhz": int(g.sm_clock_mhz * clock_scale), "mem_mhz": g.mem_clock_mhz,
+        "sm_mhz": int(g.sm_clock_mhz * clock_scale * g.slow_clock_ratio), "mem_mhz": g.mem_clock_mhz,
         "reasons": _reasons(g, demand_w),
         "ecc": [g.ecc_corrected, g.ecc_uncorrected],
         "remap": [g.remapped_correctable, g.remapped_uncorrectable, int(g.remap_pending), int(g.remap_failure)],

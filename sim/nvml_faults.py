@@ -257,4 +257,24 @@ def clear_gpu_faults(model: RackModel, node: str | None = None, gpu: int | None 
             g.xid_faults = []
             g.remap_pending = g.remap_failure = False
             g.pcie_width, g.pcie_gen = g.pcie_max_width, g.pcie_max_gen
+            g.slowdown_reasons, g.slow_clock_ratio = set(), 1.0
     return f"cleared gpu faults on {len(gpus)} gpus"
+
+
+SLOWDOWN_REASONS = ("hw_slowdown", "hw_power_brake", "none")
+
+
+def set_clock_slowdown(model: RackModel, node: str, gpu: int, reason: str, ratio: float) -> str:
+    """The GPU holds its SM clock at `ratio` of what it would run at, reporting `reason` as NVML's clock-event
+    reason (HW Slowdown halves the clocks or more, NVML's documentation says), or no reason at all (`none`: a slow
+    GPU nothing explains). A GPU reset or a reboot leaves it (the board or its power supply keeps asserting
+    it); `sim clear` ends it."""
+    if reason not in SLOWDOWN_REASONS:
+        raise ValueError(f"reason: expected one of {list(SLOWDOWN_REASONS)}, got {reason!r}")
+    if not 0 < ratio <= 1:
+        raise ValueError(f"ratio: expected a share of the clock in (0, 1], got {ratio}")
+    with model.lock:
+        g = model.gpu(node, gpu)
+        g.slowdown_reasons = set() if reason == "none" else {reason}
+        g.slow_clock_ratio = ratio
+    return f"{node} gpu {gpu} sm clock x{ratio} reason {reason}"

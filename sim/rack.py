@@ -72,6 +72,10 @@ class GpuState:
     hang_seconds: float = 0.0  # calls on this GPU block this long (simulates a wedged driver)
     unsupported: set[str] = field(default_factory=set)  # pynvml function/field names answering NotSupported
     thermal_extra_c: float = 0.0  # injected: extra heat (blocked cold plate)
+    # injected: a clock slowdown the GPU reports with these NVML reasons (hw_slowdown, hw_power_brake; empty with
+    # slow_clock_ratio < 1: clocks held down with no reason given) and the share of its SM clock it keeps
+    slowdown_reasons: set[str] = field(default_factory=set)
+    slow_clock_ratio: float = 1.0
     nvlink_count: int = 18
     nvlink_up: list[bool] = field(default_factory=list)
     # per link: replay, recovery, crc_flit, crc_data, ecc_data (NVML_NVLINK_ERROR_* order)

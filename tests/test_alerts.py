@@ -28,7 +28,8 @@ AM_EXAMPLE = REPO / "examples" / "alertmanager.yml"
 RUNBOOK_BASE = "https://github.com/supernode-agent/supernode-agent/blob/main/"
 DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
              "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
-             "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"}
+             "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack",
+             "gpu_pcie_degraded", "gpu_clock_slowdown", "gpu_straggler"}
 
 
 def _rules(kind: str) -> list[dict]:
@@ -108,6 +109,10 @@ SHARED_THRESHOLDS = {
                                "optic_flap_window_seconds"},
     "SupernodeRackPowerOverBudget": {"rack_power_over_ratio"},
     "SupernodeRackTrayLeaks": {"rack_tray_leaks"},
+    "SupernodeGpuPcieDegraded": {"gpu_pcie_generation_min_utilization_ratio"},
+    "SupernodeGpuClockSlowdown": {"gpu_clock_slowdown_reasons", "gpu_thermal_clock_events"},
+    "SupernodeGpuStraggler": {"gpu_straggler_min_utilization_ratio", "gpu_straggler_min_gpus",
+                              "gpu_straggler_clock_band_ratio", "gpu_straggler_power_band_ratio"},
 }
 
 

@@ -26,6 +26,8 @@ ZONES = {"zone-a": ["node01"], "zone-b": ["node02"], "zone-ab": ["node01", "node
     ("gpu_lost", {"node": "node01"}, {"gpu": "2"}, ("gpu", "node01/gpu2")),
     ("gpu_lost", {"node": "node01", "gpu": "missing"}, {}, ("gpu", "node01/gpumissing")),
     ("gpu_thermal", {"node": "node01", "gpu": "1"}, {}, ("gpu", "node01/gpu1")),
+    ("gpu_pcie_degraded", {"node": "node01", "gpu": "1"}, {}, ("gpu", "node01/gpu1")),
+    ("gpu_clock_slowdown", {"node": "node01", "gpu": "2"}, {}, ("gpu", "node01/gpu2")),
     ("nvlink_errors", {"node": "node01", "gpu": "0"}, {"links_down": ["3"]}, ("nvlink", "node01/gpu0/link3")),
     ("nvlink_errors", {"node": "node01", "gpu": "0", "link": "7"}, {}, ("nvlink", "node01/gpu0/link7")),
     ("nvlink_errors", {"node": "node01", "gpu": "0"}, {"links_down": ["1", "2"]}, ("nvlink", "node01/gpu0")),
@@ -51,6 +53,7 @@ def test_each_detector_maps_to_its_class_and_names_the_component(detector, targe
 @pytest.mark.parametrize("detector, targets, detail", [
     ("condensation_risk", {"cdu": "cdu1"}, {}),                   # the room's dew point, not a component
     ("rack_power_over_budget", {"rack": "r01"}, {}),              # the load
+    ("gpu_straggler", {"node": "node01", "gpu": "3"}, {"cause": "unexplained"}),  # an effect, not a component
     ("gpu_lost", {"node": "node02", "gpu": "1"}, {}),             # node02's GPU: node02's agent counts it
     ("nvlink_errors", {"node": "node02", "gpu": "0", "link": "3"}, {}),
     ("leak", {"zone": "zone-b"}, {}),                             # another node's tray

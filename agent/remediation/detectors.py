@@ -11,7 +11,8 @@ sensor-fault observation instead (detectors_base.py).
 This module is the table: which detector reads which families and the
 evaluation of a snapshot. The detectors themselves are defined by domain,
 one module each: detectors_cooling (leaks, coolant), detectors_gpu (GPUs,
-NVLink), detectors_optics (links), detectors_power (rack power, outlets).
+NVLink), detectors_gpu_health (PCIe link, clock slowdown, stragglers),
+detectors_optics (links), detectors_power (rack power, outlets).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from agent.snapshot import Snapshot
 from .detectors_base import Context
 from .detectors_cooling import CoolingDetectors
 from .detectors_gpu import GpuDetectors
+from .detectors_gpu_health import GpuHealthDetectors
 from .detectors_optics import OpticDetectors
 from .detectors_power import PowerDetectors
 from .hysteresis import Event, Observation
@@ -30,7 +32,7 @@ from .hysteresis import Event, Observation
 __all__ = ["Context", "Detectors", "Event", "Observation"]
 
 
-class Detectors(CoolingDetectors, GpuDetectors, OpticDetectors, PowerDetectors):
+class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetectors, PowerDetectors):
     """The default detector table of PLAYBOOKS.md, evaluated on every snapshot."""
 
     # -- entry point -------------------------------------------------------------
@@ -46,6 +48,12 @@ class Detectors(CoolingDetectors, GpuDetectors, OpticDetectors, PowerDetectors):
                                    "supernode_gpu_clock_event_active"}),
         "_gpu_xid": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action"}),
         "_gpu_lost": frozenset({"supernode_gpu_up", "supernode_gpu_hung"}),
+        "_gpu_pcie": frozenset({"supernode_gpu_pcie_link_width", "supernode_gpu_pcie_link_generation",
+                                "supernode_gpu_utilization_ratio"}),
+        "_gpu_clock_slowdown": frozenset({"supernode_gpu_clock_event_active"}),
+        "_gpu_straggler": frozenset({"supernode_gpu_clock_hertz", "supernode_gpu_power_watts",
+                                     "supernode_gpu_utilization_ratio", "supernode_gpu_clock_event_active",
+                                     "supernode_gpu_pcie_link_width", "supernode_gpu_pcie_link_generation"}),
         "_nvlink": frozenset({"supernode_nvlink_errors_total", "supernode_nvlink_up", "supernode_nvlink_bit_error_rate"}),
         "_optic": frozenset({"supernode_link_errors_total", "supernode_link_flaps_total",
                              "supernode_optic_rx_power_dbm", "supernode_optic_threshold_dbm"}),
@@ -83,6 +91,7 @@ class Detectors(CoolingDetectors, GpuDetectors, OpticDetectors, PowerDetectors):
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
-                   self._optic, self._rack_power, self._outlets, self._tray_rack):
+                   self._optic, self._rack_power, self._outlets, self._tray_rack,
+                   self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler):
             if families is None or self.INPUTS[fn.__name__] & families:
                 yield from fn(snap)

@@ -94,6 +94,27 @@ class DetectorSettings(_Strict):
     rack_power_clear_ratio: float = Field(default=0.95, gt=0)
     rack_power_over_budget: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
     pdu_outlet_off: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
+    # GPU health causes and stragglers (detectors_gpu_health.py): warnings that only notify.
+    gpu_pcie_generation_min_utilization_ratio: float = Field(default=0.5, ge=0, le=1, description=(
+        "A PCIe link's generation below its maximum counts only while the GPU's utilisation is at least this "
+        "(0-1): GPUs drop an idle link to Gen1 to save power. Its width below the maximum always counts."))
+    gpu_pcie_degraded: Hold = Hold(fire_seconds=60.0, clear_seconds=60.0)
+    gpu_clock_slowdown_reasons: list[str] = Field(
+        default_factory=lambda: ["hw_slowdown", "hw_power_brake"], description=(
+            "Clock-event reasons (supernode_gpu_clock_event_active) that fire gpu_clock_slowdown; a hw_slowdown "
+            "that a thermal reason explains is gpu_thermal's."))
+    gpu_clock_slowdown: Hold = Hold(fire_seconds=30.0, clear_seconds=60.0)
+    gpu_straggler_min_utilization_ratio: float = Field(default=0.5, ge=0, le=1, description=(
+        "A GPU is compared with its node's others only at this utilisation or more (0-1): under load."))
+    gpu_straggler_min_gpus: int = Field(default=3, ge=2, description=(
+        "The node's median is a reference only with at least this many GPUs under load."))
+    gpu_straggler_clock_band_ratio: float = Field(default=0.1, gt=0, lt=1, description=(
+        "An SM clock below the node median of busy GPUs by more than this share of it fires."))
+    gpu_straggler_power_band_ratio: float = Field(default=0.2, gt=0, lt=1, description=(
+        "A power draw further than this share of the node median of busy GPUs from it (either side) fires."))
+    gpu_straggler_clear_band_fraction: float = Field(default=0.5, gt=0, le=1, description=(
+        "Clears once the clock and power are back within this fraction of their bands (hysteresis)."))
+    gpu_straggler: Hold = Hold(fire_seconds=60.0, clear_seconds=60.0)
 
 
 class Guardrails(_Strict):

@@ -15,7 +15,7 @@ Why it is shaped this way:
   `supernode_gpu_up 0` and nothing else for that GPU: no stale values.
 - Per-link NVLink counters come in one `nvmlDeviceGetFieldValues` batch per
   GPU and each entry's own return code is checked.
-- Error counters (NVLink, C2C, ECC, remapped rows, PCIe replays: ~85 % of a
+- Error counters (NVLink, C2C, ECC, remapped rows, PCIe replays and link: ~85 % of a
   GB200 node's series) are read every `counters_every` cycles, as DCGM
   watches slow fields less often than power and temperature; between reads
   a cycle gives the last read's readings again, with their own timestamps,
@@ -407,8 +407,23 @@ class NvmlSource:
         v = c.ask("nvmlDeviceGetPcieReplayCounter", M.PCIE_REPLAYS, lib.nvmlDeviceGetPcieReplayCounter, h)
         if v is not None:
             c.add(M.PCIE_REPLAYS, v)
+        self._read_pcie_link(c, h)
         self._read_fields(c, h, counters=True)
         self._read_links(c, h, counters=True)
+
+    def _read_pcie_link(self, c: _GpuCycle, h: Any) -> None:
+        """The PCIe link's trained and maximum width and generation, with the error counters: a link trains at
+        boot or reset and rarely changes, so four calls per GPU every cycle would buy nothing. The maximum is
+        nvmlDeviceGetMaxPcieLinkGeneration/Width (the GPU and its slot together), not the GPU's own maximum
+        (nvmlDeviceGetGpuMaxPcieLinkGeneration): a Gen5 GPU in a Gen4 slot is not downtrained."""
+        lib = self._lib
+        for spec, kind, fn in ((M.PCIE_WIDTH, "current", lib.nvmlDeviceGetCurrPcieLinkWidth),
+                               (M.PCIE_WIDTH, "max", lib.nvmlDeviceGetMaxPcieLinkWidth),
+                               (M.PCIE_GENERATION, "current", lib.nvmlDeviceGetCurrPcieLinkGeneration),
+                               (M.PCIE_GENERATION, "max", lib.nvmlDeviceGetMaxPcieLinkGeneration)):
+            v = c.ask(fn.__name__, spec, fn, h)
+            if v is not None:
+                c.add(spec, v, c.with_("kind", kind))
 
     def _temperature_fn(self) -> tuple[str, Any]:
         """nvmlDeviceGetTemperatureV where the library and driver have it (nvmlDeviceGetTemperature is

@@ -35,6 +35,12 @@ REMAP_PENDING = gauge("supernode_gpu_remapped_rows_pending", "1 if a row remap w
 REMAP_FAILURE = gauge("supernode_gpu_remapped_rows_failure", "1 if a row remap failed (GPU needs service).", G)
 PERSISTENCE = gauge("supernode_gpu_persistence_mode",
                     "1 if the driver keeps the GPU initialised with no client (persistence mode enabled).", G)
+PCIE_WIDTH = gauge("supernode_gpu_pcie_link_width",
+                   "PCIe lanes of the GPU's link: kind=current (as trained) or max (what the GPU and its slot allow).",
+                   G + ("kind",))
+PCIE_GENERATION = gauge("supernode_gpu_pcie_link_generation",
+                        "PCIe generation of the GPU's link: kind=current (drops at idle on many GPUs to save power) "
+                        "or max (what the GPU and its slot allow).", G + ("kind",))
 PCIE_REPLAYS = counter("supernode_gpu_pcie_replays_total", "PCIe replay events of the GPU.", G)
 XID = counter("supernode_gpu_xid_errors_total", "XID errors seen on the NVML event stream since the agent started, per XID.",
               G + ("xid",))
@@ -55,4 +61,5 @@ NVLINK_BY_METRIC = {"errors": NVLINK_ERRORS, "bit_error_rate": NVLINK_BER,
 
 ALL = (GPU_INFO, GPU_UP, GPU_HUNG, TEMPERATURE, THRESHOLD, POWER, ENERGY, POWER_LIMIT, UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
        CLOCK, CLOCK_EVENT, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILURE, PERSISTENCE, PCIE_REPLAYS, XID, LAST_XID, RECOVERY,
-       C2C_ERRORS, NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX)
+       C2C_ERRORS, NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX,
+       PCIE_WIDTH, PCIE_GENERATION)
