@@ -23,6 +23,9 @@ from agent.remediation.actions.node_reboot import NodeRebootAction
 from agent.remediation.actions.slurm import SlurmScheduler
 from agent.remediation.gpu_health import check_gpus
 from sim.nvml_twin import NvmlTwin
+from agent.remediation.actions.slurm import SchedulerError
+from sim.ports import free_port
+from sim.scheduler import SimulatedScheduler
 from sim.server import Simulator
 from sim.slurm_cluster import simulator_reboot_command
 from tests.helpers import require_binary, wait_for
@@ -144,9 +147,11 @@ def test_node_reboot_fails_when_the_gpus_are_not_healthy_after_the_boot(cluster,
         with pytest.raises(ActionError) as err:
             await act.apply({"node": "node02"}, {}, CTX, plan)
         assert "not healthy" in str(err.value) and not err.value.permanent
+        with pytest.raises(ActionError, match="not healthy"):  # the runner's retry: verified again, not rebooted
+            await act.apply({"node": "node02"}, {}, CTX, plan)
     try:
         asyncio.run(main())
-        assert boots(sim, "node02") == boots_before + 1  # it did reboot: the failure is the health read's
+        assert boots(sim, "node02") == boots_before + 1  # one reboot: the failure is the health read's
     finally:
         sim.post("/api/v1/clear")
 
@@ -225,8 +230,6 @@ def test_job_notify_on_a_node_without_jobs_is_skipped(cluster, sched):
 def test_an_unreachable_slurmctld_is_a_retried_block_not_a_reboot(cluster, tmp_path: Path):
     """A slurm.conf naming a port nobody serves: the plan raises the scheduler_unreachable guardrail (the engine
     retries it with backoff) and nothing is rebooted."""
-    from sim.ports import free_port
-
     conf = tmp_path / "slurm.conf"
     conf.write_text("\n".join(f"SlurmctldPort={free_port()}" if line.startswith("SlurmctldPort=") else line
                               for line in cluster.conf.read_text().splitlines()) + "\n")
@@ -259,3 +262,35 @@ def _alive(pid: int) -> bool:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
 
+
+
+def test_the_simulated_scheduler_reboots_through_the_simulator_or_says_why_not(sim):
+    """The demo without slurmctld: a reboot tells the running simulator (its twin's node gets a new boot),
+    then the node is idle with a later boot time; with no simulator to tell, a SchedulerError, never a
+    pretended reboot. Its job table is empty unless something adds a job."""
+    ticks = iter([100.0, 200.0, 300.0])
+    sched = SimulatedScheduler(NODES, simulator_url=lambda: sim.sim.url, clock=lambda: next(ticks))
+    boots_before = boots(sim, "node01")
+
+    async def main() -> None:
+        assert await sched.jobs("node01") == []
+        await sched.drain("node01", "supernode-agent: inc-1")
+        assert await sched.boot_time("node01") == 100.0
+        await sched.reboot("node01", "supernode-agent: inc-1")
+        assert (await sched.state("node01")).state == "idle" and await sched.boot_time("node01") == 300.0
+        sched.add_job("7", "node01")
+        await sched.comment_job("7", "supernode-agent: told")
+        assert await sched.job_comment("7") == "supernode-agent: told"
+        await sched.requeue_job("7")
+        assert await sched.jobs("node01") == [] and sched.requeued == ["7"]
+
+        def nowhere() -> str:
+            raise LookupError("no running simulator found")
+        for url, why in ((nowhere, "no running simulator"), (lambda: f"http://127.0.0.1:{free_port()}", "does not answer")):
+            lost = SimulatedScheduler(NODES, simulator_url=url)
+            await lost.drain("node02", "supernode-agent: inc-2")
+            with pytest.raises(SchedulerError, match=why):
+                await lost.reboot("node02", "supernode-agent: inc-2")
+            assert (await lost.state("node02")).drained  # nothing pretended
+    asyncio.run(main())
+    assert boots(sim, "node01") == boots_before + 1
