@@ -21,6 +21,8 @@ from agent.remediation.actions import ActionError
 from agent.remediation.actions.job_notify import JobNotifyAction
 from agent.remediation.actions.node_reboot import NodeRebootAction
 from agent.remediation.actions.slurm import SlurmScheduler
+from agent.remediation.engine import Executors, RemediationEngine
+from agent.remediation.settings import RemediationSettings
 from agent.remediation.gpu_health import check_gpus
 from sim.nvml_twin import NvmlTwin
 from agent.remediation.actions.slurm import SchedulerError
@@ -28,7 +30,8 @@ from sim.ports import free_port
 from sim.scheduler import SimulatedScheduler
 from sim.server import Simulator
 from sim.slurm_cluster import simulator_reboot_command
-from tests.helpers import require_binary, wait_for
+from tests.helpers import await_for, require_binary, wait_for
+from tests.remediation_support import identity, inventory, results
 from tests.sim_thread import SimThread
 from tests.slurm import SlurmCluster, batch_job, node_states
 
@@ -294,3 +297,35 @@ def test_the_simulated_scheduler_reboots_through_the_simulator_or_says_why_not(s
             assert (await lost.state("node02")).drained  # nothing pretended
     asyncio.run(main())
     assert boots(sim, "node01") == boots_before + 1
+
+
+def test_the_engine_reboots_through_slurm_and_tells_jobs_with_its_registered_actions(cluster, sim, sched, tmp_path):
+    """The ladder's playbooks as the engine runs them: gpu-reboot's node_reboot (approval waived here) reboots
+    node01 through Slurm and verifies with the engine's own health read (ResumeCheck over node01's twin);
+    gpu-app-fault's job_notify finds no job on node01 and says so; the node is not drained."""
+    twin = NvmlTwin(sim.sim.url, "node01", cache_ttl=0.0)
+    twin.nvmlInit()
+    settings = RemediationSettings.model_validate({
+        "guardrails": {"cooldown_seconds": 0, "retry_backoff_seconds": 0.01, "automatic": ["node_reboot"]},
+        "gpu_recovery": {"reboot_timeout_seconds": 90, "verify_seconds": 5}})
+    eng = RemediationEngine(settings, "enforce", identity("enforce"), inventory(nodes=NODES, gpus=GPUS),
+                            tmp_path / "journal.db", Executors(scheduler=sched, gpu_libs={"node01": twin}))
+    sim.post("/api/v1/inject", {"kind": "xid", "params": {"node": "node01", "gpu": 0, "code": 79, "sticky": True}})
+
+    async def main() -> None:
+        await eng.start()
+        inc = eng.fire("gpu_reboot_required", {"node": "node01"}, "critical", detail={"xid": 79})
+        await await_for(lambda: inc.state in ("mitigated", "failed"), timeout=120, what="the reboot step ended")
+        (done,) = [e for e in results(eng, kind="result", action="node_reboot")]
+        assert done.result == "done", done.detail
+        assert done.detail["after"]["boot_time"] > done.detail["after"]["boot_time_before"]
+        app = eng.fire("gpu_app_fault", {"node": "node01", "gpu": "0"}, "warning", detail={"xid": 13})
+        await await_for(lambda: results(eng, kind="result", action="job_notify"), timeout=30, what="job_notify ran")
+        (told,) = results(eng, kind="result", action="job_notify")
+        assert told.result == "done" and told.detail["skipped"] and "no running job" in told.detail["message"]
+        assert app is not None and (await sched.state("node01")).state == "idle"
+        await eng.stop()
+    try:
+        asyncio.run(main())
+    finally:
+        twin.nvmlShutdown()
