@@ -122,11 +122,12 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
     sim = Simulator(nodes=nodes, gpus=gpus, workdir=workdir / "sim", personality=personality)
     url = await sim.start()
     slurm = None
-    from sim.slurm_cluster import SlurmCluster, slurm_available
+    from sim.slurm_cluster import SlurmCluster, simulator_reboot_command, slurm_available
 
     if slurm_available():
         try:
-            slurm = await asyncio.to_thread(SlurmCluster(names=list(sim.model.nodes), base=workdir / "slurm").start)
+            slurm = await asyncio.to_thread(SlurmCluster(names=list(sim.model.nodes), base=workdir / "slurm",
+                                                         on_reboot=simulator_reboot_command(url)).start)
         except Exception as exc:  # the demo still runs, with the simulated scheduler, and says so
             print(f"slurm: could not start a demo Slurm ({exc}); using the simulated scheduler", file=sys.stderr)
             slurm = None

@@ -9,24 +9,41 @@ Nodes: by default the single real node (this host, as `slurmd -C` reports
 it). With `names=[...]` it starts one slurmd per name (`slurmd -N name`,
 each on its own port, all with NodeHostname=this host), which is how the
 demo gets nodes named like the simulator's (node01, node02, ...).
+
+Reboots: where time namespaces work (root, Linux >= 5.6), each slurmd runs under sim/slurmd_supervisor.py
+and slurm.conf names a RebootProgram, so `scontrol reboot` really reboots a node as Slurm sees it: the
+program runs the optional `on_reboot` command (argv, `{node}` replaced: the demo tells the simulator's
+twin), the node's slurmd restarts with a new BootTime and Slurm returns the node to service.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import json
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from sim.ports import free_port
+from sim.slurmd_supervisor import SUPERVISOR_MODULE, time_namespaces_work
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESUME_TIMEOUT_SECONDS = 60  # a reboot not back by then is marked down by slurmctld
 
 
 def _binary(name: str) -> str | None:
     return shutil.which(name) or next((p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None)
+
+
+def simulator_reboot_command(sim_url: str) -> list[str]:
+    """The on-reboot argv that tells the simulator's twin a node rebooted (new boot id, its faults cleared)."""
+    return [sys.executable, "-m", "sim.cli", "--sim", sim_url, "inject", "reboot", "--node", "{node}"]
 
 
 def slurm_available() -> bool:
@@ -37,7 +54,8 @@ class SlurmCluster:
     """Start with `start()`, stop with `stop()` (by PID). `env` carries SLURM_CONF for every client call."""
 
     def __init__(self, names: list[str] | None = None, base: Path | None = None,
-                 ctld_port: int | None = None, first_slurmd_port: int | None = None):
+                 ctld_port: int | None = None, first_slurmd_port: int | None = None,
+                 on_reboot: list[str] | None = None):
         self.dir = Path(base or tempfile.mkdtemp(prefix="slurm-"))
         self.dir.mkdir(parents=True, exist_ok=True)
         self.names = names
@@ -47,6 +65,31 @@ class SlurmCluster:
         self.munge_socket = self.dir / "munge" / "munge.socket"
         self.procs: list[subprocess.Popen] = []
         self.nodes: list[str] = []
+        self.on_reboot = list(on_reboot or [])
+        self.reboot_program = self.dir / "reboot-program"
+        self.can_reboot = time_namespaces_work()
+
+    @property
+    def _python_env(self) -> dict[str, str]:
+        """The env of our own Python helpers (supervisor, RebootProgram): `sim` importable from this checkout."""
+        path = os.environ.get("PYTHONPATH")
+        return {**self.env, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT)}
+
+    def _write_reboot_program(self) -> list[str]:
+        """slurm.conf lines for reboots (none where time namespaces do not work: `scontrol reboot` then fails
+        with Slurm's own error, never a fake success)."""
+        if not self.can_reboot:
+            return []
+        config = self.dir / "reboot.json"
+        config.write_text(json.dumps({"on_reboot": self.on_reboot}))
+        env = self._python_env
+        log = self.dir / "log" / "reboot-program.log"
+        self.reboot_program.write_text(
+            "#!/bin/sh\n# slurmd runs this as root, with no arguments, on `scontrol reboot`\n"
+            f"PYTHONPATH={shlex.quote(env['PYTHONPATH'])} exec {shlex.quote(sys.executable)} -m {SUPERVISOR_MODULE} "
+            f"reboot --config {shlex.quote(str(config))} >> {shlex.quote(str(log))} 2>&1\n")
+        self.reboot_program.chmod(0o755)
+        return [f"RebootProgram={self.reboot_program}", f"ResumeTimeout={RESUME_TIMEOUT_SECONDS}"]
 
     @property
     def env(self) -> dict[str, str]:
@@ -87,6 +130,7 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "MpiDefault=none",
             "MailProg=/bin/true", "ReturnToService=2",
+            *self._write_reboot_program(),
             *node_lines,
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             "",
@@ -102,9 +146,12 @@ class SlurmCluster:
         self._wait(lambda: self.munge_socket.exists(), timeout, "munged socket")
         self.procs.append(subprocess.Popen([_binary("slurmctld"), "-D", "-c", "-i", "-f", str(self.conf)],
                                            stdout=log, stderr=log, env=self.env))
-        for name in (self.names or [None]):
-            args = [_binary("slurmd"), "-D", "-f", str(self.conf)] + (["-N", name] if name else [])
-            self.procs.append(subprocess.Popen(args, stdout=log, stderr=log, env=self.env))
+        for name in self.nodes:
+            args = [_binary("slurmd"), "-D", "-f", str(self.conf), "-N", name]
+            if self.can_reboot:  # under our supervisor: restarted with a new boot time when Slurm reboots it
+                args = [sys.executable, "-m", SUPERVISOR_MODULE, "run", "--node", name, "--", *args]
+            self.procs.append(subprocess.Popen(args, stdout=log, stderr=log,
+                                               env=self._python_env if self.can_reboot else self.env))
         self._wait(self._all_idle, timeout, "all nodes idle")
         return self
 

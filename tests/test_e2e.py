@@ -15,12 +15,9 @@ query of every shipped dashboard against the same Prometheus.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
-import threading
-import urllib.request
 from typing import Any, Iterator
 
 import pytest
@@ -31,37 +28,13 @@ from dashboards import build
 from tests.agentproc import AgentProcess
 from tests.helpers import REPO, free_port, require_binary, wait_for
 from tests.peers import Peer, accelerated_rules, agent_webhook_config, alertmanager_server, prometheus_server
+from tests.sim_thread import SimThread
 from tests.slurm import SlurmCluster
 
 NODES = ("node01", "node02")
 ALERT = "SupernodeNvlinkErrors"
 MARKER = "supernode-agent:"
 PEER_BINARIES = ("prometheus", "prometheus-alertmanager", "munged", "slurmctld", "slurmd", "scontrol", "sinfo")
-
-
-class SimThread:
-    """The simulator on its own event loop in a background thread (it is a separate process in production)."""
-
-    def __init__(self, sim: Simulator):
-        self.sim = sim
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="simulator", daemon=True)
-
-    def start(self) -> str:
-        self.thread.start()
-        return asyncio.run_coroutine_threadsafe(self.sim.start(), self.loop).result(30)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.sim.stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The simulator's HTTP injection API, as `supernode-sim inject/clear` calls it."""
-        req = urllib.request.Request(self.sim.url + path, data=json.dumps(body or {}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return json.load(resp)
 
 
 class Stack:

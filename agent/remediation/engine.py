@@ -106,6 +106,8 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
         from .actions.exec import ExecAction
         from .actions.gpu_power_cap import GpuPowerCapAction
         from .actions.gpu_reset import GpuResetAction
+        from .actions.job_notify import JobNotifyAction
+        from .actions.node_reboot import NodeRebootAction
         from .actions.notify import NotifyAction
 
         ex, s = self.executors, self.settings
@@ -120,6 +122,10 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
             acts["notify"] = NotifyAction(s.notify_url, s.notify_timeout_seconds)
         if ex.scheduler is not None:
             acts["drain"] = DrainAction(ex.scheduler, s.slurm.checkpoint_signal)
+            rec = s.gpu_recovery  # the ladder's Slurm steps; a reboot is proven by the NVML health read after it
+            acts["job_notify"] = JobNotifyAction(ex.scheduler, rec.job_notify)
+            acts["node_reboot"] = NodeRebootAction(ex.scheduler, lambda node: self.resume_check.gpus_healthy(node),
+                                                   rec.reboot_timeout_seconds, rec.verify_seconds)
         if ex.link_isolate and ex.link_read:
             acts["isolate_link"] = IsolateLinkAction(ex.link_isolate, ex.link_read,
                                                      {p.name for p in self.inventory.ports if p.isolatable})

@@ -38,6 +38,10 @@ class Scheduler(Protocol):
         """Set the job's owner-visible comment (Slurm: scontrol update JobId=J Comment=...)."""
         ...
 
+    async def job_comment(self, job: str) -> str | None:
+        """The job's comment read back (reconciling a job_notify); None when the scheduler no longer knows it."""
+        ...
+
     async def requeue_job(self, job: str) -> None:
         """Put the job back in the queue (Slurm: scontrol requeue J)."""
         ...

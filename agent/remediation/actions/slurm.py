@@ -1,6 +1,7 @@
 """The scheduler adapter: the real Slurm (scontrol/sinfo).
 
-It offers drain / resume / state / list / signal_jobs (the simulator's
+It offers drain / resume / state / list / signal_jobs, and for the GPU recovery
+ladder jobs / comment_job / requeue_job / reboot / boot_time (the simulator's
 SimulatedScheduler, sim/scheduler.py, offers the same). The Slurm one passes
 SLURM_CONF through the environment of every call and uses argument lists
 only (no shell); the reason is one argv element, so no quoting games.
@@ -9,12 +10,16 @@ only (no shell); the reason is one argv element, so no quoting games.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from . import run_program
 
 DRAINED_WORDS = ("drain", "down", "fail")
+NO_BOOT_TIME = ("None", "Unknown", "")
+COMMENT = re.compile(r"(?:^|\s)Comment=(.*?)\s*(?=\s[A-Za-z:/]+=|$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +107,48 @@ class SlurmScheduler:
         if errors:
             raise SchedulerError("; ".join(errors))
 
+
+    async def jobs(self, node: str) -> list[str]:
+        """Ids of the jobs running on the node (pending ones have no GPU of it to be told about)."""
+        out = await self._run(self.squeue, "-h", "-w", node, "-t", "RUNNING", "-o", "%i")
+        return out.split()
+
+    async def comment_job(self, job: str, text: str) -> None:
+        await self._run(self.scontrol, "update", f"JobId={job}", f"Comment={text}")
+
+    async def job_comment(self, job: str) -> str | None:
+        """The job's Comment as `scontrol show job -o` shows it; None once Slurm no longer knows the job."""
+        try:
+            out = await self._run(self.scontrol, "show", "job", "-o", job)
+        except SchedulerError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise
+        m = COMMENT.search(out.strip())
+        return None if m is None or m.group(1) == "(null)" else m.group(1)
+
+    async def requeue_job(self, job: str) -> None:
+        await self._run(self.scontrol, "requeue", job)
+
+    async def reboot(self, node: str, reason: str) -> None:
+        """Slurm's own reboot: it drains the node, reboots it through RebootProgram once idle, resumes it after."""
+        await self._run(self.scontrol, "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node)
+
+    async def boot_time(self, node: str) -> float | None:
+        """BootTime of `scontrol show node -o` (slurmctld's local time) as epoch seconds; None if it shows none."""
+        try:
+            out = await self._run(self.scontrol, "show", "node", "-o", node)
+        except SchedulerError as exc:
+            if "not found" in str(exc):
+                raise UnknownNode(f"node {node} unknown to Slurm") from None
+            raise
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        if fields.get("NodeName") != node:
+            raise SchedulerError(f"scontrol show node {node}: answer without NodeName={node}")
+        text = fields.get("BootTime", "")
+        if text in NO_BOOT_TIME:
+            return None
+        try:
+            return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").timestamp()
+        except ValueError:
+            raise SchedulerError(f"scontrol show node {node}: BootTime {text!r} is not a time") from None
