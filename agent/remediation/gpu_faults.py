@@ -126,6 +126,8 @@ class GpuFaultJudge:
             self._presence(key, ok, uuid)
         for key, serial in r.serials.items():
             self._gpu(key).serial = serial
+        for key in (*r.verdicts, *r.remap_pending, *r.remap_failure):
+            self._gpu(key)
         app_events: set[Key] = set()
         for node, gpu, xid, n in r.xids:
             if n > 0 and self._xid((node, gpu), xid, n, now, r):
