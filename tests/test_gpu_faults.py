@@ -338,3 +338,34 @@ def test_detectors_fire_the_current_class_only_and_service_says_what_to_tell_the
     assert ev[0].detail["rule"] == "row_remap_failure"
     ev = d.evaluate(_snap(13.0, serial, x48(1, 1.0), fail))  # the reset class's condition is false: it clears
     assert [(e.kind, e.detector) for e in ev] == [("clear", "gpu_reset_required")]
+
+
+# ---- the engine: overrides from config, the recommended-class metric, the view --------------------------------
+
+def test_the_engine_judges_with_the_configs_overrides_and_exports_the_recommended_class(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from agent.remediation.engine import RemediationEngine
+    from agent.remediation.settings import RemediationSettings
+    from tests.remediation_support import identity, inventory
+
+    settings = RemediationSettings.model_validate({"xid_overrides": {79: {"immediate_action": "RESET_GPU"}}})
+    eng = RemediationEngine(settings, "enforce", identity(), inventory(), tmp_path / "journal.db")
+    judge_ = eng.detectors.gpu_faults
+    judge_.update(GpuReadings(up={(N, "0"): (True, "GPU-0"), (N, "1"): (True, "GPU-1")}, xids=[(N, "1", 79, 1)]))
+    assert judge_.klass((N, "1")) == "reset"  # RESTART_BM overridden: the class follows the override
+    reg = CollectorRegistry()
+    reg.register(eng.collector())
+    value = lambda gpu, action: reg.get_sample_value("supernode_gpu_recovery_recommended",
+                                                    {"node": N, "gpu": gpu, "action": action})
+    assert [value("1", a) for a in ("app", "reset", "reboot", "service")] == [0, 1, 0, 0]
+    assert [value("0", a) for a in ("app", "reset", "reboot", "service")] == [0, 0, 0, 0]
+    assert eng._xid_active(N)  # the resume check holds the node while its fault is outstanding
+    row = eng.gpu_faults_view()[f"{N}/1"]
+    assert row["recommended"] == "reset" and row["rule"] == "override"
+    assert row["last_xid"]["code"] == 79 and row["last_xid"]["mnemonic"] == "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
+    eng.recoveries.record(Recovery(N, "1", "gpu_reset", True, eng.clock() + 1))
+    judge_.clock = lambda: eng.clock() + 2
+    judge_.update(GpuReadings())
+    assert not eng._xid_active(N) and eng.gpu_faults_view()[f"{N}/1"]["last_recovery"]["ok"] is True
+    assert value("1", "reset") == 0

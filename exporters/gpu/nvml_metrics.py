@@ -36,8 +36,10 @@ REMAP_FAILURE = gauge("supernode_gpu_remapped_rows_failure", "1 if a row remap f
 PERSISTENCE = gauge("supernode_gpu_persistence_mode",
                     "1 if the driver keeps the GPU initialised with no client (persistence mode enabled).", G)
 PCIE_REPLAYS = counter("supernode_gpu_pcie_replays_total", "PCIe replay events of the GPU.", G)
-XID = counter("supernode_gpu_xid_errors_total", "XID errors seen on the NVML event stream since the agent started, per XID.",
-              G + ("xid",))
+XID = counter("supernode_gpu_xid_errors_total",
+              "XID errors seen on the NVML event stream since the agent started, per XID, with NVIDIA's catalogue "
+              "immediate action after the config's overrides (none: the catalogue gives none; unknown: not in it).",
+              G + ("xid", "action"))
 LAST_XID = gauge("supernode_gpu_last_xid", "Last XID seen on the NVML event stream (0: none since the agent started).", G)
 RECOVERY = gauge("supernode_gpu_recovery_action", "1 for the driver's current recovery hint (NVML field 230).",
                  G + ("action",))
