@@ -160,6 +160,11 @@ def test_the_same_xid_on_several_gpus_stays_app_and_says_so():
     clock.t += 301  # GPU 1's is out of the spread window now: five more on GPU 0 alone are the GPU
     xid(j, 13, "0", n=5)
     assert klass(j, "0") == "service"
+    # both in one snapshot, whichever GPU the readings list first: the job
+    for order in ([(N, "0", 31, 5), (N, "1", 31, 1)], [(N, "1", 31, 1), (N, "0", 31, 5)]):
+        k = judge(Clock())
+        k.update(GpuReadings(xids=order))
+        assert (klass(k, "0"), k.faults()[(N, "0")].rule) == ("app", "same_xid_several_gpus"), order
 
 
 def test_xid_48_five_times_in_24h_is_service_although_each_reset_succeeded():

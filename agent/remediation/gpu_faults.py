@@ -128,9 +128,15 @@ class GpuFaultJudge:
             self._gpu(key).serial = serial
         for key in (*r.verdicts, *r.remap_pending, *r.remap_failure):
             self._gpu(key)
+        new = [(node, gpu, xid, n) for node, gpu, xid, n in r.xids if n > 0]
+        for node, gpu, xid, n in new:  # every event first: the scope rule sees the whole snapshot, in any order
+            g = self._gpu((node, gpu))
+            for _ in range(min(n, g.events.maxlen or n)):
+                g.events.append((now, xid))
+            g.last_xid = (xid, now)
         app_events: set[Key] = set()
-        for node, gpu, xid, n in r.xids:
-            if n > 0 and self._xid((node, gpu), xid, n, now, r):
+        for node, gpu, xid, n in new:
+            if self._xid((node, gpu), xid, n, now, r):
                 app_events.add((node, gpu))
         for key, g in list(self.gpus.items()):
             self._floors(key, g, r, now)
@@ -151,9 +157,6 @@ class GpuFaultJudge:
 
     def _xid(self, key: Key, xid: int, n: int, now: float, r: GpuReadings) -> bool:
         g = self._gpu(key)
-        for _ in range(min(n, g.events.maxlen or n)):
-            g.events.append((now, xid))
-        g.last_xid = (xid, now)
         imm, _inv, overridden = self.actions_of(xid)
         entry = self.entries.get(xid)
         klass, why = self.rules.class_of(entry, imm)
