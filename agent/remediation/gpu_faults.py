@@ -285,7 +285,7 @@ class GpuFaultJudge:
                 code, at = g.last_xid
                 e = self._entry(code)
                 row["last_xid"] = {"code": code, "mnemonic": e["mnemonic"], "description": e["description"], "at": at}
-            out[f"{node}/{gpu}"] = row
+            out[f"{node}/{gpu or '*'}"] = row  # '*': a node-wide fault restored before its GPUs were read
         return out
 
 
