@@ -246,8 +246,11 @@ class GpuFaultJudge:
 
     # -- what the detectors, the metrics and the status page read -------------------------------------------
 
+    # Read from the loop thread (metrics, status page, resume check) while detection may add GPUs: each reader
+    # copies the dict first (list() of a dict holds the GIL throughout).
+
     def faults(self) -> dict[Key, Fault]:
-        return {k: g.fault for k, g in self.gpus.items() if g.fault is not None}
+        return {k: g.fault for k, g in list(self.gpus.items()) if g.fault is not None}
 
     def klass(self, key: Key) -> str | None:
         g = self.gpus.get(key)
@@ -255,7 +258,7 @@ class GpuFaultJudge:
 
     def node_fault(self, node: str) -> Fault | None:
         """The worst outstanding fault of a node's GPUs (app excluded: it never holds a node out)."""
-        worst = [g.fault for k, g in self.gpus.items() if k[0] == node and g.fault and g.fault.klass != "app"]
+        worst = [g.fault for k, g in list(self.gpus.items()) if k[0] == node and g.fault and g.fault.klass != "app"]
         return max(worst, key=lambda f: RANK[f.klass], default=None)
 
     def vendor_report(self, key: Key) -> dict[str, Any]:
@@ -276,7 +279,7 @@ class GpuFaultJudge:
     def view(self) -> dict[str, dict[str, Any]]:
         """Per "node/gpu": last XID with its catalogue text, the recommended class and rule, the last recovery."""
         out: dict[str, dict[str, Any]] = {}
-        for (node, gpu), g in sorted(self.gpus.items()):
+        for (node, gpu), g in sorted(list(self.gpus.items())):
             last_rec = self.ledger.since(node, gpu, float("-inf"))
             row: dict[str, Any] = {"last_xid": None, "recommended": g.fault.klass if g.fault else "none",
                                    "rule": g.fault.rule if g.fault else None,

@@ -154,7 +154,7 @@ class RemediationCollector:
         yield maint
         recommended = _family(GPU_RECOVERY_RECOMMENDED)
         judge = e.detectors.gpu_faults
-        for node, gpu in sorted(k for k in judge.gpus if k[1]):  # (a restored node-wide fault has no GPU)
+        for node, gpu in sorted(k for k in list(judge.gpus) if k[1]):  # (a restored node-wide fault has no GPU)
             current = judge.klass((node, gpu))
             for action in LADDER:
                 recommended.add_metric([node, gpu, action], 1 if action == current else 0)
