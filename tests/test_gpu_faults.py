@@ -374,3 +374,28 @@ def test_the_engine_judges_with_the_configs_overrides_and_exports_the_recommende
     judge_.update(GpuReadings())
     assert not eng._xid_active(N) and eng.gpu_faults_view()[f"{N}/1"]["last_recovery"]["ok"] is True
     assert value("1", "reset") == 0
+
+
+def test_the_app_incident_clears_after_its_hold_and_the_reset_incident_only_after_a_proven_reset():
+    clock = Clock(5000.0)
+    ledger = RecoveryLedger()
+    d = Detectors(DetectorSettings(), Context(node=N, rack="r01", recoveries=ledger), clock)
+    x = lambda code, gpu, n, t: Reading(XID, n, {"gpu": gpu, "uuid": "GPU-" + gpu, "xid": str(code), "action": "a"},
+                                        Quality.OK, t)
+    ev = d.evaluate(_snap(1.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0)))
+    assert sorted((e.kind, e.detector, e.targets["gpu"]) for e in ev) == [
+        ("fire", "gpu_app_fault", "0"), ("fire", "gpu_reset_required", "1")]
+    clock.t += 1
+    assert d.evaluate(_snap(2.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0))) == []  # no new XID: the hold starts
+    clock.t += 59
+    assert d.evaluate(_snap(61.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0))) == []  # held
+    clock.t += 1.5
+    ev = d.evaluate(_snap(62.5, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0)))
+    assert [(e.kind, e.detector) for e in ev] == [("clear", "gpu_app_fault")]  # the event's hold passed
+    clock.t += 600
+    assert d.evaluate(_snap(662.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0))) == []  # time never clears a reset
+    ledger.record(Recovery(N, "1", "gpu_reset", True, clock.t))
+    clock.t += 1
+    d.evaluate(_snap(663.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0)))
+    ev = d.evaluate(_snap(674.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0)))
+    assert [(e.kind, e.detector, e.targets) for e in ev] == [("clear", "gpu_reset_required", {"node": N, "gpu": "1"})]
