@@ -399,3 +399,21 @@ def test_the_app_incident_clears_after_its_hold_and_the_reset_incident_only_afte
     d.evaluate(_snap(663.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0)))
     ev = d.evaluate(_snap(674.0, x(13, "0", 1, 1.0), x(95, "1", 1, 1.0)))
     assert [(e.kind, e.detector, e.targets) for e in ev] == [("clear", "gpu_reset_required", {"node": N, "gpu": "1"})]
+
+
+def test_a_hang_is_no_service_visit():
+    """A GPU that hangs reads up 0 too, but nobody took it out: its service fault stays when it answers again."""
+    clock = Clock(5000.0)
+    d = Detectors(DetectorSettings(), Context(node=N, rack="r01"), clock)
+    up = gauge("supernode_gpu_up", "x", ["gpu", "uuid"])
+    hung = gauge("supernode_gpu_hung", "x", ["gpu", "uuid"])
+    lab = {"gpu": "0", "uuid": "GPU-0"}
+    fail = Reading(REMAP_FAILURE, 1.0, lab, Quality.OK, 1.0)
+    d.evaluate(_snap(1.0, fail, Reading(up, 1.0, lab, Quality.OK, 1.0)))
+    assert d.gpu_faults.klass((N, "0")) == "service"
+    d.evaluate(_snap(2.0, Reading(up, 0.0, lab, Quality.OK, 2.0), Reading(hung, 1.0, lab, Quality.OK, 2.0)))
+    d.evaluate(_snap(3.0, Reading(up, 1.0, lab, Quality.OK, 3.0), Reading(hung, 0.0, lab, Quality.OK, 3.0)))
+    assert d.gpu_faults.klass((N, "0")) == "service"
+    d.evaluate(_snap(4.0, Reading(up, 0.0, lab, Quality.OK, 4.0), Reading(hung, 0.0, lab, Quality.OK, 4.0)))
+    d.evaluate(_snap(5.0, Reading(up, 1.0, lab, Quality.OK, 5.0), Reading(hung, 0.0, lab, Quality.OK, 5.0)))
+    assert d.gpu_faults.klass((N, "0")) is None  # off the bus (lost, not hung) and back: a person's visit

@@ -46,7 +46,7 @@ class Detectors(CoolingDetectors, GpuDetectors, OpticDetectors, PowerDetectors):
                                    "supernode_gpu_clock_event_active"}),
         "_gpu_faults": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action",
                                   "supernode_gpu_remapped_rows_pending", "supernode_gpu_remapped_rows_failure",
-                                  "supernode_gpu_up", "supernode_gpu_info"}),
+                                  "supernode_gpu_up", "supernode_gpu_hung", "supernode_gpu_info"}),
         "_gpu_lost": frozenset({"supernode_gpu_up", "supernode_gpu_hung"}),
         "_nvlink": frozenset({"supernode_nvlink_errors_total", "supernode_nvlink_up", "supernode_nvlink_bit_error_rate"}),
         "_optic": frozenset({"supernode_link_errors_total", "supernode_link_flaps_total",

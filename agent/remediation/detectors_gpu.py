@@ -67,9 +67,10 @@ class GpuDetectors(DetectorBase):
             for x in snap.select(family):
                 if x.ok and x.value >= 0.5:
                     into[(_node(x, ctx), x.label("gpu"))] = x.timestamp
+        hung = _gpus_hung(snap, ctx)  # a hang is not a visit: only a GPU off the bus and back ends a service fault
         for x in snap.select("supernode_gpu_up"):
-            if x.ok:
-                r.up[(_node(x, ctx), x.label("gpu"))] = (x.value >= 0.5, x.label("uuid"))
+            if x.ok and (key := (_node(x, ctx), x.label("gpu"))) not in hung:
+                r.up[key] = (x.value >= 0.5, x.label("uuid"))
         for x in snap.select("supernode_gpu_info"):
             if x.label("serial"):
                 r.serials[(_node(x, ctx), x.label("gpu"))] = x.label("serial")
