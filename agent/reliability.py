@@ -45,7 +45,6 @@ RACK_CLASSES = frozenset({"cdu", "pump", "leak_sensor", "pdu_outlet"})
 
 # Detector (or the alertname's detector label) -> class; coolant_flow_low is a pump when the CDU says so.
 DETECTOR_CLASS: Mapping[str, str] = {
-    "gpu_xid_critical": "gpu",  # until the catalogue judge replaces it (issue 33)
     "gpu_lost": "gpu", "gpu_reset_required": "gpu", "gpu_reboot_required": "gpu", "gpu_service_required": "gpu",
     # One GPU at its slowdown threshold while the loop is fine: its cold plate or thermal interface.
     # (A loop that cannot carry the heat is coolant_flow_low / coolant_supply_hot, a CDU failure.)

@@ -40,7 +40,9 @@ def _nvml(loaded: LoadedConfig) -> list[ScheduledSource]:
 
     src = NvmlSource(nvml_library(loaded), cfg.inventory.gpus.count, cfg.inventory.gpus.nvlinks_per_gpu,
                      call_timeout=settings.timeout, xid_events=settings.xid_events, gpu_timeout=settings.gpu_timeout,
-                     counters_every=counters_every(settings))
+                     counters_every=counters_every(settings),
+                     xid_overrides={code: o.immediate_action for code, o in cfg.remediation.xid_overrides.items()
+                                    if o.immediate_action is not None})
     return [ScheduledSource(src, settings)]
 
 

@@ -19,7 +19,7 @@ SPECS = {
     "supernode_leak_detected": gauge("supernode_leak_detected", "1 wet.", ["zone", "sensor"]),
     "supernode_cdu_flow_cubic_meters_per_second": gauge("supernode_cdu_flow_cubic_meters_per_second", "Flow (m3/s).",
                                                         ["cdu", "loop"]),
-    "supernode_gpu_xid_errors_total": counter("supernode_gpu_xid_errors_total", "XIDs.", ["gpu", "uuid", "xid"]),
+    "supernode_gpu_xid_errors_total": counter("supernode_gpu_xid_errors_total", "XIDs.", ["gpu", "uuid", "xid", "action"]),
     "supernode_gpu_temperature_celsius": gauge("supernode_gpu_temperature_celsius", "Temp (C).", ["gpu", "uuid", "sensor"]),
     "supernode_gpu_temperature_threshold_celsius": gauge("supernode_gpu_temperature_threshold_celsius", "Thr (C).",
                                                          ["gpu", "uuid", "threshold"]),

@@ -194,7 +194,7 @@ SERIES: list[tuple[str, dict, float, float]] = [
     ("supernode_gpu_ecc_errors_total", {**GPU, "type": "corrected", "scope": "volatile"}, 3, 0.1),
     ("supernode_gpu_remapped_rows", {**GPU, "kind": "correctable"}, 1, 0),
     ("supernode_gpu_remapped_rows_pending", GPU, 0, 0),
-    ("supernode_gpu_xid_errors_total", {**GPU, "xid": "13"}, 1, 0.1),
+    ("supernode_gpu_xid_errors_total", {**GPU, "xid": "13", "action": "RESTART_APP"}, 1, 0.1),
     ("supernode_gpu_utilization_ratio", {**GPU, "engine": "gpu"}, 0.9, 0),
     ("supernode_gpu_clock_hertz", {**GPU, "clock": "sm"}, 1.9e9, 0),
     ("supernode_gpu_memory_used_bytes", GPU, 80e9, 0),

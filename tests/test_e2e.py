@@ -181,7 +181,7 @@ def test_nvlink_storm_drains_through_alertmanager_webhook_and_resumes(stack):
 # --- every dashboard panel against the live stack ------------------------------------------------------
 
 # Series that exist only once something happened: an action (notify not configured), a guardrail block
-# (the xid playbook's drain on a node in maintenance), a resolved incident (the NVLink test above), an XID.
+# (the gpu-reset playbook's drain on a node in maintenance), a resolved incident (the NVLink test above), an XID.
 AFTER_FAULTS = ("supernode_remediation_actions_total", "supernode_remediation_blocked_total",
                 "supernode_incident_duration_seconds_count", "supernode_gpu_xid_errors_total",
                 "supernode_incident_open")
@@ -214,9 +214,9 @@ def panel_queries() -> list[tuple[str, str, str]]:
 
 def test_every_dashboard_query_has_data_from_the_simulated_rack(stack):
     s = stack
-    # A critical XID on node01 while a person has node01 in maintenance: the drain is blocked (a guardrail
-    # block), notify is recorded as not configured (an action result), and the incident stays open (it
-    # clears after 300 s).
+    # A reset-class XID (48) on node01 while a person has node01 in maintenance: the drain is blocked (a
+    # guardrail block), notify is recorded as not configured (an action result), and the incident stays open
+    # (it clears only on a proven reset).
     status, _ = s.agents["node01"].request("POST", "/api/v1/maintenance", body={"node": "node01", "on": True},
                                            token=s.admin_token)
     assert status == 200

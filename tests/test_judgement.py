@@ -83,7 +83,7 @@ def test_other_racks_drained_nodes_do_not_block_this_racks_drain(clean_cluster, 
         cfg["remediation"]["guardrails"].update(max_drained_nodes=1, max_drained_fraction=1.0, cooldown_seconds=0)
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
-            rack.inject("xid", node="node01", gpu=0, code=79)
+            rack.inject("xid", node="node01", gpu=0, code=48)  # a DBE: reset class, drained through gpu_reset_required
             wait_for(lambda: node_states(cluster).get("node01") in ("drained", "draining"), 30,
                      what=f"node01 drained (journal: {_journal(agent, kind='blocked')})")
             assert _reason(cluster, "node01").startswith("supernode-agent:")
@@ -258,21 +258,25 @@ def test_a_person_resolves_or_rejects_an_incident_through_the_cli(tmp_path):
 # -- 4: no resume on a timer after a GPU fault; a health check or a person ---------------------------
 
 
-def test_a_node_drained_for_an_xid_is_not_resumed_on_a_timer_while_its_health_check_fails(clean_cluster, tmp_path):
+def test_a_node_drained_for_a_gpu_fault_is_not_resumed_on_a_timer_while_its_health_check_fails(clean_cluster, tmp_path):
+    """The resume policy of a GPU-fault drain (gpu-lost's): a fault that clears is no proof the GPU is fixed. (A
+    reset-class XID's incident clears only on a proven reset: tests/test_gpu_faults.py; its resume goes through the
+    same check.)"""
     cluster = clean_cluster
     diag = tmp_path / "gpu-diag"  # stands in for `dcgmi diag -r 1`: fails until a person has reset the GPU
     diag.write_text(f"#!/bin/sh\n[ -e '{tmp_path / 'reset-done'}' ] && exit 0\n"
                     "echo \"diag: GPU 0 fails memory test, reset required ($1)\" >&2\nexit 1\n")
     diag.chmod(0o755)
     with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        cfg = _config(rack, tmp_path, cluster.conf, gpu_xid_critical={"fire_seconds": 0, "clear_seconds": 3})
+        cfg = _config(rack, tmp_path, cluster.conf, gpu_lost={"fire_seconds": 0, "clear_seconds": 3})
         cfg["remediation"]["exec_allow"] = {"gpu-diag": {"path": str(diag)}}
         cfg["remediation"]["resume_health_check"] = "gpu-diag"
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
-            rack.inject("xid", node="node01", gpu=0, code=79)
+            rack.inject("gpu-lost", node="node01", gpu=0)
             wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30, what="drained")
-            # The XID goes quiet and its incident resolves, but the health check fails: a person decides.
+            rack.clear()
+            # The GPU answers again and its incident resolves, but the health check fails: a person decides.
             check = wait_for(lambda: _journal(agent, kind="health_check"), 30, what="resume health check")
             assert check[0]["result"] == "failed" and "reset required (node01)" in check[0]["detail"]["why"], check
             pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "drain"],
@@ -285,14 +289,15 @@ def test_a_node_drained_for_an_xid_is_not_resumed_on_a_timer_while_its_health_ch
             assert _journal(agent, kind="approval", result="approved")[0]["detail"]["approved_by"] == "admin"
 
 
-def test_a_node_drained_for_an_xid_resumes_by_itself_when_the_nvml_check_passes(clean_cluster, tmp_path):
+def test_a_node_drained_for_a_gpu_fault_resumes_by_itself_when_the_nvml_check_passes(clean_cluster, tmp_path):
     cluster = clean_cluster
     with sim_rack(tmp_path, nodes=2, gpus=2) as rack:
-        cfg = _config(rack, tmp_path, cluster.conf, gpu_xid_critical={"fire_seconds": 0, "clear_seconds": 3})
+        cfg = _config(rack, tmp_path, cluster.conf, gpu_lost={"fire_seconds": 0, "clear_seconds": 3})
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
-            rack.inject("xid", node="node01", gpu=0, code=79)
+            rack.inject("gpu-lost", node="node01", gpu=0)
             wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30, what="drained")
+            rack.clear()
             wait_for(lambda: node_states(cluster).get("node01") == "idle", 30, what="resumed after the check passed")
             check = _journal(agent, kind="health_check")
             assert [c["result"] for c in check] == ["passed"] and check[0]["detail"]["check"] == "nvml"
@@ -318,7 +323,7 @@ def test_maintenance_stops_the_agent_acting_on_the_node_and_survives_a_restart(c
             assert _maintenance_metric(agent, "node01") == 1 and _maintenance_metric(agent, "node02") == 0
             assert _incidents(agent)["maintenance"]["node01"]["by"] == "admin"
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
-            rack.inject("xid", node="node01", gpu=0, code=79)
+            rack.inject("xid", node="node01", gpu=0, code=48)  # reset class: its drain is what maintenance blocks
             rows = wait_for(lambda: _journal(agent, kind="blocked", action="drain"), 30, what="drain blocked")
             assert rows[0]["detail"]["guardrail"] == "maintenance" and "by admin" in rows[0]["detail"]["why"]
             assert node_states(cluster)["node01"] == "idle"

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-# What remediation may use from exporters: the shared model, file reading and validation, and the control
-# primitives it acts through.
-REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.safe_yaml", "exporters.gpu.nvml_control"}
+# What remediation may use from exporters: the shared model, file reading and validation (with its error), the
+# control primitives it acts through, and NVIDIA's XID catalogue (data the GPU fault judge reads, no collector).
+REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.safe_yaml", "exporters.gpu.nvml_control",
+                          "exporters.errors", "exporters.gpu.xid_catalogue"}
 
 
 def imports(path: Path, module_level_only: bool = False) -> set[str]:

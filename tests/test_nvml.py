@@ -333,21 +333,27 @@ def test_a_hung_driver_marks_the_source_down_without_stalling_others(sim, model)
 
 
 def test_xid_events_become_counters_and_last_xid(sim, model):
+    """Each XID's counter carries the catalogue's immediate action: the config's override for one entry wins, a
+    code the catalogue lacks reads `unknown`."""
     async def scenario():
-        src = source(sim, xid=True)
+        src = NvmlSource(NvmlTwin(sim.url, NODE), GPUS, LINKS, call_timeout=5.0, xid_events=True,
+                         xid_overrides={48: "RESET_GPU"})
         try:
             await src.poll()
             assert await asyncio.get_running_loop().run_in_executor(None, src.events_ready.wait, 10)
             model.raise_xid(NODE, 1, 79)
             model.raise_xid(NODE, 1, 79)
             model.raise_xid(NODE, 1, 48)
+            model.raise_xid(NODE, 1, 250)  # no such XID in the catalogue
             model.raise_xid("node02", 1, 13)  # another node's GPU: not ours
+            uuid = model.gpu(NODE, 1).uuid
 
             async def seen():
                 res = await src.poll()
                 return res if values(res, M.XID, gpu="1") == {
-                    (("gpu", "1"), ("uuid", model.gpu(NODE, 1).uuid), ("xid", "48")): 1.0,
-                    (("gpu", "1"), ("uuid", model.gpu(NODE, 1).uuid), ("xid", "79")): 2.0} else None
+                    (("action", "RESET_GPU"), ("gpu", "1"), ("uuid", uuid), ("xid", "48")): 1.0,
+                    (("action", "RESTART_BM"), ("gpu", "1"), ("uuid", uuid), ("xid", "79")): 2.0,
+                    (("action", "unknown"), ("gpu", "1"), ("uuid", uuid), ("xid", "250")): 1.0} else None
 
             return await await_for(seen, timeout=10, interval=0.05, what="xid counters")
         finally:
@@ -355,7 +361,7 @@ def test_xid_events_become_counters_and_last_xid(sim, model):
             assert not src._events.is_alive()
 
     res = run(scenario)
-    assert one(res, M.LAST_XID, gpu="1") == 48
+    assert one(res, M.LAST_XID, gpu="1") == 250
     assert one(res, M.LAST_XID, gpu="0") == 0
     assert not values(res, M.XID, gpu="0")
 
@@ -376,7 +382,8 @@ def test_xid_of_a_hung_gpu_is_published_on_its_own_path_without_a_poll(sim, mode
 
             def xid79():
                 return [r for batch in published for r in batch
-                        if r.spec is M.XID and r.labels == {"gpu": "2", "uuid": model.gpu(NODE, 2).uuid, "xid": "79"}]
+                        if r.spec is M.XID and r.labels == {"gpu": "2", "uuid": model.gpu(NODE, 2).uuid, "xid": "79",
+                                                           "action": "RESTART_BM"}]
 
             found = await await_for(xid79, timeout=10, interval=0.05, what="XID 79 published by the event thread")
             model.gpu(NODE, 2).hang_seconds = 0.0
@@ -540,3 +547,32 @@ def test_make_reading_is_the_same_reading():
         M.NVLINK_TX, 3.0, labels, Quality.OK, 12.5)
     with pytest.raises(AttributeError):
         fast.value = 4.0  # still frozen
+
+
+def test_the_configs_xid_overrides_reach_the_nvml_sources_action_label(sim, model, tmp_path):
+    """agent/sources.py builds the NVML source with remediation.xid_overrides: the counter says the overridden
+    immediate action, as the judge uses it."""
+    from agent.config import parse_config
+    from agent.sources import build_sources
+    from tests.test_config import minimal
+
+    loaded = parse_config(minimal(
+        tmp_path, inventory={"nodes": [NODE], "gpus": {"count": GPUS, "nvlinks_per_gpu": LINKS}},
+        sources={"nvml": {"backend": "sim", "sim_url": sim.url}},
+        remediation={"xid_overrides": {13: {"immediate_action": "RESET_GPU"}}}))
+    src = next(s.source for s in build_sources(loaded) if s.source.name == "nvml")
+
+    async def scenario():
+        try:
+            await src.poll()
+            assert await asyncio.get_running_loop().run_in_executor(None, src.events_ready.wait, 10)
+            model.raise_xid(NODE, 0, 13)
+
+            async def seen():
+                res = await src.poll()
+                return values(res, M.XID, gpu="0", xid="13")
+            return await await_for(seen, timeout=10, interval=0.05, what="xid 13 counted")
+        finally:
+            await src.close()
+
+    assert [dict(k)["action"] for k in run(scenario)] == ["RESET_GPU"]

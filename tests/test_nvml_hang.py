@@ -89,10 +89,12 @@ def test_one_hung_gpu_leaves_the_others_fresh_and_its_xid_still_opens_an_inciden
     assert lost[0]["targets"] == {"node": "node01", "gpu": "2"} and lost[0]["detail"].get("why") == "hung"
 
     rack.inject("xid", node="node01", gpu=2, code=79)
-    xid = wait_for(lambda: [i for i in _open_incidents(agent) if i["detector"] == "gpu_xid_critical"], 20,
+    # off the bus: the catalogue's RESTART_BM, so the node's reboot-class incident, naming the GPU and the XID
+    xid = wait_for(lambda: [i for i in _open_incidents(agent) if i["detector"] == "gpu_reboot_required"], 20,
                    what="XID 79 during the hang opens an incident")
-    assert xid[0]["targets"] == {"node": "node01"} and "xid 79" in xid[0]["detail"]["why"]
-    assert _value(agent.metrics(), "supernode_gpu_xid_errors_total", gpu="2", xid="79") == 1.0
+    assert xid[0]["targets"] == {"node": "node01"}
+    assert [(g["gpu"], g["xid"], g["immediate_action"]) for g in xid[0]["detail"]["gpus"]] == [("2", 79, "RESTART_BM")]
+    assert _value(agent.metrics(), "supernode_gpu_xid_errors_total", gpu="2", xid="79", action="RESTART_BM") == 1.0
     assert _value(agent.metrics(), "supernode_gpu_hung", gpu="2") == 1.0  # still hung: the XID came on its own path
 
     rack.clear()

@@ -61,12 +61,17 @@ def test_flow_low_hysteresis_and_hold_times():
     assert [e.kind for e in d.evaluate(flow(0.0045, 8.5))] == ["clear"]
 
 
-def test_xid_critical_fires_on_new_critical_xid_only():
+def test_an_xid_fires_the_ladder_detector_of_its_catalogue_class_on_a_new_event_only():
     d = Detectors(DetectorSettings(), Context(node="node01", rack="r01"))
-    x = lambda xid, v, t: reading("supernode_gpu_xid_errors_total", v, t, gpu="0", uuid="u0", xid=str(xid))
-    assert d.evaluate(snap(x(13, 5, 1.0), at=1.0)) == []     # XID 13 is not critical
-    ev = d.evaluate(snap(x(13, 5, 1.0), x(79, 1, 2.0), at=2.0))
-    assert [(e.detector, e.targets) for e in ev] == [("gpu_xid_critical", {"node": "node01"})]
+    x = lambda xid, v, t, gpu="0": reading("supernode_gpu_xid_errors_total", v, t, gpu=gpu, uuid="u" + gpu, xid=str(xid))
+    ev = d.evaluate(snap(x(13, 1, 1.0), at=1.0))  # RESTART_APP: the job is told, the node is not drained
+    assert [(e.kind, e.detector, e.targets, e.severity) for e in ev] == [
+        ("fire", "gpu_app_fault", {"node": "node01", "gpu": "0"}, "warning")]
+    assert ev[0].detail["mnemonic"].startswith("ROBUST_CHANNEL_GR") and ev[0].detail["immediate_action"] == "RESTART_APP"
+    assert d.evaluate(snap(x(13, 1, 1.0), at=1.5)) == []  # the same sample again is no new XID
+    ev = d.evaluate(snap(x(13, 1, 1.0), x(79, 1, 2.0, gpu="1"), at=2.0))  # fallen off the bus: RESTART_BM
+    assert [(e.detector, e.targets) for e in ev] == [("gpu_reboot_required", {"node": "node01"})]
+    assert ev[0].detail["gpus"][0]["xid"] == 79 and ev[0].detail["gpus"][0]["rule"] == "catalogue"
 
 
 def test_gpu_thermal_near_slowdown():

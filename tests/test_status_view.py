@@ -66,7 +66,7 @@ def test_gpu_cards_say_capped_hung_lost_xid_and_each_links_state():
     g0, g1 = card["gpus"]
     assert g0["capped"] and g0["limit_watts"] == 200 and g0["default_limit_watts"] == 1200
     assert g0["nvlink"] == ["ok", "down", "ok", "ok"] and g0["marks"] == []
-    assert not g1["capped"] and g1["marks"] == ["hung", "XID 79 (critical)"]
+    assert not g1["capped"] and g1["marks"] == ["hung", "XID 79 (reboot)"]
     # BER above the threshold, and an error counter seen rising between two views
     later = snap(*_gpu("0", ber=1e-9, errors=5), *_gpu("1", up=0), at=20.0)
     b.node_card(snap(*_gpu("0"), *_gpu("1", up=0), at=15.0), INV, "node01", DetectorSettings(), ident)

@@ -46,7 +46,9 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
                                "supernode_cdu_pump_running", "supernode_cdu_alarm_active"}),
         "_gpu_thermal": frozenset({"supernode_gpu_temperature_celsius", "supernode_gpu_temperature_threshold_celsius",
                                    "supernode_gpu_clock_event_active"}),
-        "_gpu_xid": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action"}),
+        "_gpu_faults": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action",
+                                  "supernode_gpu_remapped_rows_pending", "supernode_gpu_remapped_rows_failure",
+                                  "supernode_gpu_up", "supernode_gpu_hung", "supernode_gpu_info"}),
         "_gpu_lost": frozenset({"supernode_gpu_up", "supernode_gpu_hung"}),
         "_gpu_pcie": frozenset({"supernode_gpu_pcie_link_width", "supernode_gpu_pcie_link_generation",
                                 "supernode_gpu_utilization_ratio"}),
@@ -90,7 +92,7 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
         return any(0 < st.count < t.consecutive for st in t.keys.values())
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
-        for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_xid, self._gpu_lost, self._nvlink,
+        for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_faults, self._gpu_lost, self._nvlink,
                    self._optic, self._rack_power, self._outlets, self._tray_rack,
                    self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler):
             if families is None or self.INPUTS[fn.__name__] & families:

@@ -10,15 +10,18 @@ into a sensor-fault observation instead of satisfying a condition.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from exporters.model import Reading
 
 from .flow_baseline import FlowBaselines
+from .gpu_faults import GpuFaultJudge
 from .hysteresis import Observation, Tracker, targets_of
 from .recovery_ledger import RecoveryLedger
 from .settings import DetectorSettings, Hold
+from .xid_recovery import shipped_rules
 
 
 class _Rates:
@@ -72,6 +75,8 @@ class Context:
     outlet_feeds: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # what the recovery ladder's steps did (the engine records, the GPU fault judge reads): recovery_ledger.py
     recoveries: RecoveryLedger = field(default_factory=RecoveryLedger)
+    # XID -> the operator's override of that catalogue entry (remediation.xid_overrides; XidOverride)
+    xid_overrides: Mapping[int, Any] = field(default_factory=dict)
 
 
 class DetectorBase:
@@ -80,13 +85,19 @@ class DetectorBase:
     def __init__(self, settings: DetectorSettings, ctx: Context, clock: Callable[[], float] | None = None):
         self.s = settings
         self.ctx = ctx
+        self.clock = clock or time.time
+        rules, catalogue = shipped_rules()
+        # The GPU fault judge (gpu_faults.py): its memory is the XID history the ladder's four detectors read.
+        self.gpu_faults = GpuFaultJudge(rules, catalogue, ctx.recoveries, self.clock, ctx.xid_overrides,
+                                        settings.gpu_app_fault.clear_seconds)
         self.rates = _Rates()
         self.flow_baselines = FlowBaselines(settings.flow_baseline_window_seconds,
                                             settings.flow_setpoint_settle_seconds)
         self.flaps: dict[str, list[tuple[float, float]]] = {}
         self.trackers: dict[str, Tracker] = {}
         for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
-                     "condensation_risk", "gpu_thermal", "gpu_xid_critical", "gpu_lost", "nvlink_errors", "optic_degraded",
+                     "condensation_risk", "gpu_thermal", "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required",
+                     "gpu_service_required", "gpu_lost", "nvlink_errors", "optic_degraded",
                      "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"):
             hold: Hold = getattr(settings, name)
             self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)

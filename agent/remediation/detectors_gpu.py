@@ -1,4 +1,5 @@
-"""Detectors of the GPUs and their NVLinks: thermal, critical XIDs and recovery actions, lost or hung GPUs, link errors.
+"""Detectors of the GPUs and their NVLinks: thermal, the recovery ladder's four (from the GPU fault judge), lost or
+hung GPUs, link errors.
 
 Why apart: these read only what the NVML source publishes (about a thousand
 readings a publish on a GB200 node, hence the cached link rates) and target a
@@ -14,6 +15,7 @@ from exporters.model import Quality, Reading
 from agent.snapshot import Snapshot
 
 from .detectors_base import Context, DetectorBase
+from .gpu_faults import GpuReadings
 from .hysteresis import Observation, targets_of
 
 
@@ -46,24 +48,51 @@ class GpuDetectors(DetectorBase):
                               detail={"temperature_celsius": item.value, "slowdown_celsius": slowdown,
                                       "thermal_clock_event": throttled})
 
-    def _gpu_xid(self, snap: Snapshot) -> Iterator[Observation]:
-        critical = set(self.s.xid_critical)
-        per_gpu: dict[tuple[str, str], list[str]] = {}
-        for r in snap.select("supernode_gpu_xid_errors_total"):
-            key = (_node(r, self.ctx), r.label("gpu"))
-            per_gpu.setdefault(key, [])
-            if not r.ok or not r.label("xid").isdigit() or int(r.label("xid")) not in critical:
-                continue
-            d = self.rates.delta(r)
-            if (d is None and r.value > 0) or (d is not None and d > 0):
-                per_gpu[key].append(f"xid {r.label('xid')}")
-        for r in snap.select("supernode_gpu_recovery_action"):
-            if r.ok and r.value >= 0.5 and r.label("action") not in ("none", ""):
-                per_gpu.setdefault((_node(r, self.ctx), r.label("gpu")), []).append(f"recovery {r.label('action')}")
-        for (node, gpu), why in per_gpu.items():
-            # A critical XID is an event: it holds the condition, and the clear hold time counts from the last one.
-            yield Observation("gpu_xid_critical", targets_of(node=node), "critical", bool(why),
-                              detail={"gpu": gpu, "why": why})
+    def _gpu_faults(self, snap: Snapshot) -> Iterator[Observation]:
+        """The four ladder detectors from the GPU fault judge (gpu_faults.py): each true for the GPU's current class.
+
+        The app class is an event (true on the snapshot that brought its XID; its hold clears it); the others
+        hold while the judge keeps the fault outstanding, which only a proven recovery ends."""
+        judge, ctx = self.gpu_faults, self.ctx
+        r = GpuReadings()
+        for x in snap.select("supernode_gpu_xid_errors_total"):
+            if x.ok and x.label("xid").isdigit():
+                d = self.rates.delta(x)
+                r.xids.append((_node(x, ctx), x.label("gpu"), int(x.label("xid")), int(x.value if d is None else d)))
+        for x in snap.select("supernode_gpu_recovery_action"):
+            if x.ok and x.value >= 0.5 and x.label("action") not in ("none", ""):
+                r.verdicts[(_node(x, ctx), x.label("gpu"))] = (x.label("action"), x.timestamp)
+        for family, into in (("supernode_gpu_remapped_rows_pending", r.remap_pending),
+                             ("supernode_gpu_remapped_rows_failure", r.remap_failure)):
+            for x in snap.select(family):
+                if x.ok and x.value >= 0.5:
+                    into[(_node(x, ctx), x.label("gpu"))] = x.timestamp
+        hung = _gpus_hung(snap, ctx)  # a hang is not a visit: only a GPU off the bus and back ends a service fault
+        for x in snap.select("supernode_gpu_up"):
+            if x.ok and (key := (_node(x, ctx), x.label("gpu"))) not in hung:
+                r.up[key] = (x.value >= 0.5, x.label("uuid"))
+        for x in snap.select("supernode_gpu_info"):
+            if x.label("serial"):
+                r.serials[(_node(x, ctx), x.label("gpu"))] = x.label("serial")
+        app_events = judge.update(r)
+        reboot: dict[str, list[dict]] = {}
+        for (node, gpu), g in judge.gpus.items():
+            f = g.fault
+            klass = f.klass if f is not None else None
+            detail = {"gpu": gpu, **f.detail()} if f is not None else {}
+            yield Observation("gpu_app_fault", targets_of(node=node, gpu=gpu), "warning", (node, gpu) in app_events,
+                              detail=detail)
+            yield Observation("gpu_reset_required", targets_of(node=node, gpu=gpu), "critical", klass == "reset",
+                              detail=detail)
+            yield Observation("gpu_service_required", targets_of(node=node, gpu=gpu), "critical", klass == "service",
+                              detail={**detail, "vendor": judge.vendor_report((node, gpu))} if klass == "service"
+                              else detail)
+            reboot.setdefault(node, [])
+            if klass == "reboot":
+                reboot[node].append(detail)
+        for node, gpus in reboot.items():
+            yield Observation("gpu_reboot_required", targets_of(node=node), "critical", bool(gpus),
+                              detail={"gpus": gpus} if gpus else {})
 
     def _gpu_lost(self, snap: Snapshot) -> Iterator[Observation]:
         up: dict[str, int] = {}

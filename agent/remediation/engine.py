@@ -77,7 +77,7 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
             power_budget_watts=inventory.power_budget_watts,
             outlet_feeds={(p.name, o): n for p in inventory.pdus for o, n in p.outlets.items()},
-            recoveries=self.recoveries), clock)
+            recoveries=self.recoveries, xid_overrides=settings.xid_overrides), clock)
         self.actions = self._build_actions()
         self.resume_check = ResumeCheck(settings.resume_health_check, self.executors.gpu_libs, inventory.gpus.count,
                                         settings.exec_allow, self._xid_active)
@@ -239,8 +239,12 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
         self.actions_total[key] = self.actions_total.get(key, 0) + 1
 
     def _xid_active(self, node: str) -> bool:
-        tracker = self.detectors.trackers.get("gpu_xid_critical")
-        return tracker is not None and (("node", node),) in tracker.active()
+        """A GPU of the node has an outstanding fault (reset, reboot or service) the ladder has not proven recovered."""
+        return self.detectors.gpu_faults.node_fault(node) is not None
+
+    def gpu_faults_view(self) -> dict[str, dict[str, Any]]:
+        """Per "node/gpu": last XID with its catalogue text, recommended class and rule, last recovery (status page)."""
+        return self.detectors.gpu_faults.view()
 
     def reset_breaker(self, who: str = "api") -> bool:
         was = self.guard.reset_breaker()

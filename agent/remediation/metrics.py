@@ -19,6 +19,7 @@ from exporters.model import Kind, MetricSpec, counter, gauge, histogram
 
 from .blast import SCHEDULER_UNREACHABLE
 from .incidents import DURATION_BUCKETS, OUTCOMES
+from .xid_recovery import LADDER
 
 MODES = ("observe", "dry-run", "enforce")
 SEVERITIES = ("warning", "critical")
@@ -57,6 +58,10 @@ COMPONENT_FAILURES = counter("supernode_component_failures_total",
 COMPONENT_REPAIR = histogram("supernode_component_repair_duration_seconds",
                              "Time from a component failure's incident opening to its resolution, whoever repaired "
                              "it (seconds); MTTR per class.", ("class",))
+GPU_RECOVERY_RECOMMENDED = gauge(
+    "supernode_gpu_recovery_recommended",
+    "1 for the recovery ladder class the GPU fault judge asks for now (app, reset, reboot, service), 0 for the "
+    "others; all 0 while the GPU has no outstanding fault.", ("node", "gpu", "action"))
 WEBHOOK = counter("supernode_webhook_requests_total", "Alertmanager webhook requests by result (count).", ("result",))
 WEBHOOK_IGNORED = counter("supernode_webhook_alerts_ignored_total",
                           "Alerts not acted on: unknown alertname or incident cap (count).", ("reason",))
@@ -147,6 +152,13 @@ class RemediationCollector:
         for node in sorted(set(e.inventory.nodes or [e.identity.node]) | set(in_maint)):
             maint.add_metric([node], 1 if node in in_maint else 0)
         yield maint
+        recommended = _family(GPU_RECOVERY_RECOMMENDED)
+        judge = e.detectors.gpu_faults
+        for node, gpu in sorted(k for k in list(judge.gpus) if k[1]):  # (a restored node-wide fault has no GPU)
+            current = judge.klass((node, gpu))
+            for action in LADDER:
+                recommended.add_metric([node, gpu, action], 1 if action == current else 0)
+        yield recommended
         hooks = _family(WEBHOOK)
         for (r,), n in _zeroed({(k,): v for k, v in e.webhook_total.items()}, [(r,) for r in WEBHOOK_RESULTS]).items():
             hooks.add_metric([r], n)

@@ -6,8 +6,8 @@ a broken node. So the undo of such a drain (playbook steps marked
 `resume_check: true`) first runs the configured check:
 
 - `nvml` (default): the agent asks NVML itself: every inventory GPU visible
-  and answering, NVML's recovery action NONE on each, and no critical XID
-  seen within the detector's hold (the local XID detector not active);
+  and answering, NVML's recovery action NONE on each, and no GPU fault the
+  judge (gpu_faults.py) still holds outstanding on the node;
 - the name of an `exec_allow` program (e.g. `dcgmi diag -r 1` in a wrapper):
   exit 0 passes; it gets the node name as its only argument;
 - `none`: no check; a person always decides.
@@ -58,7 +58,7 @@ class ResumeCheck:
             if lib is None:
                 return False, f"no NVML for {node} on this agent: cannot check its GPUs"
             if self.xid_active(node):
-                return False, f"a critical XID on {node} is still within the detector's hold"
+                return False, f"a GPU fault on {node} is outstanding (no recovery has proven it cleared)"
             try:
                 async with asyncio.timeout(CALL_TIMEOUT):
                     return await asyncio.to_thread(check_gpus, lib, self.expected)

@@ -21,8 +21,6 @@ ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_wr
 AutomaticKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check",
                        "gpu_reset", "node_reboot"]
 
-CRITICAL_XIDS = [48, 64, 74, 79, 95, 119, 120, 140, 144, 145, 146, 147, 148, 149, 150, 154]
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -74,8 +72,13 @@ class DetectorSettings(_Strict):
     gpu_thermal_clock_events: list[str] = Field(
         default_factory=lambda: ["hw_thermal", "sw_thermal"], description="Clock event reasons that count as thermal.")
     gpu_thermal: Hold = Hold(fire_seconds=2.0, clear_seconds=30.0)
-    xid_critical: list[int] = Field(default_factory=lambda: list(CRITICAL_XIDS), description="XIDs that drain a node.")
-    gpu_xid_critical: Hold = Hold(fire_seconds=0.0, clear_seconds=300.0)
+    # The GPU recovery ladder (issue 33): which class an XID asks for is data (exporters/profiles/nvml/
+    # xid-recovery.yaml, with the catalogue); these hold the four incidents. App is an event: it clears this long
+    # after its last XID; the others clear only on a proven recovery, so their hold is short.
+    gpu_app_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=60.0)
+    gpu_reset_required: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    gpu_reboot_required: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    gpu_service_required: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     gpu_lost: Hold = Hold(fire_seconds=0.0, clear_seconds=60.0)
     nvlink_error_rate_per_second: float = Field(
         default=10.0, gt=0, description="Errors/s per link, summed over nvlink_error_types.")
@@ -232,8 +235,8 @@ class RemediationSettings(_Strict):
     webhook_token_secret: str | None = Field(default=None, description="Name in `secrets` of the webhook bearer token.")
     admin_token_secret: str | None = Field(default=None, description="Name in `secrets` of the admin (approve) token.")
     xid_overrides: dict[int, XidOverride] = Field(default_factory=dict, description=(
-        "XID -> replacement immediate/investigatory action for that one catalogue entry (issue 33; read by the "
-        "recovery ladder, not yet by the detectors)."))
+        "XID -> replacement immediate/investigatory action for that one catalogue entry (issue 33): the GPU fault "
+        "judge looks the ladder class up from the overridden action."))
     gpu_recovery: GpuRecoverySettings = GpuRecoverySettings()
     resume_health_check: str = Field(default="nvml", description=(
         "Before resuming a node drained for a GPU fault (steps with resume_check): `nvml` (the agent's own "

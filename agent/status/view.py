@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from agent.snapshot import Snapshot, SourceState
+from agent.remediation.xid_recovery import xid_class
 
 if TYPE_CHECKING:
     from agent.config import Inventory
@@ -126,7 +127,7 @@ class ViewBuilder:
                 marks.append("lost")
             xid = int(last_xid.get((gpu,), 0.0))
             if xid:
-                marks.append(f"XID {xid}" + (" (critical)" if xid in s.xid_critical else ""))
+                marks.append(f"XID {xid} ({xid_class(xid)})")
             if gpu in recovery:
                 marks.append(f"recovery: {recovery[gpu]}")
             cells = links.get(gpu, {})

@@ -36,13 +36,14 @@ import math
 import struct
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from exporters.gpu import nvml_metrics as M
 from exporters.base import BlockingCaller, EventStream, HeldCounters, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.gpu.nvml_lanes import GpuLanes
 from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_profile
+from exporters.gpu.xid_catalogue import load_catalogue
 
 log = logging.getLogger("exporters.gpu.nvml")
 
@@ -174,7 +175,8 @@ class NvmlSource:
 
     def __init__(self, lib: Any, node_inventory_gpu_count: int, nvlinks: int, call_timeout: float,
                  xid_events: bool = True, device: str = "gpus", profile: NvmlProfile | None = None,
-                 event_wait_ms: int = 500, gpu_timeout: float = 0.5, counters_every: int = 1):
+                 event_wait_ms: int = 500, gpu_timeout: float = 0.5, counters_every: int = 1,
+                 xid_overrides: Mapping[int, str] | None = None):
         self.device = device
         self._held = HeldCounters(counters_every)  # by (index, uuid), as the plans
         self._cycle = 0
@@ -208,6 +210,9 @@ class NvmlSource:
         self._field_meaning.update({f.id: ("c2c", f.label) for f in self._p.c2c_fields})
         self._logged: set[tuple] = set()
         self._links = [str(link) for link in range(nvlinks)]
+        # XID -> the catalogue's immediate action (the `action` label), read once: the config's overrides win.
+        self._xid_actions: dict[int, str] = {e.code: e.immediate_action or "none" for e in load_catalogue().values()}
+        self._xid_actions.update(xid_overrides or {})
         self._xid_lock = threading.Lock()
         self._xids: dict[str, dict[int, int]] = {}
         self._last_xid: dict[str, int] = {}
@@ -630,7 +635,9 @@ class NvmlSource:
         with self._xid_lock:
             counts = dict(self._xids.get(uuid, {}))
             last = self._last_xid.get(uuid, 0)
-        out = [make_reading(M.XID, float(n), {**base, "xid": str(xid)}, _OK, ts) for xid, n in sorted(counts.items())]
+        actions = self._xid_actions
+        out = [make_reading(M.XID, float(n), {**base, "xid": str(xid), "action": actions.get(xid, "unknown")}, _OK, ts)
+               for xid, n in sorted(counts.items())]
         out.append(make_reading(M.LAST_XID, float(last), base, _OK, ts))
         return out
 

@@ -42,8 +42,10 @@ PCIE_GENERATION = gauge("supernode_gpu_pcie_link_generation",
                         "PCIe generation of the GPU's link: kind=current (drops at idle on many GPUs to save power) "
                         "or max (what the GPU and its slot allow).", G + ("kind",))
 PCIE_REPLAYS = counter("supernode_gpu_pcie_replays_total", "PCIe replay events of the GPU.", G)
-XID = counter("supernode_gpu_xid_errors_total", "XID errors seen on the NVML event stream since the agent started, per XID.",
-              G + ("xid",))
+XID = counter("supernode_gpu_xid_errors_total",
+              "XID errors seen on the NVML event stream since the agent started, per XID, with NVIDIA's catalogue "
+              "immediate action after the config's overrides (none: the catalogue gives none; unknown: not in it).",
+              G + ("xid", "action"))
 LAST_XID = gauge("supernode_gpu_last_xid", "Last XID seen on the NVML event stream (0: none since the agent started).", G)
 RECOVERY = gauge("supernode_gpu_recovery_action", "1 for the driver's current recovery hint (NVML field 230).",
                  G + ("action",))
