@@ -109,7 +109,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=(__doc__ or PROG).split("\n\n")[0])  # no docstrings under -OO (the daemon)
     p.add_argument("--sim", help="simulator URL (default: found through its discovery file)")
     sub = p.add_subparsers(dest="cmd", required=True)
     personalities = sorted(PERSONALITIES)

@@ -202,7 +202,7 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> dict[int, XidEntry]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exporters.gpu.xid_catalogue", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m exporters.gpu.xid_catalogue", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write {DEFAULT_CATALOGUE.name} (else print it)")
     args = parser.parse_args(argv)
     text = generate()
