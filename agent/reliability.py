@@ -114,7 +114,10 @@ def classify(detector: str, targets: Mapping[str, str], detail: Mapping[str, Any
     if cls not in RACK_CLASSES and node != me:
         return None  # another node's component: its own agent counts it
     if cls == "gpu":
-        gpu = targets.get("gpu") or detail.get("gpu") or "?"
+        gpu = targets.get("gpu") or detail.get("gpu")
+        if not gpu:  # a node-wide GPU fault (a reboot): the GPUs its detail names, else the node's GPUs as one
+            named = sorted({str(g.get("gpu")) for g in detail.get("gpus", ()) if isinstance(g, dict) and g.get("gpu")})
+            gpu = ",".join(named) if named else "?"
         return Failure("gpu", f"{node}/gpu{gpu}")
     if cls == "nvlink":
         return Failure("nvlink", _nvlink_id(node, targets, detail))

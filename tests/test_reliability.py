@@ -26,6 +26,8 @@ ZONES = {"zone-a": ["node01"], "zone-b": ["node02"], "zone-ab": ["node01", "node
     ("gpu_lost", {"node": "node01"}, {"gpu": "2"}, ("gpu", "node01/gpu2")),
     ("gpu_lost", {"node": "node01", "gpu": "missing"}, {}, ("gpu", "node01/gpumissing")),
     ("gpu_thermal", {"node": "node01", "gpu": "1"}, {}, ("gpu", "node01/gpu1")),
+    ("gpu_reset_required", {"node": "node01", "gpu": "3"}, {}, ("gpu", "node01/gpu3")),
+    ("gpu_reboot_required", {"node": "node01"}, {"gpus": [{"gpu": "1"}, {"gpu": "0"}]}, ("gpu", "node01/gpu0,1")),
     ("gpu_pcie_degraded", {"node": "node01", "gpu": "1"}, {}, ("gpu", "node01/gpu1")),
     ("gpu_clock_slowdown", {"node": "node01", "gpu": "2"}, {}, ("gpu", "node01/gpu2")),
     ("nvlink_errors", {"node": "node01", "gpu": "0"}, {"links_down": ["3"]}, ("nvlink", "node01/gpu0/link3")),
