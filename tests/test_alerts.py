@@ -26,12 +26,11 @@ RULE_FILES = [ALERTS / "recording.rules.yml", ALERTS / "supernode.rules.yml"]
 TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
 AM_EXAMPLE = REPO / "examples" / "alertmanager.yml"
 RUNBOOK_BASE = "https://github.com/supernode-agent/supernode-agent/blob/main/"
-# The GPU recovery ladder's four detectors (issue 33) have no per-class alert yet: SupernodeGpuRecoveryRecommended
-# stands for them meanwhile; the per-class alerts add them here.
 DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
              "condensation_risk", "gpu_thermal", "gpu_lost", "nvlink_errors", "optic_degraded",
              "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack",
-             "gpu_pcie_degraded", "gpu_clock_slowdown", "gpu_straggler"}
+             "gpu_pcie_degraded", "gpu_clock_slowdown", "gpu_straggler",
+             "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required", "gpu_service_required"}
 
 
 def _rules(kind: str) -> list[dict]:
@@ -197,8 +196,11 @@ def test_every_detector_has_an_alert_and_remediation_labels():
     # Alert-only detectors of PLAYBOOKS.md must not reach the agent's webhook.
     assert "SupernodeLeakSensorFault" not in routed and "SupernodeCondensationRisk" not in routed
     assert {"SupernodeNvlinkErrors", "SupernodeGpuLost", "SupernodeRackPowerOverBudget"} <= routed
-    # The GPU fault judge's class is the agent's own (its ladder detectors act): told to people, not routed back.
-    assert "SupernodeGpuRecoveryRecommended" not in routed
+    # The GPU recovery ladder's classes are the node's own agent's (its ladder detectors act): told to people,
+    # never routed back to an agent (another node's agent would drain a node it cannot reset or reboot).
+    ladder = {"SupernodeGpuAppFault", "SupernodeGpuResetRequired", "SupernodeGpuRebootRequired",
+              "SupernodeGpuServiceRequired"}
+    assert ladder <= {a["alert"] for a in alerts} and not ladder & routed
     # An unknown leak state is the agent's own notify-only incident, never a webhook delivery.
     assert "SupernodeLeakSourceDown" not in routed
     health = {"SupernodeSourceDown", "SupernodeDataStale", "SupernodeAgentDown", "SupernodeRemediationBlocked",
