@@ -329,3 +329,25 @@ def test_the_engine_reboots_through_slurm_and_tells_jobs_with_its_registered_act
         asyncio.run(main())
     finally:
         twin.nvmlShutdown()
+
+
+def test_node_reboot_gives_the_jobs_their_checkpoint_signal_and_slurm_reboots_once_they_end(cluster, sim, sched,
+                                                                                         tmp_path: Path):
+    """`reboot ASAP` waits for the node's jobs: they get the checkpoint signal first (as before a drain), this
+    job checkpoints and exits on it, and the reboot goes through."""
+    got = tmp_path / "checkpointed"
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\ntrap 'echo checkpointed > {got}; exit 0' USR1\n"
+                      "for i in $(seq 3000); do sleep 0.1; done\n")
+    act = NodeRebootAction(sched, verify_with_twin(sim), timeout_seconds=90.0, verify_seconds=3.0, poll_seconds=0.3,
+                           checkpoint_signal="USR1")
+    with batch_job(cluster, script) as job:
+        wait_for(lambda: asyncio.run(sched.jobs("node01")) == [job], 30, interval=0.3, what=f"job {job} running")
+
+        async def main() -> Any:
+            plan = await act.plan({"node": "node01"}, {}, CTX)
+            return await act.apply({"node": "node01"}, {}, CTX, plan)
+        res = asyncio.run(main())
+    assert got.read_text().strip() == "checkpointed"
+    assert res.ok and res.after["checkpoint_signal"] == "USR1"
+    assert res.after["boot_time"] > res.after["boot_time_before"]

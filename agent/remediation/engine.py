@@ -125,7 +125,8 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
             rec = s.gpu_recovery  # the ladder's Slurm steps; a reboot is proven by the NVML health read after it
             acts["job_notify"] = JobNotifyAction(ex.scheduler, rec.job_notify)
             acts["node_reboot"] = NodeRebootAction(ex.scheduler, lambda node: self.resume_check.gpus_healthy(node),
-                                                   rec.reboot_timeout_seconds, rec.verify_seconds)
+                                                   rec.reboot_timeout_seconds, rec.verify_seconds,
+                                                   checkpoint_signal=s.slurm.checkpoint_signal)
         if ex.link_isolate and ex.link_read:
             acts["isolate_link"] = IsolateLinkAction(ex.link_isolate, ex.link_read,
                                                      {p.name for p in self.inventory.ports if p.isolatable})

@@ -49,17 +49,7 @@ class DrainAction:
                             after={"state": after.state, "reason": after.reason, **checkpoint})
 
     async def _checkpoint(self, node: str, params: Mapping[str, Any]) -> dict[str, str]:
-        """Give the node's jobs their checkpoint signal; a failure is logged and recorded, never blocks the drain."""
-        signal = params.get("checkpoint_signal", self.checkpoint_signal)
-        if not signal:
-            return {}
-        try:
-            await self.scheduler.signal_jobs(node, str(signal))
-        except SchedulerError as exc:
-            log.warning("checkpoint signal failed; draining anyway", extra={"node": node, "signal": signal,
-                                                                          "error": str(exc)})
-            return {"checkpoint_error": str(exc)}
-        return {"checkpoint_signal": str(signal)}
+        return await checkpoint_jobs(self.scheduler, node, params.get("checkpoint_signal", self.checkpoint_signal))
 
     async def undo(self, target: Mapping[str, str], before: Mapping[str, Any], after: Mapping[str, Any],
                    params: Mapping[str, Any]) -> ActionResult:
@@ -87,3 +77,16 @@ class DrainAction:
         if not plan.get("before", {}).get("owned", True):
             return "applied"  # nothing was to be done
         return "applied" if st.drained and st.reason.startswith(str(plan.get("reason", MARKER))[:40]) else "not_applied"
+
+
+async def checkpoint_jobs(scheduler: Any, node: str, signal: str | None) -> dict[str, str]:
+    """Give the node's jobs their checkpoint signal before the scheduler takes the node (a drain, a reboot);
+    a failure is logged and recorded in the result, never blocks the step."""
+    if not signal:
+        return {}
+    try:
+        await scheduler.signal_jobs(node, str(signal))
+    except SchedulerError as exc:
+        log.warning("checkpoint signal failed; going on", extra={"node": node, "signal": signal, "error": str(exc)})
+        return {"checkpoint_error": str(exc)}
+    return {"checkpoint_signal": str(signal)}

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Awaitable, Callable, Mapping
 
 from . import ActionError, ActionResult
-from .drain import MARKER
+from .drain import MARKER, checkpoint_jobs
 from .slurm import DRAINED_WORDS, SchedulerError, UnknownNode
 
 Verify = Callable[[str], Awaitable[tuple[bool, str]]]  # node -> (GPUs healthy, why in words)
@@ -46,8 +46,9 @@ class NodeRebootAction:
     kind = "node_reboot"
 
     def __init__(self, scheduler: Any, verify: Verify, timeout_seconds: float, verify_seconds: float,
-                 poll_seconds: float = POLL_SECONDS):
+                 poll_seconds: float = POLL_SECONDS, checkpoint_signal: str | None = None):
         self.scheduler = scheduler
+        self.checkpoint_signal = checkpoint_signal  # as before a drain: the jobs checkpoint, then Slurm reboots
         self.verify = verify
         self.timeout_seconds = timeout_seconds
         self.verify_seconds = verify_seconds
@@ -69,14 +70,18 @@ class NodeRebootAction:
                     plan: Mapping[str, Any]) -> ActionResult:
         node, before = target["node"], dict(plan["before"])
         booted_before = before.get("boot_time")
+        checkpoint: dict[str, str] = {}
         try:
             if not _later(await self.scheduler.boot_time(node), booted_before):  # a retry after the boot: verify only
+                # `reboot ASAP` waits for the node's jobs to end: they get their checkpoint signal first, as on a drain
+                checkpoint = await checkpoint_jobs(self.scheduler, node,
+                                                   params.get("checkpoint_signal", self.checkpoint_signal))
                 await self.scheduler.reboot(node, str(plan["reason"]))
         except SchedulerError as exc:
             raise ActionError(f"reboot {node}: {exc}") from exc
         boot, state = await self._wait_back(node, booted_before)
         ok, why = await self._verify(node)
-        after = {"boot_time_before": booted_before, "boot_time": boot, "state": state, "verify": why}
+        after = {"boot_time_before": booted_before, "boot_time": boot, "state": state, "verify": why, **checkpoint}
         if not ok:
             raise ActionError(f"{node} rebooted (BootTime {_when(boot)}) but its GPUs are not healthy "
                               f"within {self.verify_seconds:g} s: {why}")
