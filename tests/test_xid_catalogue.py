@@ -114,3 +114,13 @@ def test_check_config_names_an_unknown_override_action(tmp_path):
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 1
     assert "remediation.xid_overrides.79.immediate_action" in out.stderr and "NUKE" in out.stderr, out.stderr
+
+
+def test_the_nvml_sources_light_reader_agrees_with_the_typed_loader_and_names_a_bad_entry(tmp_path):
+    from exporters.gpu.xid_actions import immediate_actions
+
+    assert immediate_actions() == {e.code: e.immediate_action or "none" for e in load_catalogue().values()}
+    bad = tmp_path / "xid-catalogue.yaml"
+    bad.write_text("xids:\n  - {code: 13, immediate_action: RESTART_APP}\n  - {code: '48', immediate_action: X}\n")
+    with pytest.raises(ProfileError, match=r"xids\.1: expected an integer code"):
+        immediate_actions(bad)

@@ -43,7 +43,7 @@ from exporters.base import BlockingCaller, EventStream, HeldCounters, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.gpu.nvml_lanes import GpuLanes
 from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_profile
-from exporters.gpu.xid_catalogue import load_catalogue
+from exporters.gpu.xid_actions import immediate_actions
 
 log = logging.getLogger("exporters.gpu.nvml")
 
@@ -211,7 +211,7 @@ class NvmlSource:
         self._logged: set[tuple] = set()
         self._links = [str(link) for link in range(nvlinks)]
         # XID -> the catalogue's immediate action (the `action` label), read once: the config's overrides win.
-        self._xid_actions: dict[int, str] = {e.code: e.immediate_action or "none" for e in load_catalogue().values()}
+        self._xid_actions: dict[int, str] = immediate_actions()
         self._xid_actions.update(xid_overrides or {})
         self._xid_lock = threading.Lock()
         self._xids: dict[str, dict[int, int]] = {}

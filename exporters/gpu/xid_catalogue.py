@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from exporters.errors import ProfileError
+from exporters.gpu.xid_actions import DEFAULT_CATALOGUE as CATALOGUE_FILE
 from exporters.safe_yaml import InputError, load_yaml_file, read_text_file
 from exporters.validation import error_lines
 
@@ -28,7 +29,7 @@ NVML_PROFILES = Path(__file__).resolve().parent.parent / "profiles" / "nvml"
 SOURCE_DIR = NVML_PROFILES / "source"
 XIDS_SHEET = SOURCE_DIR / "xid-catalog-xids-sheet.txt"
 GUIDANCE_SHEET = SOURCE_DIR / "xid-catalog-guidance-classes.txt"
-DEFAULT_CATALOGUE = NVML_PROFILES / "xid-catalogue.yaml"
+DEFAULT_CATALOGUE = CATALOGUE_FILE  # the one path, shared with the NVML source's pydantic-free reader
 
 # What the generated file says of its source; the copy itself is undated (README.md says how it was obtained).
 SOURCE = ("NVIDIA Xid Catalog, https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html "
