@@ -203,6 +203,19 @@ def test_a_killed_source_shows_as_failing_with_why(page: Page):
     assert "failing" in why and re.search(r"timeout|no answer|exceeded|refused", why, re.I), why
 
 
+def test_a_gpu_shows_its_last_xid_with_the_catalogue_text_and_the_recovery_recommended(page: Page):
+    p = page
+    row = '[data-gpu="node01/1"] .fault'
+    p.rs.rack.inject("xid", node="node01", gpu=1, code=13)  # RESTART_APP: the job's fault, the node stays
+    p.wait(f"return document.querySelector('{row}')", 20, "GPU 1's fault line")
+    assert "XID 13 ROBUST_CHANNEL_GR_EXCEPTION" in p.text(row)
+    # NVIDIA's catalogue text on the XID, the judge's class and the rule that chose it
+    assert p.js(f"return document.querySelector('{row} span').title").startswith("Graphics Engine Exception")
+    p.wait(f"return document.querySelector('{row}').dataset.fault === 'app'", 20, "recommended: app")
+    assert "recommended: app" in p.text(row)
+    assert p.js("return document.querySelector('[data-gpu=\"node01/0\"] .fault')") is None  # GPU 0: nothing
+
+
 def test_no_console_error_and_nothing_fetched_from_outside_the_agent(page: Page):
     p = page
     logs = p.d.get_log("browser")

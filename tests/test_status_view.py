@@ -159,3 +159,21 @@ def test_the_coordination_line_is_up_with_its_leader_or_degraded_with_why():
                          "polling": {"leak1": False}, "why": "EtcdError: every endpoint failed"})
     assert down["state"] == "degraded" and down["leader"] is None and down["why"].startswith("EtcdError")
     assert coordination(None) is None
+
+
+def test_a_gpu_card_carries_the_judges_last_xid_recommendation_and_recovery_taken():
+    faults = {"node01/1": {"last_xid": {"code": 48, "mnemonic": "ROBUST_CHANNEL_GPU_ECC_DBE",
+                                        "description": "Double Bit ECC Error", "at": 5.0},
+                           "recommended": "reboot", "rule": "reset_failed",
+                           "last_recovery": {"action": "gpu_reset", "ok": False, "at": 6.0,
+                                             "why": "reset did not clear the fault"}},
+              "node01/0": {"last_xid": None, "recommended": "none", "rule": None, "last_recovery": None},
+              "node02/1": {"last_xid": {"code": 13, "mnemonic": "X", "description": "Y", "at": 1.0},
+                           "recommended": "app", "rule": "catalogue", "last_recovery": None}}
+    card = ViewBuilder().node_card(snap(*_gpu("0"), *_gpu("1")), INV, "node01", DetectorSettings(),
+                                   {"rack": "r01", "node": "node01"}, faults)
+    g0, g1 = card["gpus"]
+    assert g0["fault"] is None  # nothing judged: no line (and another node's GPU 1 is not this one's)
+    assert g1["fault"] == {"xid": 48, "mnemonic": "ROBUST_CHANNEL_GPU_ECC_DBE", "description": "Double Bit ECC Error",
+                           "recommended": "reboot", "rule": "reset_failed", "taken": "gpu_reset failed",
+                           "taken_why": "reset did not clear the fault"}

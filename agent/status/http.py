@@ -149,9 +149,10 @@ class StatusHub:
             return card
         cfg = self.cfg
         snap = snap or self.agent.store.snapshot()
-        card = self.builder.node_card(snap, cfg.inventory, cfg.agent.node, cfg.remediation.detectors,
-                                      self.agent.identity())
         engine = self._engine()
+        faults = engine.gpu_faults_view() if engine is not None and hasattr(engine, "gpu_faults_view") else None
+        card = self.builder.node_card(snap, cfg.inventory, cfg.agent.node, cfg.remediation.detectors,
+                                      self.agent.identity(), faults)
         counts: dict[str, int] = {}
         if engine is not None:
             for inc in engine.incidents.open_incidents():

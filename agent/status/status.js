@@ -193,13 +193,28 @@
       states.map((st, i) => el("span", { class: "cell " + st, title: "link " + i + ": " + st }, SYM[st] || "?")));
   }
 
+  // The GPU fault judge's word: last XID with NVIDIA's catalogue text, the recovery recommended and taken.
+  function faultLine(f) {
+    if (!f) return null;
+    const parts = [];
+    if (f.xid !== null && f.xid !== undefined) {
+      parts.push(el("span", { title: f.description || "" }, "XID " + f.xid + (f.mnemonic ? " " + f.mnemonic : "")));
+    }
+    if (f.recommended && f.recommended !== "none") {
+      parts.push(" \u00B7 ", badge(f.recommended === "app" ? "warn" : "bad", "recommended: " + f.recommended,
+        f.rule ? "rule: " + f.rule : ""));
+    }
+    if (f.taken) parts.push(" \u00B7 ", el("span", { title: f.taken_why || "" }, "taken: " + f.taken));
+    return el("div", { class: "row fault", "data-fault": f.recommended || "none" }, parts);
+  }
+
   function gpuRows(card, dim) {
     return card.gpus.map((g) => {
       const marks = g.marks.map((m) => badge(m === "lost" || m === "hung" || m === "missing" || /critical/.test(m) ? "bad" : "warn", m));
       const hot = g.temperature_celsius !== null && g.slowdown_celsius !== null && g.temperature_celsius >= g.slowdown_celsius - 3;
       return el("tr", { "data-gpu": card.name + "/" + g.index, class: dim ? "muted" : null },
         td("GPU", el("strong", {}, "GPU " + g.index), g.name ? el("small", {}, " " + g.name) : null,
-           marks.length ? el("div", { class: "row" }, marks) : null),
+           marks.length ? el("div", { class: "row" }, marks) : null, faultLine(g.fault)),
         td("temperature", fmt(g.temperature_celsius, "\u00B0C", 0), hot ? [" ", badge("warn", "near slowdown")] : null,
            g.slowdown_celsius !== null ? el("small", {}, " (slowdown " + fmt(g.slowdown_celsius, "", 0) + ")") : null),
         td("power", fmt(g.power_watts, "", 0) + " / " + fmt(g.limit_watts, "W", 0), bar(g.power_watts, g.limit_watts),

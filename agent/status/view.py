@@ -42,6 +42,20 @@ def _by(snap: Snapshot, metric: str, *keys: str) -> dict[tuple[str, ...], float]
     return out
 
 
+def _fault(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The GPU fault judge's word on one GPU for the page: its last XID with NVIDIA's catalogue text, the recovery
+    the ladder recommends (and the rule that chose it), and the last recovery it took; None when there is none."""
+    if not row or (row.get("last_xid") is None and row.get("recommended") in (None, "none")
+                   and row.get("last_recovery") is None):
+        return None
+    xid = row.get("last_xid") or {}
+    rec = row.get("last_recovery") or {}
+    return {"xid": xid.get("code"), "mnemonic": xid.get("mnemonic", ""), "description": xid.get("description", ""),
+            "recommended": row.get("recommended") or "none", "rule": row.get("rule") or "",
+            "taken": (f"{rec['action']} {'done' if rec.get('ok') else 'failed'}" if rec.get("action") else ""),
+            "taken_why": rec.get("why", "")}
+
+
 class Rising:
     """Remembers when each counter last increased: `recent(key, value, now, window)`."""
 
@@ -75,14 +89,17 @@ class ViewBuilder:
     # -- this node ------------------------------------------------------------------------
 
     def node_card(self, snap: Snapshot, inventory: "Inventory", node: str, detectors: "DetectorSettings",
-                  identity: Mapping[str, str]) -> dict[str, Any]:
+                  identity: Mapping[str, str],
+                  gpu_faults: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
         """This node's GPUs (temperature, power vs limit, capped, marks, NVLink cells) and ports."""
         now = snap.taken_at
         return {"name": node, "agent": dict(identity), "taken_at": now,
-                "gpus": self._gpus(snap, inventory, detectors, now), "ports": self._ports(snap, now),
+                "gpus": self._gpus(snap, inventory, detectors, now, node, gpu_faults or {}),
+                "ports": self._ports(snap, now),
                 "expected_gpus": inventory.gpus.count}
 
-    def _gpus(self, snap: Snapshot, inventory: "Inventory", s: "DetectorSettings", now: float) -> list[dict[str, Any]]:
+    def _gpus(self, snap: Snapshot, inventory: "Inventory", s: "DetectorSettings", now: float, node: str,
+              gpu_faults: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
         up = _by(snap, "supernode_gpu_up", "gpu")
         hung = _by(snap, "supernode_gpu_hung", "gpu")
         temp = _by(snap, "supernode_gpu_temperature_celsius", "gpu", "sensor")
@@ -140,6 +157,7 @@ class ViewBuilder:
                 "default_limit_watts": _num(default, 0), "capped": capped, "marks": marks,
                 # one state per link, in link order: ok | down | ber | errors | unknown (not reported)
                 "nvlink": [cells.get(i, "unknown") for i in range(width)],
+                "fault": _fault(gpu_faults.get(f"{node}/{gpu}")),
             })
         missing = max(0, inventory.gpus.count - len(out))
         for i in range(missing):
