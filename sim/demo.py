@@ -79,6 +79,30 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
     return cfg
 
 
+async def _keep_jobs(slurm: Any, sim_url: str, jobdir: Path, every: float = 2.0) -> None:
+    """One demo job (sim/demo_job.py) on every idle node of the demo's Slurm, as a busy cluster has: the GPUs
+    are busy while it runs, so a GPU reset waits for the drain's checkpoint signal to end it, and a node back
+    in service gets a new job. Nodes drained, rebooting or down are left alone."""
+    jobdir.mkdir(parents=True, exist_ok=True)
+    repo = Path(__file__).resolve().parent.parent
+    while True:
+        try:
+            states = await asyncio.to_thread(slurm.states)
+            for node, state in states.items():
+                if state != "idle":
+                    continue
+                script = jobdir / f"{node}.sh"
+                script.write_text(f"#!/bin/sh\ncd '{repo}'\nexec '{sys.executable}' -m sim.demo_job --sim '{sim_url}' "
+                                  f"--node '{node}'\n")
+                script.chmod(0o755)
+                await asyncio.to_thread(subprocess.run, ["sbatch", "-w", node, "-J", f"demo-{node}", "-o",
+                                                         str(jobdir / f"{node}-%j.out"), str(script)],
+                                        capture_output=True, env=slurm.env, timeout=20)
+        except (OSError, subprocess.SubprocessError) as exc:  # Slurm busy: the next round tries again
+            print(f"demo jobs: {exc}", file=sys.stderr)
+        await asyncio.sleep(every)
+
+
 def redfish_inventory(sim: Simulator, cfg: dict[str, Any]) -> None:
     """Every tray's BMC and the Redfish CDU the simulator serves, trusted through its run's CA, with its account.
 
@@ -141,6 +165,7 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             print(f"etcd: could not start a demo etcd ({exc}); agents run without coordination", file=sys.stderr)
             etcd = None
     procs: list[tuple[str, subprocess.Popen, int]] = []
+    jobs: asyncio.Task | None = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -153,6 +178,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
             cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None, agent_urls=urls,
                                etcd_endpoints=etcd.endpoints if etcd else None)
+            if slurm is not None:  # the demo's jobs checkpoint and exit on it (sim/demo_job.py) before a drain or reboot
+                cfg["remediation"]["slurm"]["checkpoint_signal"] = "USR1"
             if etcd is not None:  # the node's own etcd user (it may write only its own keys), over TLS
                 await asyncio.to_thread(etcd.authorize, cfg, workdir / node)
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -166,6 +193,7 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             if not ok:
                 print(f"agent for {node} did not start; see {workdir / node / 'agent.log'}", file=sys.stderr)
                 return 1
+        jobs = asyncio.create_task(_keep_jobs(slurm, url, workdir / "jobs")) if slurm is not None else None
         for node, _, port in procs:
             print(f"metrics: http://127.0.0.1:{port}/metrics   ({node})")
         for node, _, port in procs:
@@ -204,6 +232,8 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             pass
         return 0
     finally:
+        if jobs is not None:
+            jobs.cancel()
         for _, proc, _ in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -233,6 +263,9 @@ try this (another shell, `. .venv/bin/activate` first):
   supernode-sim inject flow-drop --percent 40            # every GPU of the rack capped to 60 %
   supernode-sim inject thermal --node {node} --gpu 0
   supernode-sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
+  supernode-sim inject xid --node {node} --gpu 0 --code 13   # RESTART_APP: the job is told (squeue -o "%N %k"), node stays
+  supernode-sim inject xid --node {node} --gpu 1 --code 48 --sticky true   # drain, job checkpoints, GPU reset, resume
+  supernode-sim inject xid --node {node} --gpu 1 --code 79 --sticky true   # Slurm reboots the node once approved
   supernode-sim inject tray-leak --node {node} --detector 0   # {node}'s BMC: a cold-plate detector Critical
   supernode-sim state | grep -A3 '"redfish"'             # each tray BMC's URL, the CA file, the account
   supernode-sim faults                                   # every fault kind and its parameters

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import shutil
 import sys
+import tempfile
 import urllib.request
 
 import pytest
@@ -81,7 +83,8 @@ def test_a_dead_cdu_goes_stale_without_touching_other_sources(rack_agent):
 
 def test_demo_serves_every_gpu_and_stops_cleanly_on_ctrl_c(tmp_path):
     env = {"SUPERNODE_SIM_FILE": str(tmp_path / "sim.json"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-           "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
+           # a short TMPDIR: the demo's Slurm puts munged's socket under it (a Unix socket path has 108 bytes)
+           "PYTHONUNBUFFERED": "1", "TMPDIR": tempfile.mkdtemp(prefix="demo-", dir="/tmp")}
     proc = subprocess.Popen([sys.executable, "-m", "sim.cli", "demo", "--duration", "120"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -99,6 +102,7 @@ def test_demo_serves_every_gpu_and_stops_cleanly_on_ctrl_c(tmp_path):
                 with urllib.request.urlopen(url, timeout=5) as resp:
                     return len(_series(resp.read().decode(), "supernode_gpu_power_watts{"))
             wait_for(lambda: gpu_series() == 4, 20, what=f"4 GPUs on {url}")
+        _demo_xid48_story(lines)
         proc.send_signal(signal.SIGINT)
         rest = proc.stdout.read()
         assert proc.wait(20) == 0, rest
@@ -110,6 +114,33 @@ def test_demo_serves_every_gpu_and_stops_cleanly_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
+
+
+def _demo_xid48_story(lines: list[str]) -> None:
+    """The demo's GPU reset story (issue 33): a job per node keeps its GPUs busy; a held XID 48 drains node01,
+    the drain's checkpoint signal ends its job, the GPUs go idle, the agent resets the GPU and resumes the node."""
+    from agent.httpclient import request_json
+
+    conf = next(re.search(r"SLURM_CONF=(\S+)", l).group(1) for l in lines if l.startswith("slurm: SLURM_CONF="))
+    sim = next(l.split()[1] for l in lines if l.startswith("sim: "))
+    env = {"SLURM_CONF": conf, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+    def jobs() -> dict[str, str]:
+        out = subprocess.run(["squeue", "-h", "-o", "%N %j %T"], capture_output=True, text=True, env=env, timeout=10)
+        return {f[0]: f[2] for f in (l.split() for l in out.stdout.splitlines()) if len(f) == 3}
+
+    wait_for(lambda: jobs() == {"node01": "RUNNING", "node02": "RUNNING"}, 30, what="a demo job on each node")
+
+    def held() -> list:
+        status, body = request_json("GET", f"{sim}/api/v1/state")
+        assert status == 200, body
+        return body["nodes"]["node01"]["gpus"][1]["xid_faults"]
+    status, body = request_json("POST", f"{sim}/api/v1/inject", {"kind": "xid", "params": {
+        "node": "node01", "gpu": "1", "code": "48", "sticky": "true"}})
+    assert status == 200 and held(), body
+    wait_for(lambda: not held(), 60, what="node01's GPU 1 reset by its agent once its job checkpointed and left")
+    wait_for(lambda: jobs().get("node01") == "RUNNING", 60, what="node01 resumed and running a new demo job")
 
 
 def test_first_wet_reading_is_confirmed_at_once_not_a_poll_later(tmp_path):
