@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from agent.httpclient import request_json
 from agent.memory import daemon_env
 from sim.cli import gpu_reset_command
 from sim.server import Simulator
@@ -82,14 +83,22 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
 async def _keep_jobs(slurm: Any, sim_url: str, jobdir: Path, every: float = 2.0) -> None:
     """One demo job (sim/demo_job.py) on every idle node of the demo's Slurm, as a busy cluster has: the GPUs
     are busy while it runs, so a GPU reset waits for the drain's checkpoint signal to end it, and a node back
-    in service gets a new job. Nodes drained, rebooting or down are left alone."""
+    in service gets a new job. A node without a job has idle GPUs (a job killed before its own cleanup too);
+    nodes drained, rebooting or down get no new job."""
     jobdir.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parent.parent
     while True:
         try:
             states = await asyncio.to_thread(slurm.states)
+            queue = await asyncio.to_thread(subprocess.run, ["squeue", "-h", "-t", "RUNNING,COMPLETING", "-o", "%N"],
+                                            capture_output=True, text=True, env=slurm.env, timeout=20)
+            busy = set(queue.stdout.split()) if queue.returncode == 0 else set(states)
             for node, state in states.items():
-                if state != "idle":
+                if node not in busy:
+                    # no job on it (one killed before it could say so included): its GPUs are idle
+                    await asyncio.to_thread(request_json, "POST", f"{sim_url}/api/v1/inject",
+                                            {"kind": "workload", "params": {"node": node, "ratio": "0"}})
+                if state.rstrip("*") != "idle":
                     continue
                 script = jobdir / f"{node}.sh"
                 script.write_text(f"#!/bin/sh\ncd '{repo}'\nexec '{sys.executable}' -m sim.demo_job --sim '{sim_url}' "

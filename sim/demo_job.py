@@ -11,12 +11,19 @@ idle, as when a real job leaves its GPUs.
 
 from __future__ import annotations
 
-import argparse
 import signal
-import sys
 import threading
 
-from agent.httpclient import request_json
+# The checkpoint signal may come as soon as Slurm starts the job: catch it before anything slow is imported
+# (SIGUSR1's default action would kill the job before it could leave its GPUs idle).
+DONE = threading.Event()
+for _sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+    signal.signal(_sig, lambda signum, frame: DONE.set())
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+from agent.httpclient import request_json  # noqa: E402
 
 
 def _workload(sim: str, node: str, ratio: float) -> None:
@@ -32,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", required=True)
     p.add_argument("--ratio", type=float, default=0.85, help="GPU workload while the job runs (0..1)")
     args = p.parse_args(argv)
-    done = threading.Event()
-    for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: done.set())
+    done = DONE
     _workload(args.sim, args.node, args.ratio)
     print(f"demo job on {args.node}: GPUs at workload {args.ratio}", flush=True)
     try:

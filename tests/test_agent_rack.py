@@ -139,7 +139,14 @@ def _demo_xid48_story(lines: list[str]) -> None:
     status, body = request_json("POST", f"{sim}/api/v1/inject", {"kind": "xid", "params": {
         "node": "node01", "gpu": "1", "code": "48", "sticky": "true"}})
     assert status == 200 and held(), body
-    wait_for(lambda: not held(), 60, what="node01's GPU 1 reset by its agent once its job checkpointed and left")
+    try:
+        wait_for(lambda: not held(), 90, what="node01's GPU 1 reset by its agent once its job checkpointed and left")
+    except AssertionError:
+        work = next(l.split()[-1] for l in lines if l.startswith("logs and configs: "))
+        journal = subprocess.run([sys.executable, "-m", "agent.cli", "--config", f"{work}/node01/agent.yaml", "journal"],
+                                 capture_output=True, text=True, cwd=REPO, timeout=30)
+        print("node01's journal and Slurm's queue at the failure:", journal.stdout[-4000:], jobs())
+        raise
     wait_for(lambda: jobs().get("node01") == "RUNNING", 60, what="node01 resumed and running a new demo job")
 
 
