@@ -556,10 +556,13 @@ class NvmlTwin:
         if version not in (pynvml.nvmlGpuFabricInfo_v2, pynvml.nvmlGpuFabricInfo_v3) \
                 or ctypes.sizeof(st) < version & 0xFFFFFF:
             raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-        _fill_fabric(st, g["fabric"])
-        st.healthMask = _health_mask(g["fabric"]["health"])
+        f = g["fabric"]
+        _fill_fabric(st, f)
+        pinned = f.get("health_mask")  # a captured GPU whose driver reported no condition: not supported
+        st.healthMask = _health_mask(f["health"]) if pinned is None else pinned
         if version == pynvml.nvmlGpuFabricInfo_v3:
-            st.healthSummary = _health_summary(g["fabric"]["health"])
+            st.healthSummary = _health_summary(f["health"]) if pinned is None \
+                else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
         return _SUCCESS
 
     def nvmlDeviceGetGpuFabricInfo(self, h: TwinDevice, info: Any) -> int:
