@@ -53,6 +53,8 @@ DETECTOR_CLASS: Mapping[str, str] = {
     # riser, slot, board or power delivery) no longer does what it should.
     "gpu_pcie_degraded": "gpu", "gpu_clock_slowdown": "gpu",
     "nvlink_errors": "nvlink",
+    # A GPU off its NVLink fabric: its NVLink attachment (the GPU's links, or the fabric's route to it) failed.
+    "gpu_fabric_degraded": "nvlink",
     "optic_degraded": "optic",
     "coolant_flow_low": "cdu", "coolant_supply_hot": "cdu",
     "leak_sensor_fault": "leak_sensor", "leak_source_down": "leak_sensor",

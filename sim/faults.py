@@ -190,6 +190,23 @@ def _nvlink(sim: "Simulator", p: dict[str, Any]) -> str:
     return f"{g.node} gpu {g.index} link {p['link']} errors {p['rate']}/s"
 
 
+@fault("fabric-state", "The GPU's NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV) reads this state, status "
+       "and health-mask conditions (GB200 only: an H100 has no fabric); `sim clear` puts it back on the fabric.",
+       NODE, GPU, Param("state", str, True, None, "not_started, in_progress or completed"),
+       Param("status", int, False, 0, "the registration's nvmlReturn_t (0: success)"),
+       Param("health", str, False, "", "comma-separated conditions that hold: degraded_bandwidth, route_recovery, "
+             "route_unhealthy, access_timeout_recovery"))
+def _fabric_state(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_fabric_state
+
+    g = _gpu(sim, p)
+    health = [c.strip() for c in p["health"].split(",") if c.strip()]
+    try:
+        return set_fabric_state(sim.model, g.node, g.index, p["state"], p["status"], health)
+    except ValueError as exc:
+        raise FaultError(f"fabric-state: {exc}") from None
+
+
 @fault("thermal", "Blocked cold plate: the GPU runs this much hotter (default: into HW slowdown).", NODE, GPU,
        Param("celsius", float, False, 30.0, "extra degrees"))
 def _thermal(sim: "Simulator", p: dict[str, Any]) -> str:

@@ -84,6 +84,11 @@ def gpu_state(g: GpuState) -> dict[str, Any]:
         "nvlink_errors": [list(e) for e in g.nvlink_errors],
         "nvlink_error_rate": {str(k): v for k, v in g.nvlink_error_rate.items()},
         "tx_kib": [int(v) for v in g.nvlink_tx_kib], "rx_kib": [int(v) for v in g.nvlink_rx_kib],
+        "fabric": None if g.fabric_state is None else {
+            "state": g.fabric_state, "status": g.fabric_status, "health": sorted(g.fabric_health),
+            "cluster_uuid": g.fabric_cluster_uuid, "clique_id": g.fabric_clique_id},
+        "nvlink_remote_type": g.nvlink_remote_type,
+        "nvlink_remote_pci": list(g.nvlink_remote_pci) if g.nvlink_remote_pci is not None else None,
     }
     state.update(g.nvml_pinned)
     return state

@@ -142,7 +142,30 @@ def nvml_answers(gpu: dict[str, Any]) -> dict[str, Any]:
                   int(get(gpu, "Remapped Rows/Remapping Failure Occurred") == "Yes")],
         "pcie_replays": int(get(gpu, "PCI/Replays Since Reset")),
         "persistence": get(gpu, "Persistence Mode") == "Enabled",
+        "fabric": _fabric(gpu),
     }
+
+
+# nvidia-smi's Fabric State text -> NVML_GPU_FABRIC_STATE_*; N/A: no fabric (SUCCESS with state NOT_SUPPORTED, what
+# an H100 PCIe is seen to answer; a driver's NotSupported prints the same)
+_FABRIC_STATES = {"N/A": 0, "Not Supported": 0, "Not Started": 1, "In Progress": 2, "Completed": 3}
+
+
+def _fabric(gpu: dict[str, Any]) -> dict[str, Any]:
+    """The captured Fabric section as the twin's fabric answer: Completed/Success on the HGX H100s (Fabric Manager)
+    and the H200, N/A on the standalone GH200. Health conditions the capture prints N/A (or, R535, not at all)
+    are reported not supported (a zero health mask)."""
+    state, status = get(gpu, "Fabric/State"), get(gpu, "Fabric/Status")
+    if state not in _FABRIC_STATES:
+        raise CaptureError(f"capture GPU {gpu['_bus_id']}: 'Fabric/State' = {state!r}, expected one of "
+                           f"{', '.join(_FABRIC_STATES)}")
+    if status not in ("Success", "N/A"):
+        raise CaptureError(f"capture GPU {gpu['_bus_id']}: 'Fabric/Status' = {status!r}, expected Success or N/A")
+    section = gpu["Fabric"]
+    clique = section.get("CliqueId", "N/A")
+    cluster = section.get("ClusterUUID", "N/A")
+    return {"state": _FABRIC_STATES[state], "status": 0, "health": [], "health_mask": 0,
+            "clique_id": int(clique) if clique.isdigit() else 0, "cluster_uuid": "" if cluster == "N/A" else cluster}
 
 
 def model_from_capture(text: str, node: str = "node01", nvlinks: int = 18) -> RackModel:

@@ -258,6 +258,8 @@ def clear_gpu_faults(model: RackModel, node: str | None = None, gpu: int | None 
             g.remap_pending = g.remap_failure = False
             g.pcie_width, g.pcie_gen = g.pcie_max_width, g.pcie_max_gen
             g.slowdown_reasons, g.slow_clock_ratio = set(), 1.0
+            if g.fabric_state is not None:  # back on the fabric, healthy
+                g.fabric_state, g.fabric_status, g.fabric_health = FABRIC_STATES["completed"], 0, set()
     return f"cleared gpu faults on {len(gpus)} gpus"
 
 
@@ -278,3 +280,28 @@ def set_clock_slowdown(model: RackModel, node: str, gpu: int, reason: str, ratio
         g.slowdown_reasons = set() if reason == "none" else {reason}
         g.slow_clock_ratio = ratio
     return f"{node} gpu {gpu} sm clock x{ratio} reason {reason}"
+
+
+# NVML_GPU_FABRIC_STATE_* by the name the fault takes (pynvml's values)
+FABRIC_STATES = {"not_started": 1, "in_progress": 2, "completed": 3}
+
+
+def set_fabric_state(model: RackModel, node: str, gpu: int, state: str, status: int, health: list[str]) -> str:
+    """The GPU's NVLink fabric registration reads `state` with `status` (an nvmlReturn_t) and these healthMask
+    conditions holding, until `sim clear` (or this fault again with state completed). Refused on a GPU without
+    a fabric (the H100 personality answers NotSupported)."""
+    from sim.nvml_twin import FABRIC_HEALTH_CONDITIONS
+
+    if state not in FABRIC_STATES:
+        raise ValueError(f"state: expected one of {list(FABRIC_STATES)}, got {state!r}")
+    unknown = sorted(set(health) - set(FABRIC_HEALTH_CONDITIONS))
+    if unknown:
+        raise ValueError(f"health: unknown condition(s) {unknown}; expected some of {list(FABRIC_HEALTH_CONDITIONS)}")
+    if status < 0:
+        raise ValueError(f"status: expected an nvmlReturn_t (0 success), got {status}")
+    with model.lock:
+        g = model.gpu(node, gpu)
+        if g.fabric_state is None:
+            raise ValueError(f"{node} gpu {gpu} has no NVLink fabric (its personality answers NotSupported)")
+        g.fabric_state, g.fabric_status, g.fabric_health = FABRIC_STATES[state], status, set(health)
+    return f"{node} gpu {gpu} fabric state {state} status {status} health {sorted(health) or 'ok'}"

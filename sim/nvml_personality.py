@@ -24,14 +24,20 @@ PERSONALITIES: dict[str, dict[str, Any]] = {
              "power_limit_mw": 700_000, "default_limit_mw": 700_000, "min_limit_mw": 200_000,
              "max_limit_mw": 700_000, "memory_total": 80 * 1024**3, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
              "unsupported": frozenset(), "c2c_errors": None, "architecture": "H100",
-             "pcie_max_gen": 5, "pcie_gen": 5, "pcie_max_width": 16, "pcie_width": 16},
+             "pcie_max_gen": 5, "pcie_gen": 5, "pcie_max_width": 16, "pcie_width": 16,
+             # no NVLink fabric registration: nvmlDeviceGetGpuFabricInfoV answers NotSupported (what nvml.h gives a
+             # GPU without fabric; the capture's HGX H100 with Fabric Manager read Completed/Success instead)
+             "fabric_state": None, "nvlink_remote_type": 2},  # NVML_NVLINK_DEVICE_TYPE_SWITCH (HGX NVSwitch)
     # GB200 (Blackwell, NVL72 tray): NVLink5, 18 links, legacy NVLink error API NotSupported.
     "gb200": {"name": "NVIDIA GB200", "nvlink_version": 7,
               "power_limit_mw": 1_200_000, "default_limit_mw": 1_200_000, "min_limit_mw": 200_000,
               "max_limit_mw": 1_200_000, "memory_total": 189_471 * 1024**2, "sm_clock_mhz": 1965,
               "mem_clock_mhz": 3996, "slowdown_c": 88, "shutdown_c": 93, "gpu_max_c": 87,
               "unsupported": _LEGACY_NVLINK, "c2c_errors": [0, 0, 0], "architecture": "GB200",
-              "pcie_max_gen": 6, "pcie_gen": 6, "pcie_max_width": 16, "pcie_width": 16},  # Blackwell: PCIe Gen6 x16
+              "pcie_max_gen": 6, "pcie_gen": 6, "pcie_max_width": 16, "pcie_width": 16,  # Blackwell: PCIe Gen6 x16
+              # registered with the NVL72 fabric (NVML_GPU_FABRIC_STATE_COMPLETED, status success); link k reaches
+              # NVSwitch chip k (NVML_NVLINK_DEVICE_TYPE_SWITCH); remote PCI info NotSupported (chips in other trays)
+              "fabric_state": 3, "nvlink_remote_type": 2},
 }
 DEFAULT = "h100"
 

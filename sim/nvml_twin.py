@@ -528,6 +528,49 @@ class NvmlTwin:
             packed = g["field_values"][key] = _pack_fields(g, key, int(time.time() * 1e6))
         return (pynvml.c_nvmlFieldValue_t * len(key)).from_buffer_copy(packed)
 
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: TwinDevice, link: int) -> int:
+        g = self._dev(h, "nvmlDeviceGetNvLinkRemoteDeviceType")
+        self._link(g, link)
+        if g["nvlink_remote_type"] is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g["nvlink_remote_type"]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: TwinDevice, link: int) -> Any:
+        """pynvml's wrapper of nvmlDeviceGetNvLinkRemotePciInfo_v2: an nvmlPciInfo_t."""
+        g = self._dev(h, "nvmlDeviceGetNvLinkRemotePciInfo")
+        self._link(g, link)
+        if g["nvlink_remote_pci"] is None:
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = info.busIdLegacy = g["nvlink_remote_pci"][link].encode()
+        return info
+
+    # -- NVLink fabric -------------------------------------------------------------------
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h: TwinDevice, info: Any) -> int:
+        """Fills the caller's nvmlGpuFabricInfo_v2/_v3 (passed byref, its `version` set) as the driver does: another
+        version, or a struct smaller than the version says, is ARGUMENT_VERSION_MISMATCH; NotSupported without a fabric."""
+        g = self._dev(h, "nvmlDeviceGetGpuFabricInfoV")
+        st = _struct(info)
+        version = int(st.version)
+        if version not in (pynvml.nvmlGpuFabricInfo_v2, pynvml.nvmlGpuFabricInfo_v3) \
+                or ctypes.sizeof(st) < version & 0xFFFFFF:
+            raise _err(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        f = g["fabric"]
+        _fill_fabric(st, f)
+        pinned = f.get("health_mask")  # a captured GPU whose driver reported no condition: not supported
+        st.healthMask = _health_mask(f["health"]) if pinned is None else pinned
+        if version == pynvml.nvmlGpuFabricInfo_v3:
+            st.healthSummary = _health_summary(f["health"]) if pinned is None \
+                else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
+        return _SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: TwinDevice, info: Any) -> int:
+        """The legacy call (deprecated for the V one; CUDA 14 removes it): c_nvmlGpuFabricInfo_t, no health mask."""
+        g = self._dev(h, "nvmlDeviceGetGpuFabricInfo")
+        _fill_fabric(_struct(info), g["fabric"])
+        return _SUCCESS
+
     # -- events ------------------------------------------------------------------------
 
     def nvmlEventSetCreate(self) -> _EventSet:
@@ -642,6 +685,43 @@ class NvmlTwin:
             last = not self._sets
         if last:
             self._stop_pump()
+
+
+def _struct(ref: Any) -> Any:
+    """The ctypes struct behind a byref() (pynvml's fabric calls take the caller's struct by reference)."""
+    return getattr(ref, "_obj", ref)
+
+
+def _fill_fabric(st: Any, fabric: dict[str, Any] | None) -> None:
+    if fabric is None:  # the GPU has no fabric
+        raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    uid = bytes.fromhex(fabric["cluster_uuid"].replace("-", "")) if fabric["cluster_uuid"] else bytes(16)
+    ctypes.memmove(st.clusterUuid, uid, pynvml.NVML_GPU_FABRIC_UUID_LEN)
+    st.status, st.cliqueId, st.state = fabric["status"], fabric["clique_id"], fabric["state"]
+
+
+# healthMask conditions the simulator names -> their 2-bit field's shift (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*)
+_HEALTH_SHIFTS = {"degraded_bandwidth": pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW,
+                  "route_recovery": pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY,
+                  "route_unhealthy": pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY,
+                  "access_timeout_recovery": pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ACCESS_TIMEOUT_RECOVERY}
+FABRIC_HEALTH_CONDITIONS = tuple(_HEALTH_SHIFTS)
+
+
+def _health_mask(health: list[str]) -> int:
+    """Every condition the twin models reported: TRUE (1) if it holds, FALSE (2) if not."""
+    mask = 0
+    for cond, shift in _HEALTH_SHIFTS.items():
+        mask |= (1 if cond in health else 2) << shift
+    return mask
+
+
+def _health_summary(health: list[str]) -> int:
+    if "route_unhealthy" in health or "access_timeout_recovery" in health:
+        return pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
+    if health:
+        return pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY
+    return pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
 
 
 def connect(sim_url: str | None, node: str) -> NvmlTwin:

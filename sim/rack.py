@@ -88,6 +88,18 @@ class GpuState:
     c2c_errors: list[int] | None = None  # C2C link errors (crc, replay, replay_b2b); None: no C2C link
     # NVML answers pinned over the physics (a GPU built from a real capture: sim/nvml_capture.py)
     nvml_pinned: dict = field(default_factory=dict)
+    # NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV): NVML_GPU_FABRIC_STATE_* value, or None where the
+    # GPU answers NotSupported (the H100 personality); status an nvmlReturn_t; health the healthMask conditions
+    # that hold (degraded_bandwidth, route_recovery, route_unhealthy, access_timeout_recovery: sim/nvml_twin.py)
+    fabric_state: int | None = None
+    fabric_status: int = 0
+    fabric_health: set[str] = field(default_factory=set)
+    fabric_cluster_uuid: str = ""
+    fabric_clique_id: int = 0
+    # what every NVLink reaches: NVML_NVLINK_DEVICE_TYPE_* (None: NotSupported) and remote PCI bus ids (None:
+    # NotSupported, as the twin answers on GB200 where the switch chips sit in other trays)
+    nvlink_remote_type: int | None = None
+    nvlink_remote_pci: list[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.nvlink_up:
@@ -198,6 +210,9 @@ class RackModel:
                 gpu = GpuState(node=name, index=i, uuid=uid, serial=f"165{seed:03d}{n:03d}{i:04d}",
                                pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0", nvlink_count=nvlinks)
                 apply_personality(gpu, personality)
+                if gpu.fabric_state is not None:  # one NVLink domain per simulated rack: one cluster, one clique
+                    gpu.fabric_cluster_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"supernode-sim/{rack}/fabric"))
+                    gpu.fabric_clique_id = 1
                 node.gpus.append(gpu)
             self.nodes[name] = node
         zones = leak_zones if leak_zones is not None else {"zone-a": list(self.nodes)}

@@ -9,9 +9,10 @@ from pathlib import Path
 from tests.helpers import REPO
 
 # What remediation may use from exporters: the shared model, file reading and validation (with its error), the
-# control primitives it acts through, and NVIDIA's XID catalogue (data the GPU fault judge reads, no collector).
+# control primitives it acts through, NVIDIA's XID catalogue (data the GPU fault judge reads, no collector), and the
+# fabric registration read (one reader for the metrics and the resume gate, no collector state).
 REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.safe_yaml", "exporters.gpu.nvml_control",
-                          "exporters.errors", "exporters.gpu.xid_catalogue"}
+                          "exporters.errors", "exporters.gpu.xid_catalogue", "exporters.gpu.nvml_fabric"}
 
 
 def imports(path: Path, module_level_only: bool = False) -> set[str]:

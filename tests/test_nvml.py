@@ -137,7 +137,9 @@ def test_not_supported_is_reported_once_and_not_asked_again(sim, model):
     assert {(r.spec.name, r.labels.get("sensor")) for r in unsup} == {
         (M.ENERGY.name, None), (M.TEMPERATURE.name, "memory"),
         # NVLink5 fields on an NVLink4 GPU, and C2C counters on a GPU without C2C, also answered once
-        (M.NVLINK_ERRORS.name, None), (M.NVLINK_BER.name, None), (M.C2C_ERRORS.name, None)}
+        (M.NVLINK_ERRORS.name, None), (M.NVLINK_BER.name, None), (M.C2C_ERRORS.name, None),
+        # and the NVLink fabric registration the twin's H100 has none of
+        (M.FABRIC_STATE.name, None)}
     assert all(math.isnan(r.value) for r in unsup)
     for later in (second, third):
         assert not [r for r in later.readings if r.quality is Quality.UNSUPPORTED]

@@ -119,8 +119,10 @@ def test_h100_keeps_the_legacy_counters_and_drops_nvlink5_once(gb200):
     assert not values(first, M.NVLINK_BER)
     nvlink5 = [f for f in load_profile().nvlink_fields if f.name.startswith("NVML_FI_DEV_NVLINK_COUNT_")]
     unsup = [r for r in first.readings if r.quality is Quality.UNSUPPORTED]
-    assert len(unsup) == (len(nvlink5) + 3) * GPUS  # and the three C2C counters: an H100 SXM has no C2C link
+    # and the three C2C counters (an H100 SXM has no C2C link) and the fabric registration (the twin's H100 has none)
+    assert len(unsup) == (len(nvlink5) + 3 + 1) * GPUS
     assert sum(r.spec is M.C2C_ERRORS for r in unsup) == 3 * GPUS
+    assert sum(r.spec is M.FABRIC_STATE for r in unsup) == GPUS
     assert not [r for r in second.readings if r.quality is Quality.UNSUPPORTED]
     assert not math.isnan(one(second, M.NVLINK_ERRORS, gpu="1", link="4", type="replay"))
 

@@ -100,6 +100,10 @@ def test_capture_round_trips_through_the_exporter(name):
             assert one(res, M.REMAP_FAILURE, gpu=gpu) == {"No": 0.0, "Yes": 1.0}[rows["Remapping Failure Occurred"]]
             assert one(res, M.PCIE_REPLAYS, gpu=gpu) == int(_value(raw, "PCI/Replays Since Reset"))
             assert one(res, M.PERSISTENCE, gpu=gpu) == {"Enabled": 1.0, "Disabled": 0.0}[_value(raw, "Persistence Mode")]
+            # the Fabric section: Completed/Success (HGX H100, H200) or N/A (standalone GH200: no fabric, no gate)
+            state = {"Completed": "completed", "N/A": "not_supported"}[_value(raw, "Fabric/State")]
+            assert one(res, M.FABRIC_STATE, gpu=gpu, state=state) == 1.0, (name, gpu)
+            assert not [r for r in res.readings if r.spec is M.FABRIC_HEALTH and r.labels["gpu"] == gpu]  # N/A
             c2c = [r for r in res.readings if r.spec is M.C2C_ERRORS and r.labels["gpu"] == gpu and r.ok]
             assert len(c2c) == (3 if raw.get("GPU C2C Mode") == "Enabled" else 0), (name, gpu)
     assert not [r for r in second.readings if r.quality is Quality.UNSUPPORTED]

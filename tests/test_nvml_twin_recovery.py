@@ -57,16 +57,21 @@ def recovery_action(twin: NvmlTwin, index: int) -> int:
     return fv.value.uiVal
 
 
-def collect(twin: NvmlTwin) -> dict[tuple[str, tuple], float]:
-    """One poll of the GPU collector in-process against the twin: (family, sorted labels) -> value."""
+def poll(twin: NvmlTwin, gpus: int = GPUS, links: int = LINKS) -> Any:
+    """One poll of the GPU collector in-process against the twin: its PollResult."""
     async def once() -> Any:
-        src = NvmlSource(twin, GPUS, LINKS, call_timeout=5.0, xid_events=False, gpu_timeout=4.0)
+        src = NvmlSource(twin, gpus, links, call_timeout=5.0, xid_events=False, gpu_timeout=4.0)
         try:
             return await src.poll()
         finally:
             await src.close()
 
-    res = asyncio.run(once())
+    return asyncio.run(once())
+
+
+def collect(twin: NvmlTwin) -> dict[tuple[str, tuple], float]:
+    """One poll of the GPU collector in-process against the twin: (family, sorted labels) -> value."""
+    res = poll(twin)
     return {(r.spec.name, tuple(sorted((k, v) for k, v in r.labels.items() if k != "uuid"))): r.value
             for r in res.readings if r.ok}
 

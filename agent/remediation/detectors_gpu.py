@@ -150,6 +150,38 @@ class GpuDetectors(DetectorBase):
                               detail={"errors_per_second": round(rate, 3), "links_down": links_down,
                                       "links_ber_high": links_ber})
 
+    def _gpu_fabric(self, snap: Snapshot) -> Iterator[Observation]:
+        """Per GPU with an NVLink fabric: off it (registration not completed, or completed with a failed status), or
+        its routes unhealthy (health mask route_unhealthy): such a GPU runs no multi-node NVLink work, though
+        its links may read up. Critical: every multi-node job on the domain that lands on it fails.
+
+        Not fired for degraded_bandwidth, route_recovery or access_timeout_recovery alone: the fabric still
+        carries the GPU's traffic (at reduced bandwidth, or recovering by itself), and a switch-side fault
+        sets them on every GPU of the domain at once, where draining every tray would be the wrong answer
+        (the rack's attribution, nvlink_switch_fault, speaks for those; they are exported and in the detail).
+        A GPU that reads state not_supported has no fabric: no observation."""
+        current: dict[tuple[str, str], str] = {}
+        for r in snap.select("supernode_gpu_fabric_state"):
+            if r.ok and r.value >= 0.5:
+                current[(_node(r, self.ctx), r.label("gpu"))] = r.label("state")
+        status: dict[tuple[str, str], float] = {}
+        for r in snap.select("supernode_gpu_fabric_status_code"):
+            if r.ok:
+                status[(_node(r, self.ctx), r.label("gpu"))] = r.value
+        health: dict[tuple[str, str], list[str]] = {}
+        for r in snap.select("supernode_gpu_fabric_health"):
+            if r.ok and r.value >= 0.5:
+                health.setdefault((_node(r, self.ctx), r.label("gpu")), []).append(r.label("condition"))
+        for key, state in sorted(current.items()):
+            if state == "not_supported":
+                continue
+            code = status.get(key, 0.0)
+            conditions = sorted(health.get(key, []))
+            off = state != "completed" or code != 0
+            cond = off or "route_unhealthy" in conditions
+            yield Observation("gpu_fabric_degraded", targets_of(node=key[0], gpu=key[1]), "critical", cond,
+                              detail={"state": state, "status": int(code), "health": conditions})
+
     def _link_error_rates(self, errors: Iterable[Reading]) -> dict[tuple[str, str, str], float]:
         """(node, gpu, link) -> the summed rate of its counted error types."""
         types = set(self.s.nvlink_error_types)

@@ -88,6 +88,9 @@ class DetectorSettings(_Strict):
         description="supernode_nvlink_errors_total types that count towards the rate.")
     nvlink_effective_ber: float = Field(default=1e-12, gt=0, description="NVLink5 effective BER above this fires.")
     nvlink_errors: Hold = Hold(fire_seconds=5.0, clear_seconds=60.0)
+    # A GPU off its NVLink fabric (registration not completed, or failed): a minute covers a re-registration after a
+    # GPU reset or a fabric manager restart, which ends on its own in seconds; off it longer, it is drained.
+    gpu_fabric_degraded: Hold = Hold(fire_seconds=60.0, clear_seconds=30.0)
     optic_flaps: int = Field(default=3, ge=1, description="Flaps within optic_flap_window_seconds fire optic_degraded.")
     optic_flap_window_seconds: float = Field(default=300.0, gt=0)
     optic_symbol_error_rate_per_second: float = Field(default=1.0, gt=0)

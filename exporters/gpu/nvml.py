@@ -41,6 +41,7 @@ from typing import Any, Mapping
 from exporters.gpu import nvml_metrics as M
 from exporters.base import BlockingCaller, EventStream, HeldCounters, off_loop
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
+from exporters.gpu.nvml_fabric import HEALTH_FALSE, HEALTH_TRUE, FabricReader
 from exporters.gpu.nvml_lanes import GpuLanes
 from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_profile
 from exporters.gpu.xid_actions import immediate_actions
@@ -200,6 +201,7 @@ class NvmlSource:
         self._timeout_error = lib.NVMLError_Timeout
         self._initialized = False
         self._temp_v = True  # cleared once the driver turns out to lack nvmlDeviceGetTemperatureV
+        self._fabric = FabricReader(lib)
         self._system: tuple[str, str] = ("", "")
         self._static: dict[str, dict[str, Any]] = {}  # uuid -> facts read once
         self._plans: dict[tuple[int, str], _GpuPlan] = {}  # (index, uuid) -> what each cycle reuses
@@ -386,6 +388,7 @@ class NvmlSource:
             c.add(M.PERSISTENCE, 1.0 if v == lib.NVML_FEATURE_ENABLED else 0.0)
         self._read_fields(c, h, counters=False)
         self._read_links(c, h, counters=False)
+        self._read_fabric(c, h)
         if self._held.due(key, cycle):
             start = len(c.out)
             self._read_counters(c, h)
@@ -415,6 +418,55 @@ class NvmlSource:
         self._read_pcie_link(c, h)
         self._read_fields(c, h, counters=True)
         self._read_links(c, h, counters=True)
+        self._read_remote(c, h)
+
+    def _read_fabric(self, c: _GpuCycle, h: Any) -> None:
+        """The GPU's NVLink fabric registration, every cycle: one call per GPU, and what a drained node's resume
+        waits for (exporters/gpu/nvml_fabric.py). A GPU without a fabric reads state not_supported and nothing else."""
+        f = c.ask("nvmlDeviceGetGpuFabricInfoV", M.FABRIC_STATE, self._fabric.read, h)
+        if f is None:
+            return
+        states = self._p.fabric_states
+        if f.state not in {s.id for s in states}:
+            c.error("nvmlDeviceGetGpuFabricInfoV", ValueError(f"state: unknown NVML_GPU_FABRIC_STATE value {f.state}"))
+            return
+        for s in states:
+            c.add(M.FABRIC_STATE, 1.0 if f.state == s.id else 0.0, c.with_("state", s.label))
+        if not f.has_fabric:
+            return
+        c.add(M.FABRIC_STATUS, f.status)
+        c.add(M.FABRIC_CLIQUE, 1.0, c.with_("cluster_uuid", f.cluster_uuid, "clique_id", str(f.clique_id)))
+        for cond in self._p.fabric_health:
+            v = f.condition(cond.id)
+            if v in (HEALTH_TRUE, HEALTH_FALSE):  # 0 (not supported) or a value nvml.h does not define: no series
+                c.add(M.FABRIC_HEALTH, 1.0 if v == HEALTH_TRUE else 0.0, c.with_("condition", cond.label))
+
+    def _read_remote(self, c: _GpuCycle, h: Any) -> None:
+        """What each NVLink reaches (remote device type, and PCI bus id where the driver gives one), with the error
+        counters: it changes only when the fabric is recabled or the driver reloads, and costs two calls per link."""
+        lib, unsup = self._lib, self._unsupported
+        if (c.uuid, "nvmlDeviceGetNvLinkState") in unsup:
+            return  # no NVLink
+        types = {t.id: t.label for t in self._p.nvlink_remote_types}
+        pci_key = "nvmlDeviceGetNvLinkRemotePciInfo"
+        for link, s in enumerate(self._links):
+            t = c.ask("nvmlDeviceGetNvLinkRemoteDeviceType", M.NVLINK_REMOTE, lib.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+            if t is None:
+                if (c.uuid, "nvmlDeviceGetNvLinkRemoteDeviceType") in unsup:
+                    return  # said once, with the GPU's labels
+                continue
+            bus = ""
+            if (c.uuid, pci_key) not in unsup:
+                try:
+                    bus = _text(lib.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+                except self._not_supported:  # the remote's type is still worth its series: no reading of its own
+                    unsup.add((c.uuid, pci_key))
+                except self._lost:
+                    raise
+                except self._nvml_error as e:
+                    c.error(pci_key, e)
+            c.add(M.NVLINK_REMOTE, 1.0, c.with_("link", s, "remote_type", types.get(int(t), "unknown"),
+                                                "remote_pci_bus_id", bus))
 
     def _read_pcie_link(self, c: _GpuCycle, h: Any) -> None:
         """The PCIe link's trained and maximum width and generation, with the error counters: a link trains at

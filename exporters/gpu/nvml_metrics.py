@@ -52,11 +52,28 @@ RECOVERY = gauge("supernode_gpu_recovery_action", "1 for the driver's current re
 C2C_ERRORS = counter("supernode_gpu_c2c_errors_total",
                      "Chip-to-chip (Grace-GPU C2C) link errors of the GPU, by type (NVML fields 231-233).", G + ("type",))
 
+FABRIC_STATE = gauge("supernode_gpu_fabric_state",
+                     "NVLink fabric registration of the GPU as a state set: 1 for the current state (not_supported, "
+                     "not_started, in_progress, completed), 0 for the others (nvmlDeviceGetGpuFabricInfoV).",
+                     G + ("state",))
+FABRIC_STATUS = gauge("supernode_gpu_fabric_status_code",
+                      "NVML return code of the GPU's fabric registration (0: success); only where the GPU has a fabric.", G)
+FABRIC_HEALTH = gauge("supernode_gpu_fabric_health",
+                      "1 while the fabric health-mask condition holds for the GPU, 0 while it does not; no series where "
+                      "the driver reports the condition not supported.", G + ("condition",))
+FABRIC_CLIQUE = info("supernode_gpu_fabric_clique_info",
+                     "The NVLink fabric the GPU is registered in: cluster UUID and clique id (value 1).",
+                     G + ("cluster_uuid", "clique_id"))
+
 NVLINK_UP = gauge("supernode_nvlink_up", "1 if the NVLink is active.", L)
 NVLINK_ERRORS = counter("supernode_nvlink_errors_total", "NVLink errors per link, by type.", L + ("type",))
 NVLINK_BER = gauge("supernode_nvlink_bit_error_rate", "NVLink5 bit error rate per link (errors per bit).", L + ("kind",), "ratio")
 NVLINK_TX = counter("supernode_nvlink_transmit_bytes_total", "NVLink data bytes transmitted per link.", L, "bytes")
 NVLINK_RX = counter("supernode_nvlink_receive_bytes_total", "NVLink data bytes received per link.", L, "bytes")
+
+NVLINK_REMOTE = info("supernode_nvlink_remote_info",
+                     "What each NVLink reaches (value 1): remote device type (switch, gpu, ibmnpu, unknown) and its PCI "
+                     "bus id where the driver gives one (empty otherwise).", L + ("remote_type", "remote_pci_bus_id"))
 
 NVLINK_BY_METRIC = {"errors": NVLINK_ERRORS, "bit_error_rate": NVLINK_BER,
                     "transmit_bytes": NVLINK_TX, "receive_bytes": NVLINK_RX}
@@ -64,4 +81,4 @@ NVLINK_BY_METRIC = {"errors": NVLINK_ERRORS, "bit_error_rate": NVLINK_BER,
 ALL = (GPU_INFO, GPU_UP, GPU_HUNG, TEMPERATURE, THRESHOLD, POWER, ENERGY, POWER_LIMIT, UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
        CLOCK, CLOCK_EVENT, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILURE, PERSISTENCE, PCIE_REPLAYS, XID, LAST_XID, RECOVERY,
        C2C_ERRORS, NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX,
-       PCIE_WIDTH, PCIE_GENERATION)
+       PCIE_WIDTH, PCIE_GENERATION, FABRIC_STATE, FABRIC_STATUS, FABRIC_HEALTH, FABRIC_CLIQUE, NVLINK_REMOTE)

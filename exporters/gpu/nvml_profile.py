@@ -60,6 +60,9 @@ class NvmlProfile:
     c2c_fields: tuple[Named, ...]
     nvlink_error_counters: tuple[Named, ...]
     xid_event_types: tuple[Named, ...]
+    fabric_states: tuple[Named, ...] = ()
+    fabric_health: tuple[Named, ...] = ()
+    nvlink_remote_types: tuple[Named, ...] = ()
 
     @property
     def xid_event_mask(self) -> int:
@@ -72,7 +75,8 @@ class NvmlProfile:
         """(path, pynvml name, id) for every entry: what the profile test checks against pynvml."""
         out: list[tuple[str, str, int]] = []
         for section in ("temperature_thresholds", "clock_event_reasons", "recovery_actions", "c2c_fields",
-                        "nvlink_error_counters", "xid_event_types"):
+                        "nvlink_error_counters", "xid_event_types", "fabric_states", "fabric_health",
+                        "nvlink_remote_types"):
             out += [(f"{section}.{n.label}", n.name, n.id) for n in getattr(self, section)]
         out += [(f"gpu_fields.{k}", n.name, n.id) for k, n in self.gpu_fields.items()]
         out += [(f"nvlink_fields[{i}]", f.name, f.id) for i, f in enumerate(self.nvlink_fields)]
@@ -143,4 +147,7 @@ def load_profile(path: Path = DEFAULT_PROFILE) -> NvmlProfile:
         c2c_fields=_named("c2c_fields", raw.get("c2c_fields")),
         nvlink_error_counters=_named("nvlink_error_counters", raw.get("nvlink_error_counters")),
         xid_event_types=_named("xid_event_types", raw.get("xid_event_types")),
+        fabric_states=_named("fabric_states", raw.get("fabric_states")),
+        fabric_health=_named("fabric_health", raw.get("fabric_health")),
+        nvlink_remote_types=_named("nvlink_remote_types", raw.get("nvlink_remote_types")),
     )
