@@ -101,7 +101,8 @@ def set_driver_hang(model: RackModel, node: str, seconds: float) -> str:
 def set_unsupported(model: RackModel, node: str, gpu: int, names: Iterable[str]) -> str:
     """These pynvml function names or NVML_FI_* field names answer NotSupported."""
     with model.lock:
-        model.gpu(node, gpu).unsupported = set(names)
+        g = model.gpu(node, gpu)
+        g.unsupported = set(g.base_unsupported) | set(names)
     return f"{node} gpu {gpu} unsupported={sorted(set(names))}"
 
 
@@ -199,7 +200,7 @@ def reboot_node(model: RackModel, node: str) -> str:
         for g in n.gpus:
             g.lost = g.missing = False
             g.hang_seconds = 0.0
-            g.unsupported = set()
+            g.unsupported = set(g.base_unsupported)  # the model's own NotSupported answers stay
             g.xid_faults = []
             g.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
             g.remap_pending = False
@@ -249,7 +250,7 @@ def clear_gpu_faults(model: RackModel, node: str | None = None, gpu: int | None 
         for g in gpus:
             g.lost = g.missing = False
             g.hang_seconds = 0.0
-            g.unsupported = set()
+            g.unsupported = set(g.base_unsupported)  # the model's own NotSupported answers stay
             g.thermal_extra_c = 0.0
             g.nvlink_error_rate = {}
             g.nvlink_up = [True] * g.nvlink_count

@@ -50,4 +50,5 @@ def apply(gpu: Any, personality: str) -> None:
         raise ValueError(f"gpu personality: expected one of {', '.join(PERSONALITIES)}, got {personality!r}") from None
     for key, value in p.items():
         setattr(gpu, key, set(value) if key == "unsupported" else list(value) if isinstance(value, list) else value)
+    gpu.base_unsupported = frozenset(p["unsupported"])  # what a clear or a reboot comes back to
     gpu.power_w = min(gpu.power_w, gpu.power_limit_mw / 1000)

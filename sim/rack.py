@@ -71,6 +71,7 @@ class GpuState:
     nvlink_version: int = 6  # NVML_NVLINK_VERSION_* (6 = NVLink4 as on H100, 7 = NVLink5: BER and symbol-error fields)
     hang_seconds: float = 0.0  # calls on this GPU block this long (simulates a wedged driver)
     unsupported: set[str] = field(default_factory=set)  # pynvml function/field names answering NotSupported
+    base_unsupported: frozenset[str] = frozenset()  # what the GPU model itself never supports (its personality)
     thermal_extra_c: float = 0.0  # injected: extra heat (blocked cold plate)
     # injected: a clock slowdown the GPU reports with these NVML reasons (hw_slowdown, hw_power_brake; empty with
     # slow_clock_ratio < 1: clocks held down with no reason given) and the share of its SM clock it keeps

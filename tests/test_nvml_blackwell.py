@@ -79,6 +79,20 @@ def test_gb200_personality_is_nvlink5_without_the_legacy_api(gb200):
     assert set(PERSONALITIES) == {"h100", "gb200"}
 
 
+def test_a_cleared_or_rebooted_gb200_still_lacks_the_legacy_nvlink_api(gb200):
+    """What the model never supports comes back after `sim clear`, a reboot and an injected NotSupported."""
+    from sim.nvml_faults import clear_gpu_faults, reboot_node, set_unsupported
+
+    set_unsupported(gb200, NODE, 0, ["nvmlDeviceGetPowerUsage"])
+    g = gb200.gpu(NODE, 0)
+    assert {"nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetPowerUsage"} <= g.unsupported
+    clear_gpu_faults(gb200)
+    assert "nvmlDeviceGetNvLinkErrorCounter" in g.unsupported and "nvmlDeviceGetPowerUsage" not in g.unsupported
+    set_unsupported(gb200, NODE, 0, ["nvmlDeviceGetPowerUsage"])
+    reboot_node(gb200, NODE)
+    assert g.unsupported == set(PERSONALITIES["gb200"]["unsupported"])
+
+
 def test_gb200_exports_nvlink5_counters_and_no_notsupported_storm(gb200):
     """Legacy types are `unsupported` once per GPU (not per link, not per cycle); NVLink5 counters and the BER ratio flow."""
     for sim in serve(gb200):
