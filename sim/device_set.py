@@ -96,9 +96,9 @@ def demo_inventory(sim: "Simulator", node: str, cfg: dict[str, Any]) -> None:
     imex = sim.devices.get("imex")
     if imex is not None and sim.model.nodes[node].gpus and sim.model.nodes[node].gpus[0].architecture == "GB200":
         # A GB200 tray runs an IMEX daemon: the agent asks the simulator's stand-in for nvidia-imex-ctl.
-        # Each poll starts the stand-in twice (a Python process each): an 18-tray demo on 2 cores polls slowly.
+        # Each poll starts the stand-in twice (a Python process, ~60 ms of CPU): the demo polls IMEX slowly.
         small = len(sim.model.nodes) <= 4
-        src["imex"] = {"enabled": True, "interval": 2.0 if small else 15.0, "timeout": 2.0 if small else 5.0,
+        src["imex"] = {"enabled": True, "interval": 5.0 if small else 15.0, "timeout": 3.0 if small else 5.0,
                        "command": [sys.executable, "-m", "sim.imex_ctl", str(imex.root), node]}
 
     from sim.modbus_devices import SimModbusDevice

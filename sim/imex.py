@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.faults import FaultError, Param, fault
+from sim.imex_ctl import STATE_FILE
 from sim.rack import RackModel
 
 if TYPE_CHECKING:
     from sim.server import Simulator
 
-STATE_FILE = "domain.json"
 
 
 def node_ip(index: int) -> str:

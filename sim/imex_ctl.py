@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim.imex import STATE_FILE
+STATE_FILE = "domain.json"  # what sim/imex.py writes; kept here so the tool imports nothing of the simulator
 
 LEGEND = """Connectivity Table Legend:
 I - Invalid - Node wasn't reachable, no connection status available
