@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 CATALOGUE = REPO / "docs" / "metrics.md"
 # Which source fills a family, by the module that declares it (first matching prefix wins).
 SOURCES = (("exporters.gpu", "nvml"), ("exporters.cooling", "modbus"), ("exporters.power", "snmp"),
-           ("exporters.redfish", "redfish"),
+           ("exporters.redfish", "redfish"), ("exporters.imex", "imex (nvidia-imex-ctl)"),
            ("exporters.links.dom", "links (ethtool -m)"), ("exporters.links", "links (sysfs)"),
            ("agent.remediation", "remediation"), ("agent.derived", "derived"), ("agent", "agent"))
 PACKAGES = ("exporters", "agent")

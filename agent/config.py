@@ -415,6 +415,19 @@ class DomSettings(SourceSettings):
         "Seconds one module read may take; a slower module is a partial error."))
 
 
+class ImexSettings(SourceSettings):
+    """IMEX (GB200 multi-node NVLink): off by default, a node without the IMEX package would read it down."""
+
+    enabled: bool = Field(default=False, description=(
+        "Run nvidia-imex-ctl (-q and -N -j -H) each poll: the local IMEX daemon's state and its domain's."))
+    interval: float = Field(default=10.0, gt=0, le=3600, description="Seconds between polls.")
+    timeout: float = Field(default=3.0, gt=0, le=600, description=(
+        "Seconds each nvidia-imex-ctl run may take; a slower one is killed."))
+    command: list[Annotated[str, Field(min_length=1)]] = Field(default=["nvidia-imex-ctl"], min_length=1, description=(
+        "The tool as an argument list (e.g. [nvidia-imex-ctl, -c, /etc/nvidia-imex/config.cfg]); the source "
+        "adds -q and -N -j -H."))
+
+
 class Sources(Strict):
     nvml: NvmlSettings = NvmlSettings()
     # Each source's defaults live in its settings class, so a partial section keeps the others' defaults.
@@ -424,6 +437,7 @@ class Sources(Strict):
     leak: LeakSourceSettings = LeakSourceSettings()
     pdu: PduSourceSettings = PduSourceSettings()
     redfish: RedfishSourceSettings = RedfishSourceSettings()
+    imex: ImexSettings = ImexSettings()
     stale_after_intervals: float = Field(default=2.0, ge=1.0, description=(
         "Drop a source's readings after this many missed intervals."))
     sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")

@@ -180,7 +180,16 @@ def _redfish(loaded: LoadedConfig) -> list[ScheduledSource]:
     return out
 
 
-BUILDERS: list[Callable[[LoadedConfig], list[ScheduledSource]]] = [_nvml, _links, pdu_sources, _redfish]
+def _imex(loaded: LoadedConfig) -> list[ScheduledSource]:
+    s = loaded.config.sources.imex
+    if not s.enabled:
+        return []
+    from exporters.imex.imex import ImexSource
+
+    return [ScheduledSource(ImexSource(s.command, timeout=s.timeout), s)]
+
+
+BUILDERS: list[Callable[[LoadedConfig], list[ScheduledSource]]] = [_nvml, _links, pdu_sources, _redfish, _imex]
 
 
 def build_sources(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | None = None) -> list[ScheduledSource]:

@@ -190,9 +190,31 @@ def gpus() -> Dashboard:
     ])
 
 
+def nvlink_domain_matrix() -> Table:
+    """The NVLink domain as one matrix: a row per compute tray, a column per NVSwitch chip (NVLink index k of every
+    GPU reaches chip k on GB200 NVL72), each cell the worst link of that index over the tray's GPUs (min of
+    supernode_nvlink_up: 0 when any GPU's link k is down). A red column is one switch chip (or its tray, chips 2j and
+    2j+1); a red row is one compute tray. Columns are named `chip NN` (zero-padded, so they sort as numbers)."""
+    chip = ('label_replace(label_replace(min by (rack, node, link) (supernode_nvlink_up{%s}), '
+            '"chip", "chip 0$1", "link", "([0-9])"), "chip", "chip $1", "link", "([0-9]{2,})")' % NODE)
+    panel = Table(
+        title="NVLink domain: trays x switch chips (worst link per tray)", dataSource=DS, unit="bool_on_off",
+        targets=[Target(expr=f"max by (rack, node, chip) ({chip})", legendFormat="{{node}} {{chip}}", refId="A",
+                        datasource=DS, instant=True, format="table")],
+        description=("A row per compute tray, a column per NVSwitch chip (= NVLink index): Off when any GPU of the "
+                     "tray has that link down. A column of Off is a switch chip (chips 2j, 2j+1: switch tray j+1), "
+                     "not the trays; a row of Off is the tray."),
+        displayMode="color-background", thresholds=_steps([(RED, None), (GREEN, 1)]),
+        transformations=[{"id": "groupingToMatrix",
+                          "options": {"rowField": "node", "columnField": "chip", "valueField": "Value"}}])
+    panel.extraJson = {"fieldConfig": {"defaults": {"custom": {"cellOptions": {"type": "color-background"}}}}}
+    return panel
+
+
 def links() -> Dashboard:
     lnk = "{{node}} gpu{{gpu}} link{{link}}"
     return dashboard("supernode-links", "Supernode / NVLink and network", [
+        nvlink_domain_matrix(),
         states("NVLink state per GPU (On = all its links up)", "bool_on_off", [
             (f"min by (rack, node, gpu) (supernode_nvlink_up{{{NODE}}})", "{{node}} gpu{{gpu}}")],
             "One row per GPU (72 on an NVL72 rack); which link is down: the NVLinks-down panel and its labels."),

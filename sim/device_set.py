@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from sim.devices import SimDevice
@@ -21,6 +22,9 @@ def build_devices(sim: "Simulator") -> list[SimDevice]:
     for node in sim.model.nodes:
         devices.append(SimLinkTree(sim.model, node, base_dir=sim.workdir / "links"))
     devices.extend(redfish_devices(sim))
+    from sim.imex import SimImexDomain  # registers the imex-down / imex-peer-down faults
+
+    devices.append(SimImexDomain(sim.model, sim.workdir / "imex"))
     return devices
 
 
@@ -88,6 +92,14 @@ def demo_inventory(sim: "Simulator", node: str, cfg: dict[str, Any]) -> None:
         src["sysfs_root"] = str(tree.root)
         src["links"] = {"interval": 1.0, "timeout": 1.0}
         src["dom"] = {"interval": 5.0, "timeout": 4.0, "dom_dir": str(tree.dom_dir)}
+
+    imex = sim.devices.get("imex")
+    if imex is not None and sim.model.nodes[node].gpus and sim.model.nodes[node].gpus[0].architecture == "GB200":
+        # A GB200 tray runs an IMEX daemon: the agent asks the simulator's stand-in for nvidia-imex-ctl.
+        # Each poll starts the stand-in twice (a Python process, ~60 ms of CPU): the demo polls IMEX slowly.
+        small = len(sim.model.nodes) <= 4
+        src["imex"] = {"enabled": True, "interval": 5.0 if small else 15.0, "timeout": 3.0 if small else 5.0,
+                       "command": [sys.executable, "-m", "sim.imex_ctl", str(imex.root), node]}
 
     from sim.modbus_devices import SimModbusDevice
 

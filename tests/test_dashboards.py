@@ -250,10 +250,15 @@ def _exposition(start: float) -> bytes:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """Serves `body()` as Prometheus text at every path."""
+
     start = time.time()
 
+    def body(self) -> bytes:
+        return _exposition(self.start)
+
     def do_GET(self):  # noqa: N802 (http.server naming)
-        body = _exposition(self.start)
+        body = self.body()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))
@@ -287,6 +292,49 @@ def test_every_query_returns_data_from_a_live_prometheus(tmp_path):
             assert empty == [], "queries without data:\n" + "\n".join(empty)
             # The check bites: a query on a metric no one exports comes back empty.
             assert prom.query('supernode_no_such_metric{rack=~"r01"}') == []
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _TrayHandler(_Handler):
+    """Three compute trays of 2 GPUs x 18 NVLinks, one per path: link 7 down on one GPU of every tray (switch chip 7),
+    link 12 down on node n02's GPU 0 only (a tray-side fault)."""
+
+    def body(self) -> bytes:
+        tray = self.path.strip("/")
+        lines = []
+        for gpu in ("0", "1"):
+            for link in range(18):
+                down = (link == 7 and gpu == "1") or (tray == "n02" and gpu == "0" and link == 12)
+                lines.append(f'supernode_nvlink_up{{gpu="{gpu}",link="{link}"}} {0 if down else 1}')
+        return ("\n".join(lines) + "\n").encode()
+
+
+def test_the_nvlink_domain_matrix_shows_a_switch_chip_as_a_column(tmp_path):
+    """The matrix panel: a row per tray (groupingToMatrix rows = node), a column per switch chip (columns = chip,
+    zero-padded), each cell the worst link of that index over the tray's GPUs: chip 07 Off on every tray,
+    chip 12 Off on n02 only, every other cell On."""
+    panel = next(p for p in _dashboards()["nvlink-network"]["panels"] if p["title"].startswith("NVLink domain"))
+    assert panel["type"] == "table" and panel["fieldConfig"]["defaults"]["unit"] == "bool_on_off"
+    [matrix] = [t["options"] for t in panel["transformations"] if t["id"] == "groupingToMatrix"]
+    assert (matrix["rowField"], matrix["columnField"], matrix["valueField"]) == ("node", "chip", "Value")
+    assert [s["color"] for s in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]] == ["red", "green"]
+    [target] = panel["targets"]
+    assert target["instant"] and target["format"] == "table"
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _TrayHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    target_addr = f"127.0.0.1:{server.server_address[1]}"
+    scrape = [{"job_name": f"tray-{n}", "metrics_path": f"/{n}", "static_configs": [
+        {"targets": [target_addr], "labels": {"rack": "r01", "node": n}}]} for n in ("n01", "n02", "n03")]
+    try:
+        with prometheus_server(tmp_path / "prom", scrape) as prom:
+            expr = _concrete(target["expr"])
+            wait_for(lambda: len(prom.query(expr)) == 3 * 18, timeout=20, interval=0.2, what="every tray scraped")
+            cells = {(r["metric"]["node"], r["metric"]["chip"]): float(r["value"][1]) for r in prom.query(expr)}
+            off = sorted(k for k, v in cells.items() if v == 0)
+            assert off == [("n01", "chip 07"), ("n02", "chip 07"), ("n02", "chip 12"), ("n03", "chip 07")]
+            assert sorted({c for _, c in cells}) == [f"chip {k:02d}" for k in range(18)]
     finally:
         server.shutdown()
         server.server_close()

@@ -216,6 +216,43 @@ def test_a_gpu_shows_its_last_xid_with_the_catalogue_text_and_the_recovery_recom
     assert p.js("return document.querySelector('[data-gpu=\"node01/0\"] .fault')") is None  # GPU 0: nothing
 
 
+def _cell(p: Page, tray: str, chip: int) -> str:
+    return p.js("const c = document.querySelector(`#nvlink [data-cell=\"${arguments[0]}/${arguments[1]}\"]`);"
+                "return c ? c.className : '';", tray, chip)
+
+
+def test_the_nvlink_domain_matrix_shows_a_switch_column_and_a_tray_cell(page: Page):
+    """Link 5 down on one GPU of each tray is a column (one switch chip): both trays' chip-5 cells read down, and
+    the page says the column points at the switch; errors rising on one link of node01 are that one cell."""
+    p = page
+    p.wait("return document.querySelectorAll('#nvlink [data-cell]').length === 2 * 18", 30,
+           "the matrix: 2 trays x 18 chips")
+    assert _cell(p, "node01", 5) == "cell ok" and _cell(p, "node02", 5) == "cell ok"
+    p.rs.rack.inject("nvlink-down", node="node01", gpu=0, link=5)
+    p.rs.rack.inject("nvlink-down", node="node02", gpu=3, link=5)
+    p.rs.rack.inject("nvlink-errors", node="node01", gpu=2, link=11, rate=50)
+    try:
+        p.wait("return ['node01', 'node02'].every((t) => document.querySelector(`#nvlink [data-cell=\"${t}/5\"]`)"
+               ".classList.contains('down'))", 30, "chip 5 down on both trays (node02 through its agent)")
+        p.wait("return /errors|ber/.test(document.querySelector('#nvlink [data-cell=\"node01/11\"]').className)", 30,
+               "node01's link 11 with errors rising")
+        assert _cell(p, "node02", 11) == "cell ok"  # the errors are node01's only: one cell, not a column
+        assert [k for k in range(18) if _cell(p, "node02", k) != "cell ok"] == [5]
+        assert "down" in p.js("return document.querySelector('#nvlink [data-cell=\"node02/5\"]').title")
+        column = p.text('#nvlink [data-column="5"]')
+        assert "chip 5" in column and "2 of 2 trays" in column and "switch chip" in column
+        assert p.js("return document.querySelector('#nvlink [data-column=\"11\"]')") is None
+        assert p.js("return document.querySelector('#nvlink th[data-chip=\"5\"]').textContent") == "5"
+    finally:  # undo these three faults only: the leak of the tests above stays for the restart test below
+        from sim.nvml_faults import set_nvlink_down
+
+        model = p.rs.rack.sim.model
+        set_nvlink_down(model, "node01", 0, 5, False)
+        set_nvlink_down(model, "node02", 3, 5, False)
+        with model.lock:
+            model.gpu("node01", 2).nvlink_error_rate[11] = 0
+
+
 def test_no_console_error_and_nothing_fetched_from_outside_the_agent(page: Page):
     p = page
     logs = p.d.get_log("browser")

@@ -9,7 +9,7 @@ from agent.remediation.engine import action_id
 from agent.remediation.playbooks import load_playbooks
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot, SourceState
-from agent.status.view import ViewBuilder, coordination, sources, step_states
+from agent.status.view import ViewBuilder, coordination, nvlink_domain, sources, step_states
 from exporters.cooling import modbus_metrics as mm
 from exporters.gpu import nvml_metrics as nm
 from exporters.model import Quality, Reading
@@ -177,3 +177,33 @@ def test_a_gpu_card_carries_the_judges_last_xid_recommendation_and_recovery_take
     assert g1["fault"] == {"xid": 48, "mnemonic": "ROBUST_CHANNEL_GPU_ECC_DBE", "description": "Double Bit ECC Error",
                            "recommended": "reboot", "rule": "reset_failed", "taken": "gpu_reset failed",
                            "taken_why": "reset did not clear the fault"}
+
+
+def _card(*gpus: list[str]) -> dict:
+    return {"gpus": [{"index": str(i), "nvlink": list(links)} for i, links in enumerate(gpus)]}
+
+
+def test_nvlink_domain_matrix_is_the_worst_link_per_tray_and_chip():
+    nodes = [
+        {"name": "node01", "reach": "self", "card": _card(["ok", "down", "ok", "ok"], ["ok", "ok", "errors", "ok"])},
+        {"name": "node02", "reach": "peer", "card": _card(["ok", "down", "ok", "ber"], ["ok", "errors", "ok", "ok"])},
+        {"name": "node03", "reach": "peer", "card": _card(["ok", "ok", "ok"], ["ok", "ok", "ok", "ok"])},
+        {"name": "node04", "reach": "unreachable", "why": "timeout"},  # no card: a row of unknown, never of ok
+    ]
+    m = nvlink_domain(nodes)
+    assert [c["index"] for c in m["chips"]] == [0, 1, 2, 3] and m["switch_trays"] == []
+    rows = {r["node"]: r["cells"] for r in m["rows"]}
+    assert rows["node01"] == ["ok", "down", "errors", "ok"]
+    assert rows["node02"] == ["ok", "down", "ok", "ber"]  # down beats errors, ber beats ok
+    assert rows["node03"] == ["ok", "ok", "ok", "unknown"]  # GPU 0 reported 3 links only: chip 3 is not known ok
+    assert rows["node04"] == ["unknown"] * 4
+    assert [r["node"] for r in m["rows"]] == ["node01", "node02", "node03", "node04"]
+
+
+def test_nvlink_domain_columns_carry_their_switch_tray():
+    trays = [SimpleNamespace(name="switch01", chips=[0, 1]), SimpleNamespace(name="switch02", chips=[3, 2])]
+    m = nvlink_domain([{"name": "node01", "reach": "self", "card": _card(["ok", "ok"])}], trays)
+    assert [(c["index"], c["switch_tray"]) for c in m["chips"]] == [(0, "switch01"), (1, "switch01"),
+                                                                     (2, "switch02"), (3, "switch02")]
+    assert m["switch_trays"] == [{"name": "switch01", "chips": [0, 1]}, {"name": "switch02", "chips": [2, 3]}]
+    assert m["rows"][0]["cells"] == ["ok", "ok", "unknown", "unknown"]

@@ -28,7 +28,7 @@
       if (v === null || v === undefined || v === false) continue;
       if (k === "class") node.className = v;
       else if (k === "onclick") node.addEventListener("click", v);
-      else if (k.startsWith("data-") || ["id", "title", "type", "role"].includes(k) || k.startsWith("aria-"))
+      else if (k.startsWith("data-") || ["id", "title", "type", "role", "colspan", "scope"].includes(k) || k.startsWith("aria-"))
         node.setAttribute(k, String(v));
       else throw new Error("el: attribute not allowed: " + k);
     }
@@ -184,8 +184,9 @@
     replace("incidents", out);
   }
 
+  const SYM = { ok: "\u00B7", down: "\u2715", errors: "!", ber: "B", unknown: "?" };  // an NVLink cell's symbol
+
   function linkCells(states) {
-    const SYM = { ok: "\u00B7", down: "\u2715", errors: "!", ber: "B", unknown: "?" };
     const counts = {};
     for (const st of states) counts[st] = (counts[st] || 0) + 1;
     const summary = Object.entries(counts).map(([k, v]) => v + " " + (k === "ok" ? "up" : k)).join(", ");
@@ -221,6 +222,46 @@
            g.capped ? [" ", badge("warn", "capped", "limit " + g.limit_watts + " W of " + g.default_limit_watts + " W")] : null),
         td("NVLink", g.nvlink.length ? linkCells(g.nvlink) : el("span", { class: "muted" }, "no links reported")));
     });
+  }
+
+  // The NVLink domain as one matrix: a row per compute tray, a column per NVLink index = NVSwitch chip (GB200
+  // NVL72), each cell the worst state of that link over the tray's GPUs (agent/status/view.py nvlink_domain).
+  // A column of red is one switch chip; a row is one tray.
+  function nvlinkSection(s) {
+    const d = s.nvlink_domain;
+    if (!d || !d.chips.length) {
+      replace("nvlink", el("p", { class: "muted" }, "no NVLink reported by this node or its peers"));
+      return;
+    }
+    const head = [];
+    if (d.switch_trays.length) {  // a header row of switch trays over their chips
+      const groups = [];
+      for (const c of d.chips) {
+        const last = groups[groups.length - 1];
+        if (last && last.name === c.switch_tray) last.span += 1;
+        else groups.push({ name: c.switch_tray, span: 1 });
+      }
+      head.push(el("tr", {}, el("th", { scope: "col" }, "switch tray"),
+        groups.map((g) => el("th", { scope: "col", colspan: g.span, "data-switch-tray": g.name }, g.name || "\u2013"))));
+    }
+    head.push(el("tr", {}, el("th", { scope: "col" }, "tray \\ chip"),
+      d.chips.map((c) => el("th", { scope: "col", "data-chip": c.index,
+        title: "NVSwitch chip " + c.index + (c.switch_tray ? " (" + c.switch_tray + ")" : "") + ": NVLink " + c.index + " of every GPU" },
+        String(c.index)))));
+    const rows = d.rows.map((r) => el("tr", { "data-tray": r.node, class: r.reach === "unreachable" ? "muted" : null },
+      el("th", { scope: "row" }, r.node),
+      r.cells.map((st, k) => el("td", { class: "cell " + st, "data-cell": r.node + "/" + k,
+        title: r.node + ", chip " + k + (d.chips[k].switch_tray ? " (" + d.chips[k].switch_tray + ")" : "") + ": " + st },
+        SYM[st] || "?"))));
+    const notes = d.chips.map((c, k) => {
+      const bad = d.rows.filter((r) => r.cells[k] !== "ok" && r.cells[k] !== "unknown");
+      if (bad.length < 2) return null;
+      return el("li", { "data-column": c.index }, "chip " + c.index + (c.switch_tray ? " (" + c.switch_tray + ")" : "") +
+        ": failing on " + bad.length + " of " + d.rows.length + " trays (" + bad.map((r) => r.node).join(", ") +
+        ") \u2014 a column points at the switch chip, not the trays");
+    }).filter((x) => x);
+    replace("nvlink", el("div", { class: "matrix-wrap" }, el("table", { class: "matrix", "aria-label": "NVLink domain: trays by switch chips" },
+      el("thead", {}, head), el("tbody", {}, rows))), notes.length ? el("ul", { class: "plain" }, notes) : null);
   }
 
   // One line on how the rack's agents share their devices and who drives the shared valves and outlets.
@@ -393,6 +434,7 @@
     ["rack", rackSection, (s) => [s.coordination, s.nodes.map((n) => [n.name, n.reach, n.why, n.card && [n.card.gpus,
       n.card.agent, n.card.incidents_open, n.card.sources_failing, n.card.expected_gpus], n.age_seconds !== undefined &&
       n.age_seconds !== null && Math.round(n.age_seconds)])]],
+    ["nvlink", nvlinkSection, (s) => s.nvlink_domain],
     ["power", powerSection, (s) => s.power],
     ["links", linksSection, (s) => s.nodes.map((n) => n.card && n.card.ports)],
     ["sources", sourcesSection, (s) => s.sources.map((x) => [x.source, x.device, x.state, x.why, Math.round(x.age_seconds || 0)])],

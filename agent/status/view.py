@@ -394,3 +394,35 @@ def incidents(engine: Any, rows_by_incident: Mapping[str, list[Any]], now: float
     return {"open": open_, "pending_approvals": pending, "recent": list(reversed(recent)), "mode": engine.mode,
             "breaker_open": engine.guard.breaker_open or engine.rack.breaker_open(),
             "maintenance": engine.maintenance.view()}
+
+
+# Worst first: a cell shows the worst state of that link index over the tray's GPUs.
+_LINK_RANK = {"down": 4, "ber": 3, "errors": 2, "unknown": 1, "ok": 0}
+
+
+def nvlink_domain(nodes: Iterable[Mapping[str, Any]], switch_trays: Iterable[Any] = ()) -> dict[str, Any]:
+    """The NVLink domain as one matrix: a row per compute tray (this node and its peers, from the node cards the
+    page already has), a column per NVLink index, which on GB200 NVL72 is the NVSwitch chip every GPU's link k
+    reaches; each cell the worst state of that link over the tray's GPUs (down > ber > errors > unknown > ok).
+
+    Why a matrix: a failing switch chip reads "link k down" on every tray at once, a column; a failing tray reads
+    on its own row. `switch_trays` (inventory.switch_trays: name and chips) labels the columns by switch tray;
+    without it, by chip only. A tray whose card is missing (agent unreachable, not configured) is a row of
+    `unknown`, never a row of `ok`."""
+    per_node = [(n, [list(g.get("nvlink") or []) for g in (n.get("card") or {}).get("gpus", [])]) for n in nodes]
+    width = max((len(links) for _, gpus in per_node for links in gpus), default=0)
+    trays = []
+    for t in switch_trays:
+        chips = sorted(int(c) for c in (getattr(t, "chips", None) or []))
+        trays.append({"name": str(getattr(t, "name", "")), "chips": chips})
+        width = max(width, max(chips, default=-1) + 1)
+    chip_tray = {c: t["name"] for t in trays for c in t["chips"]}
+
+    def worst(gpus: list[list[str]], k: int) -> str:
+        states = [links[k] if k < len(links) and links[k] in _LINK_RANK else "unknown" for links in gpus]
+        return max(states, key=_LINK_RANK.__getitem__, default="unknown")  # no GPU reported: unknown
+
+    return {"chips": [{"index": k, "switch_tray": chip_tray.get(k, "")} for k in range(width)],
+            "switch_trays": trays,
+            "rows": [{"node": n.get("name", ""), "reach": n.get("reach", ""),
+                      "cells": [worst(gpus, k) for k in range(width)]} for n, gpus in per_node]}
