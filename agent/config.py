@@ -190,17 +190,24 @@ def agent_url(v: str) -> str:
 
 
 AgentUrl = Annotated[str, AfterValidator(agent_url)]
+SWITCH_PROFILE = "dmtf-switch"  # the default profile of a kind switch service (its chassis, sensors, detectors)
+
+
 class RedfishEndpoint(Strict):
-    """A Redfish service the agent reads: a compute tray's BMC (kind tray) or a CDU (kind cdu)."""
+    """A Redfish service the agent reads: a compute tray's BMC (kind tray), a CDU (kind cdu) or an NVLink switch
+    tray's BMC (kind switch, named by an inventory.switch_trays entry)."""
 
     name: str = Field(min_length=1, description="Inventory name; the `bmc` label of its series.")
-    kind: Literal["tray", "cdu"] = Field(description="tray: one node's tray BMC; cdu: a rack CDU's service.")
+    kind: Literal["tray", "cdu", "switch"] = Field(description=(
+        "tray: one node's tray BMC; cdu: a rack CDU's service; switch: an NVLink switch tray's BMC (a shared rack "
+        "device, like a CDU; its leak is a leak of the switch tray's zone)."))
     url: str = Field(description="https://host[:port] of the service (its root is /redfish/v1); https only.")
     node: str | None = Field(default=None, description="kind tray: the node this tray BMC manages.")
     zone: str | None = Field(default=None, description=(
         "Leak zone its detectors report into. Default: for a tray, the one leak zone listing its node (a tray "
         "leak is a leak of that node's own zone); for a CDU, its own name (not an inventory zone: notify only)."))
-    profile: BareName = Field(default="dmtf", description="Profile name under exporters/profiles/redfish/.")
+    profile: BareName = Field(default="dmtf", description=(
+        f"Profile name under exporters/profiles/redfish/ (default: dmtf; {SWITCH_PROFILE} for kind switch)."))
     user: str | None = Field(default=None, description="Account for session login (or Basic).")
     password_secret: str | None = Field(default=None, description="Name in `secrets` holding the password.")
     auth: Literal["session", "basic"] = Field(default="session", description=(
@@ -233,17 +240,43 @@ class RedfishEndpoint(Strict):
             parse_pin(v)
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _switch_profile(cls, data: Any) -> Any:
+        """A switch tray's BMC is read for its chassis health and temperatures too: its own profile by default."""
+        if isinstance(data, dict) and data.get("kind") == "switch" and "profile" not in data:
+            return {**data, "profile": SWITCH_PROFILE}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "RedfishEndpoint":
         if self.kind == "tray" and not self.node:
             raise ValueError("node: required for kind tray (the node whose tray this BMC manages)")
-        if self.kind == "cdu" and self.node:
-            raise ValueError("node: only for kind tray (a CDU serves the rack)")
+        if self.kind != "tray" and self.node:
+            raise ValueError(f"node: only for kind tray (a {self.kind} serves the rack)")
+        if self.kind == "switch" and self.zone is not None:
+            raise ValueError("zone: not for kind switch (its zone is its inventory.switch_trays entry's)")
         if self.ca_file is not None and self.pinned_sha256 is not None:
             raise ValueError("give ca_file or pinned_sha256, not both")
         if (self.user is None) != (self.password_secret is None):
             raise ValueError("user and password_secret go together")
         return self
+
+
+NVSWITCH_CHIPS = 18  # NVSwitch chips of an NVL72 domain: NVLink index k of every GPU reaches chip k
+
+
+class SwitchTray(Strict):
+    """An NVLink switch tray: its NVSwitch chips, the leak zone its coolant endangers, its BMC."""
+
+    name: str = Field(min_length=1, description="Inventory name (switch01...): what incidents and pages call it.")
+    chips: list[Annotated[int, Field(ge=0, lt=NVSWITCH_CHIPS)]] = Field(min_length=1, description=(
+        "NVSwitch chips in this tray (0..17: the NVLink index that reaches each); a GB200 NVL72 tray j holds "
+        "chips 2(j-1) and 2(j-1)+1."))
+    zone: str = Field(min_length=1, description=(
+        "Leak zone (inventory.leak_zones) its leak detectors report into: a switch tray leak drains and caps that "
+        "zone's compute nodes."))
+    bmc: str = Field(min_length=1, description="Name of its BMC in inventory.redfish (kind switch).")
 
 
 class Inventory(Strict):
@@ -258,7 +291,11 @@ class Inventory(Strict):
     leak_zones: list[LeakZone] = Field(default_factory=list)
     pdus: list[Pdu] = Field(default_factory=list)
     redfish: list[RedfishEndpoint] = Field(default_factory=list, description=(
-        "Redfish services: each node's tray BMC (each agent reads its own) and the rack's Redfish CDUs."))
+        "Redfish services: each node's tray BMC (each agent reads its own), the rack's Redfish CDUs and the NVLink "
+        "switch trays' BMCs."))
+    switch_trays: list[SwitchTray] = Field(default_factory=list, description=(
+        "The NVLink switch trays of the rack (an NVL72: 9 trays of 2 NVSwitch chips): read over Redfish as shared "
+        "rack devices (health, temperatures, leak detectors); named by the rack's NVLink attribution."))
     rack_valve: str | None = Field(default=None, description=(
         "cdu:point of the rack's coolant isolation valve: closed (with approval) when more than "
         "remediation.detectors.rack_tray_leaks trays leak at once."))
@@ -268,7 +305,7 @@ class Inventory(Strict):
     def _names_unique(self) -> "Inventory":
         for what, items in (("ports", self.ports), ("cdus", self.cdus), ("leak_zones", self.leak_zones),
                             ("pdus", self.pdus), ("leak_controllers", self.leak_controllers),
-                            ("redfish", self.redfish)):
+                            ("redfish", self.redfish), ("switch_trays", self.switch_trays)):
             seen: set[str] = set()
             for item in items:
                 if item.name in seen:
@@ -281,6 +318,9 @@ class Inventory(Strict):
         unknown = sorted(n for n in self.agent_urls if self.nodes and n not in self.nodes)
         if unknown:
             raise ValueError(f"agent_urls: {unknown} not in inventory.nodes")
+        problems = switch_tray_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def redfish_zone(self, ep: RedfishEndpoint) -> str | None:
@@ -289,8 +329,39 @@ class Inventory(Strict):
             return ep.zone
         if ep.kind == "cdu":
             return ep.name
+        if ep.kind == "switch":
+            return next((t.zone for t in self.switch_trays if t.bmc == ep.name), None)
         zones = [z.name for z in self.leak_zones if ep.node in z.nodes]
         return zones[0] if len(zones) == 1 else None
+
+
+def switch_tray_problems(inv: "Inventory") -> list[str]:
+    """Each switch tray's chips are its own, its zone is a leak zone, its BMC a Redfish service of kind switch;
+    and every kind switch service belongs to one tray (else its leak would report into no zone)."""
+    out: list[str] = []
+    owner: dict[int, str] = {}
+    zones = {z.name for z in inv.leak_zones}
+    services = {e.name: e for e in inv.redfish}
+    bmcs: dict[str, str] = {}
+    for t in inv.switch_trays:
+        where = f"switch_trays.{t.name}"
+        for chip in t.chips:
+            if chip in owner:
+                out.append(f"{where}.chips: chip {chip} is already in {'this tray' if owner[chip] == t.name else owner[chip]}")
+            owner[chip] = t.name
+        if t.zone not in zones:
+            out.append(f"{where}.zone: zone {t.zone!r} not in inventory.leak_zones ({', '.join(sorted(zones)) or 'none'})")
+        ep = services.get(t.bmc)
+        if ep is None:
+            out.append(f"{where}.bmc: {t.bmc!r} not in inventory.redfish")
+        elif ep.kind != "switch":
+            out.append(f"{where}.bmc: inventory.redfish.{t.bmc} is of kind {ep.kind}, expected kind switch")
+        elif t.bmc in bmcs:
+            out.append(f"{where}.bmc: {t.bmc!r} is already the BMC of {bmcs[t.bmc]}")
+        bmcs.setdefault(t.bmc, t.name)
+    out += [f"redfish.{e.name}: kind switch but no inventory.switch_trays entry names it as its bmc"
+            for e in inv.redfish if e.kind == "switch" and e.name not in bmcs]
+    return out
 
 
 class SourceSettings(Strict):

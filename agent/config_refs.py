@@ -77,6 +77,8 @@ def reference_errors(config: "Config") -> list[str]:
 def _redfish_problems(inv, ep, nodes: set[str], zones: set[str]) -> list[str]:
     """A tray must name a node of the rack and report into a zone that lists that node (so its leak drains it)."""
     where = f"inventory.redfish.{ep.name}"
+    if ep.kind == "switch":
+        return []  # its zone is its switch tray's, checked with inventory.switch_trays (agent.config)
     if ep.kind == "cdu":
         if ep.zone is not None and ep.zone not in zones:
             return [f"{where}.zone: zone {ep.zone!r} not in inventory.leak_zones ({_known(zones)})"]

@@ -156,13 +156,15 @@ def _redfish_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ca-file", default=None, help="CA bundle the service's certificate must chain to")
     p.add_argument("--pin", default=None, help="trust exactly the certificate with this SHA-256 fingerprint")
     p.add_argument("--auth", choices=("session", "basic"), default="session")
-    p.add_argument("--kind", choices=("tray", "cdu"), default="tray", help="what the inventory would call it")
+    p.add_argument("--kind", choices=("tray", "cdu", "switch"), default="tray", help="what the inventory would call it")
     p.add_argument("--name", default=None, help="inventory name (the bmc label; default: the URL)")
-    p.add_argument("--profile", default="dmtf", help="profile name (exporters/profiles/redfish/NAME.yaml)")
+    p.add_argument("--profile", default=None, help="profile name (exporters/profiles/redfish/NAME.yaml; default: "
+                                                   "dmtf, dmtf-switch for --kind switch, as the inventory's)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds one request may take")
 
 
 def _probe_redfish(args: argparse.Namespace) -> str:
+    from agent.config import SWITCH_PROFILE
     from exporters.redfish.probe import ProbeError as RedfishProbeError, probe_redfish
 
     if args.ca_file and args.pin:
@@ -171,7 +173,8 @@ def _probe_redfish(args: argparse.Namespace) -> str:
         raise ProbeError("--password-file needs --user")
     try:
         return asyncio.run(probe_redfish(args.target, args.user, _read_secret(args.password_file), args.ca_file,
-                                         args.pin, kind=args.kind, name=args.name, profile=args.profile,
+                                         args.pin, kind=args.kind, name=args.name,
+                                         profile=args.profile or (SWITCH_PROFILE if args.kind == "switch" else "dmtf"),
                                          auth=args.auth, timeout=args.timeout))
     except RedfishProbeError as exc:
         raise ProbeError(str(exc)) from None

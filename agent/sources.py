@@ -136,7 +136,8 @@ def redfish_client(loaded: LoadedConfig, ep: Any, max_connections: int | None = 
 
 
 def polled_redfish(loaded: LoadedConfig) -> list[Any]:
-    """The Redfish services this agent reads: its own tray, the rack's CDUs, every tray if it watches the rack.
+    """The Redfish services this agent reads: its own tray, the rack's CDUs and switch trays (shared devices:
+    coordination says who polls them), every tray if it watches the rack.
 
     Under etcd the leader is elected, so every agent has a source for every tray when watch_rack_trays is on,
     and coordination lets the other trays' sources poll only while this agent leads (agent.coordination);
@@ -145,7 +146,7 @@ def polled_redfish(loaded: LoadedConfig) -> list[Any]:
     me = cfg.agent.node
     elected = cfg.coordination is not None and cfg.coordination.backend == "etcd"
     watch = cfg.sources.redfish.watch_rack_trays and (elected or rack_leader(cfg) == me)
-    return [ep for ep in cfg.inventory.redfish if ep.kind == "cdu" or ep.node == me or watch]
+    return [ep for ep in cfg.inventory.redfish if ep.kind in ("cdu", "switch") or ep.node == me or watch]
 
 
 def push_token_secret(cfg: Any, ep: Any) -> str | None:

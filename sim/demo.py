@@ -116,17 +116,23 @@ def redfish_inventory(sim: Simulator, cfg: dict[str, Any]) -> None:
     """Every tray's BMC and the Redfish CDU the simulator serves, trusted through its run's CA, with its account.
 
     Each agent reads its own tray (a leak there drains and caps that node at once, and asks to power the tray
-    off) and the rack's Redfish CDU; the events arrive over SSE, so a tray leak acts within a fraction of a second.
+    off), the rack's Redfish CDU and its NVLink switch trays (inventory.switch_trays: shared devices, whose leak
+    drains and caps their zone's nodes); the events arrive over SSE, so a tray leak acts within a fraction of a
+    second.
     """
     rf = sim.redfish()
     if not rf:
         return
     cfg["secrets"]["redfish"] = {"file": rf["password_file"]}
     account = {"user": rf["username"], "password_secret": "redfish", "ca_file": rf["ca_file"]}
+    switches = rf.get("switches", {})
     cfg["inventory"]["redfish"] = (
         [{"name": f"bmc-{node}", "kind": "tray", "node": node, "url": url, **account}
          for node, url in rf["bmcs"].items()]
+        + [{"name": sw["bmc"], "kind": "switch", "url": sw["url"], **account} for sw in switches.values()]
         + [{"name": name, "kind": "cdu", "url": url, **account} for name, url in rf["cdus"].items()])
+    cfg["inventory"]["switch_trays"] = [{"name": name, "chips": sw["chips"], "zone": sw["zone"], "bmc": sw["bmc"]}
+                                        for name, sw in switches.items()]
     cfg["sources"]["redfish"] = {"interval": 2.0, "timeout": 1.5}
 
 
@@ -211,6 +217,9 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         rf = sim.redfish()
         for node, bmc in rf.get("bmcs", {}).items():
             print(f"redfish-bmc: {bmc}/redfish/v1/   ({node}'s tray BMC)")
+        for name, sw in rf.get("switches", {}).items():
+            print(f"redfish-switch: {sw['url']}/redfish/v1/   ({name}'s BMC: NVSwitch chips "
+                  f"{', '.join(map(str, sw['chips']))}, {sw['zone']})")
         for name, cdu in rf.get("cdus", {}).items():
             print(f"redfish-cdu: {cdu}/redfish/v1/   ({name})")
         if rf:

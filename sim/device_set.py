@@ -29,10 +29,12 @@ def build_devices(sim: "Simulator") -> list[SimDevice]:
 
 
 def redfish_devices(sim: "Simulator") -> list[SimDevice]:
-    """A Redfish BMC per tray and one Redfish CDU, all behind the run's own CA and one generated account."""
+    """A Redfish BMC per tray, one per NVLink switch tray, and one Redfish CDU, all behind the run's own CA and one
+    generated account."""
     from sim.redfish.cdu import RedfishCdu
     from sim.redfish.pki import SimCA
     from sim.redfish.service import Credentials
+    from sim.redfish.switch_tray import SwitchTrayBmc
     from sim.redfish.tray import TrayBmc
 
     base = sim.workdir / "redfish"
@@ -40,12 +42,14 @@ def redfish_devices(sim: "Simulator") -> list[SimDevice]:
     creds = Credentials.generate(base)
     opts = {"session_timeout": sim.redfish_session_timeout}
     devices: list[SimDevice] = [TrayBmc(sim.model, node, creds, ca, **opts) for node in sim.model.nodes]
+    devices += [SwitchTrayBmc(sim.model, tray, creds, ca, **opts) for tray in sim.model.switch_trays]
     devices.append(RedfishCdu(sim.model, "rfcdu1", creds, ca, **opts))
     return devices
 
 
 def redfish_service(sim: "Simulator", name: str | None) -> Any:
-    """A simulated Redfish service by node (its tray's BMC) or by device name (default: the first node's BMC)."""
+    """A simulated Redfish service by node (its tray's BMC), by switch tray (its BMC) or by device name (default:
+    the first node's BMC)."""
     from sim.faults import FaultError
     from sim.redfish.service import RedfishService
 

@@ -520,6 +520,22 @@ def _tray_sensor_fault(sim: "Simulator", p: dict[str, Any]) -> str:
     return f"{dev.name} {det} sensor fault"
 
 
+@fault("switch-tray-leak", "A moisture detector of an NVLink switch tray (its BMC's Chassis_0) sees water: a leak "
+       "in the switch tray's zone.",
+       Param("tray", str, True, None, "switch tray (switch01...)"), DETECTOR,
+       Param("level", str, False, "critical", "critical or warning"))
+def _switch_tray_leak(sim: "Simulator", p: dict[str, Any]) -> str:
+    if p["level"] not in ("critical", "warning"):
+        raise FaultError("level: expected critical or warning")
+    trays = sim.model.switch_trays
+    if p["tray"] not in trays:
+        raise FaultError(f"tray: {p['tray']!r} is not a simulated switch tray ({', '.join(trays) or 'none'})")
+    with sim.model.lock:
+        dev, det, states = _detector(sim, {**p, "node": f"bmc-{p['tray']}"})
+        states[det] = p["level"]
+    return f"{dev.name} {det} {p['level']} (zone {trays[p['tray']].zone})"
+
+
 @fault("bmc-offline", "The Redfish service stops answering: open connections close, new ones are refused.", BMC)
 def _bmc_offline(sim: "Simulator", p: dict[str, Any]) -> str:
     dev = _bmc(sim, p)

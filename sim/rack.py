@@ -10,6 +10,7 @@ set over NVML really lowers the return temperature a CDU reports.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -189,6 +190,24 @@ class NodeState:
         return self.base_load_w + sum(g.power_w for g in self.gpus if not g.lost)
 
 
+@dataclass
+class SwitchTrayState:
+    """An NVLink switch tray: its NVSwitch chips (the NVLink index of every GPU that reaches each), the leak zone
+    it sits in, and its BMC's leak detectors (detector id -> "critical" | "warning" | "sensor_fault"; absent is
+    dry), set by the `switch-tray-leak` fault."""
+
+    name: str
+    chips: list[int]
+    zone: str
+    leaks: dict[str, str] = field(default_factory=dict)
+
+
+def switch_tray_count(nodes: int) -> int:
+    """A GB200 NVL72 has 9 switch trays for 18 compute trays: one per two compute trays, at least one, at most
+    the 9 of an NVLink domain (18 NVSwitch chips)."""
+    return min(9, max(1, math.ceil(nodes / 2)))
+
+
 class RackModel:
     """The rack's state and its physics; every mutation goes through `lock`.
 
@@ -219,6 +238,15 @@ class RackModel:
         zones = leak_zones if leak_zones is not None else {"zone-a": list(self.nodes)}
         self.zone_nodes = zones
         self.coolant = CoolantState(leak_zones={z: "dry" for z in zones}, valve_open={z: True for z in zones})
+        # Switch tray j (1-based) holds chips 2(j-1) and 2(j-1)+1 and sits with compute trays 2j-1 and 2j: its leak
+        # endangers the zone of the first of them.
+        names = list(self.nodes)
+        self.switch_trays: dict[str, SwitchTrayState] = {}
+        for j in range(switch_tray_count(nodes)):
+            first = names[min(2 * j, len(names) - 1)] if names else ""
+            zone = next((z for z, ns in zones.items() if first in ns), next(iter(zones), ""))
+            name = f"switch{j + 1:02d}"
+            self.switch_trays[name] = SwitchTrayState(name, [2 * j, 2 * j + 1], zone)
         # Sized like a real CDU loop: about 1.5 L/min per kW of GPU power at full load.
         max_kw = sum(g.max_limit_mw for n in self.nodes.values() for g in n.gpus) / 1e6
         self.coolant.nominal_flow_lpm = max(1.5 * max_kw, 5.0)

@@ -116,6 +116,8 @@ class Simulator:
                                              "last_xid": dict(g.last_xid) if g.last_xid else None}
                                             for g in n.gpus]}
                           for n in m.nodes.values()},
+                "switch_trays": {t.name: {"chips": list(t.chips), "zone": t.zone, "leaks": dict(t.leaks)}
+                                 for t in m.switch_trays.values()},
                 "faults": list(self.active_faults),
                 "devices": self.endpoints(),
                 "redfish": self.redfish(),
@@ -124,15 +126,20 @@ class Simulator:
     def redfish(self) -> dict[str, Any]:
         """The Redfish services in one place: each tray BMC by node, the CDUs, the CA file and the account."""
         from sim.redfish.service import RedfishService
+        from sim.redfish.switch_tray import SwitchTrayBmc
         from sim.redfish.tray import TrayBmc
 
         services = [d for d in self.devices.values() if isinstance(d, RedfishService)]
         if not services:
             return {}
         first = services[0].describe()
+        trays = self.model.switch_trays
         return {"ca_file": first["ca_file"], "username": first["username"], "password_file": first["password_file"],
                 "bmcs": {d.node: d.url for d in services if isinstance(d, TrayBmc)},
-                "cdus": {d.name: d.url for d in services if not isinstance(d, TrayBmc)}}
+                "switches": {d.tray: {"bmc": d.name, "url": d.url, "chips": list(trays[d.tray].chips),
+                                      "zone": trays[d.tray].zone}
+                             for d in services if isinstance(d, SwitchTrayBmc)},
+                "cdus": {d.name: d.url for d in services if not isinstance(d, (TrayBmc, SwitchTrayBmc))}}
 
     async def _faults(self, _: web.Request) -> web.Response:
         return web.json_response({k: {"help": f.help, "params": [{"name": p.name, "type": p.type.__name__,
@@ -180,6 +187,8 @@ class Simulator:
                 node.powered = True
                 node.host_on = True
                 node.tray_leaks.clear()
+            for tray in m.switch_trays.values():
+                tray.leaks.clear()
                 for g in node.gpus:
                     g.workload = 0.85
             c = m.coolant

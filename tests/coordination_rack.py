@@ -17,7 +17,7 @@ from sim.harness import SimRack
 
 TOKEN = "coordination-test-token"
 NODES = ("node01", "node02", "node03")
-SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
+SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1", "bmc-switch01")  # a switch tray BMC: shared (issue 34)
 TTL = 5.0
 
 

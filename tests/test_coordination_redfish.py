@@ -90,11 +90,12 @@ def test_a_redfish_cdu_is_a_shared_safety_device_and_trays_are_not(sim, tmp_path
     shared = shared_devices(loaded.config.inventory)
     assert shared.jobs["redfish/rfcdu1"] == "rfcdu1"
     assert "redfish/rfcdu1" in shared.safety  # its own leak detectors: read by every agent while degraded
-    assert not any(j.startswith("redfish/bmc-") for j in shared.jobs)
+    assert not any(j.startswith("redfish/bmc-node") for j in shared.jobs)  # a switch tray's BMC is (issue 34)
     assert leader_jobs(loaded.config) == {"redfish/bmc-node02"}
-    # Static (no coordination): only the configured leader (node01) has the other trays' sources at all.
+    # Static (no coordination): only the configured leader (node01) has the other trays' sources at all; the
+    # switch tray's BMC is a shared device like the CDU (issue 34).
     assert {s.source.device for s in build_sources(_loaded(sim, tmp_path, "node02"))
-            if s.source.name == "redfish"} == {"bmc-node02", "rfcdu1"}
+            if s.source.name == "redfish"} == {"bmc-node02", "rfcdu1", "bmc-switch01"}
 
 
 def test_a_source_that_is_not_ours_lets_go_of_the_service_and_takes_it_up_again(sim, tmp_path):

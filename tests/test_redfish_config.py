@@ -43,7 +43,7 @@ def _tray(c: dict) -> dict:
     (lambda c: _tray(c).update(pinned_sha256="abc"), "inventory.redfish.0.pinned_sha256", "64 hex digits"),
     (lambda c: _tray(c).update(ca_file="/etc/ssl/ca.pem"), "inventory.redfish.0", "not both"),
     (lambda c: _tray(c).pop("password_secret"), "inventory.redfish.0", "user and password_secret go together"),
-    (lambda c: _tray(c).update(kind="switch"), "inventory.redfish.0.kind", "'tray' or 'cdu'"),
+    (lambda c: _tray(c).update(kind="router"), "inventory.redfish.0.kind", "'tray', 'cdu' or 'switch'"),
     (lambda c: _tray(c).update(profile="../etc"), "inventory.redfish.0.profile", "bare name"),
     (lambda c: c["inventory"]["redfish"].append(dict(_tray(c))), "inventory", "redfish: name 'node01-bmc' appears twice"),
     (lambda c: c.update(sources={"redfish": {"max_connections": 9}}), "sources.redfish.max_connections", "4"),

@@ -125,6 +125,31 @@ def test_a_tray_leak_caps_and_drains_that_node_and_powers_the_tray_off_once_appr
     cluster.scontrol("update", "NodeName=node01", "State=RESUME")
 
 
+def test_a_switch_tray_leak_is_a_leak_of_its_zone_whose_node_is_drained_and_capped(cluster, tmp_path):
+    """Issue 34: an NVLink switch tray's BMC (a shared device, read like the CDU) sees water; its zone (zone-a, as
+    inventory.switch_trays says) leaks: node01 is drained in Slurm and its GPUs capped, node02 (zone-b) is not,
+    and no tray is powered off (a switch tray has no node, and node01's own tray is dry)."""
+    cluster.scontrol("update", "NodeName=node01", "State=RESUME")
+    wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="node01 idle at the start")
+    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, slurm_conf=cluster.conf), tmp_path) as agent:
+        _ready(agent)
+        wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device="bmc-switch01") == 1.0, 20,
+                 what="the switch tray BMC polled")
+        assert _open(agent, "leak") == []
+        rack.inject("switch-tray-leak", tray="switch01", detector="1")
+        gpus = rack.sim.model.nodes["node01"].gpus
+        wait_for(lambda: cluster.states().get("node01") == "drained", 20, what="node01 drained in Slurm")
+        wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 20, what="node01's GPUs capped")
+        leak = _open(agent, "leak")[0]
+        assert leak["targets"] == {"zone": "zone-a"}
+        assert _value(agent, "supernode_leak_detected", zone="zone-a",
+                      sensor="bmc-switch01/Chassis_0/Chassis_0_LeakDetector_Manifold") == 1.0
+        assert cluster.states().get("node02") == "idle"
+        assert not [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "tray_power"]
+        assert rack.sim.model.nodes["node01"].power_actions == []
+    cluster.scontrol("update", "NodeName=node01", "State=RESUME")
+
+
 def test_an_event_brings_a_tray_leak_to_the_detector_long_before_any_poll(tmp_path):
     """Polls 600 s apart: an incident within seconds can only come from the SSE event and its re-read."""
     with sim_rack(tmp_path) as rack, \

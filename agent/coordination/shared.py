@@ -6,7 +6,10 @@ its own tray BMC are its own and always polled by it. A Modbus CDU's coolant
 poll and its leak inputs are two sources on one device: they get one set of
 pollers, so the device sees one client per poller. A Redfish CDU is one
 source (coolant and its own leak detectors in one walk) and a safety input:
-while coordination is lost every agent reads its detectors, bounded.
+while coordination is lost every agent reads its detectors, bounded. An NVLink
+switch tray's BMC (kind switch) is the same: it serves the rack, and its leak
+is a leak of its zone, so every agent of that zone must see it (through the
+facts of its pollers) to drain and cap its own node.
 
 The other trays' BMCs that `sources.redfish.watch_rack_trays` has the rack
 leader read (to count leaking trays) are neither shared nor this node's: they
@@ -41,7 +44,7 @@ def shared_devices(inventory) -> SharedDevices:
         jobs[f"leak/{d.name}"] = d.name
     for p in inventory.pdus:
         jobs[f"pdu/{p.name}"] = p.name
-    redfish_cdus = {f"redfish/{ep.name}" for ep in inventory.redfish if ep.kind == "cdu"}
+    redfish_cdus = {f"redfish/{ep.name}" for ep in inventory.redfish if ep.kind in ("cdu", "switch")}
     jobs.update({job: job.split("/", 1)[1] for job in sorted(redfish_cdus)})
     return SharedDevices(jobs, frozenset(j for j in jobs if j.startswith("leak/") or j in redfish_cdus))
 

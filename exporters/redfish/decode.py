@@ -96,13 +96,14 @@ def _own_labels(bmc: str, found: Found) -> dict[str, str]:
     labels = {"bmc": bmc, "equipment": found.equipment}
     if found.kind == "connector":
         labels.update(connector=found.rid, loop=found.loop or "")
-    elif found.kind in ("pump", "reservoir"):
+    elif found.kind in ("pump", "reservoir", "sensor"):
         labels[found.kind] = found.rid
     return labels
 
 
 def resource_readings(bmc: str, found: Found, res: dict[str, Any], profile: Profile, now: float) -> list[Reading]:
-    """The profile's reading fields of one connector, pump, filter or reservoir, and its health."""
+    """The profile's reading fields of one connector, pump, filter, reservoir or sensor, and its health (a
+    chassis: its health alone)."""
     out = list(_health(bmc, found, res, profile, now))
     q_state = state_quality(res, profile)
     own = _own_labels(bmc, found)

@@ -24,7 +24,7 @@ from exporters.redfish.profile import Chain, Profile
 class Found:
     """One resource a poll reads, with the labels its readings carry."""
 
-    kind: str  # leak_detector | connector | pump | filter | reservoir
+    kind: str  # leak_detector | connector | pump | filter | reservoir | chassis | sensor
     uri: str
     equipment: str  # "Chassis/Chassis_0", "CDUs/1": where it was found
     chassis: str  # the chassis Id (a CDU's detectors: the chassis the CDU links, else its equipment label)
@@ -171,7 +171,7 @@ async def discover(client: RedfishClient, profile: Profile) -> Tree:
         for rule in profile.rules(under):
             for uri, item in await walk.follow(res, rule.path):
                 rid = _id(item, uri)
-                if uri in seen_uri:
+                if uri in seen_uri or (rule.reading_type is not None and item.get("ReadingType") != rule.reading_type):
                     continue
                 if rule.kind == "leak_detector":
                     # One physical detector shown twice (a CDU's LeakDetection and its chassis' LeakDetectors).

@@ -43,14 +43,19 @@ RESERVOIR_LEVEL = gauge(
     "supernode_coolant_reservoir_level_ratio",
     "Fluid level of a Redfish reservoir as a ratio (0-1), polled.",
     ["bmc", "equipment", "reservoir"], "ratio")
+SENSOR_TEMPERATURE = gauge(
+    "supernode_redfish_temperature_celsius",
+    "A Redfish temperature sensor (Sensor with ReadingType Temperature) in degrees Celsius, polled: an NVLink "
+    "switch tray's NVSwitch chips and coolant inlet.",
+    ["bmc", "equipment", "sensor"], "celsius")
 HEALTH = gauge(
     "supernode_redfish_health",
     "Status.Health of a Redfish resource, polled: 0 OK, 1 Warning, 2 Critical; kind is leak_detector, connector, "
-    "pump, filter or reservoir.",
+    "pump, filter, reservoir, sensor or chassis (a switch tray's own health).",
     ["bmc", "equipment", "kind", "resource"])
 SERVICE_INFO = info(
     "supernode_redfish_service_info",
-    "Static facts of a Redfish service the agent reads (value 1): kind tray or cdu, as the inventory says.",
+    "Static facts of a Redfish service the agent reads (value 1): kind tray, cdu or switch, as the inventory says.",
     ["bmc", "kind", "redfish_version", "vendor", "model", "firmware", "profile"])
 REQUESTS = counter("supernode_redfish_requests_total", "HTTP requests sent to the Redfish service (retries included).",
                    ["bmc"])
@@ -79,7 +84,7 @@ EVENT_POLLS_COALESCED = counter(
 
 ALL: dict[str, MetricSpec] = {m.name: m for m in (
     DETECTOR_STATE, CONNECTOR_TEMPERATURE, CONNECTOR_PRESSURE, CONNECTOR_FLOW, CONNECTOR_HEAT, CONNECTOR_VALVE,
-    PUMP_SPEED, RESERVOIR_LEVEL, HEALTH, SERVICE_INFO, REQUESTS, LOGINS, DISCOVERIES, EVENTS, EVENT_STREAM_UP,
+    PUMP_SPEED, RESERVOIR_LEVEL, SENSOR_TEMPERATURE, HEALTH, SERVICE_INFO, REQUESTS, LOGINS, DISCOVERIES, EVENTS, EVENT_STREAM_UP,
     EVENT_STREAM_ERRORS, EVENT_POLLS_COALESCED)}
 # Labels the collector fills itself; a profile field names only the others (point).
-AUTO_LABELS = {"bmc", "equipment", "connector", "loop", "pump", "reservoir"}
+AUTO_LABELS = {"bmc", "equipment", "connector", "loop", "pump", "reservoir", "sensor"}

@@ -23,7 +23,7 @@ from exporters.errors import ProfileError
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "redfish"
 
 Chain = list[str]  # property names followed from a resource, a collection expanded on the way
-ResourceKind = Literal["leak_detector", "connector", "pump", "filter", "reservoir"]
+ResourceKind = Literal["leak_detector", "connector", "pump", "filter", "reservoir", "chassis", "sensor"]
 
 
 class _Strict(BaseModel):
@@ -62,18 +62,25 @@ class Walk(_Strict):
 class ResourceRule(_Strict):
     kind: ResourceKind
     under: Literal["chassis", "equipment"]
-    path: Chain = Field(min_length=1)
+    path: Chain = Field(description="Chain from the holder; empty (kind chassis only): the holder itself.")
     loop: str | None = Field(default=None, description="Coolant loop label of connectors found here.")
+    reading_type: str | None = Field(default=None, description=(
+        "Kind sensor: keep only the members whose Sensor.ReadingType is this (Temperature), so a BMC's power "
+        "and fan sensors are neither read nor labelled as temperatures."))
 
     @field_validator("path")
     @classmethod
     def _ok(cls, v: Chain) -> Chain:
-        return _chains([v])[0]
+        return _chains([v])[0] if v else v
 
     @model_validator(mode="after")
     def _loop_for_connectors(self) -> "ResourceRule":
         if (self.kind == "connector") != (self.loop is not None):
             raise ValueError("loop: required for connector rules, and only for them")
+        if not self.path and self.kind != "chassis":
+            raise ValueError("path: empty only for kind chassis (the chassis' own Status)")
+        if (self.kind == "sensor") != (self.reading_type is not None):
+            raise ValueError("reading_type: required for sensor rules, and only for them")
         return self
 
 

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from sim.rack import RackModel
 from sim.redfish.events import condition
-from sim.redfish.leaks import LeakDetectors, worst
+from sim.redfish.leaks import LeakDetectors, detectors_at, worst
 from sim.redfish.pki import SimCA
 from sim.redfish.service import Credentials, RedfishService, redfish_error
 
@@ -62,9 +62,7 @@ class RedfishCdu(RedfishService):
         return worst(healths + [self._leaks().health()])
 
     def leak_detectors(self) -> LeakDetectors:
-        members = self.tree.resources[CHASSIS_LEAK_DETECTORS]["Members"]
-        uris = {m["@odata.id"].rsplit("/", 1)[1]: m["@odata.id"] for m in members}
-        return LeakDetectors(self.events, lambda: self.model.coolant.cdu_leaks, uris)
+        return detectors_at(self, CHASSIS_LEAK_DETECTORS, lambda: self.model.coolant.cdu_leaks)
 
     def _status(self, _: str = "") -> dict[str, Any]:
         conditions = [c for p in self.pumps for c in self._pump_status(p).get("Conditions", ())]

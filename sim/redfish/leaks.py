@@ -28,6 +28,13 @@ SENSOR_FAULT = "sensor_fault"
 SENSOR_ERRORS = ("DetectorState", "SensorFailure")  # ResourceErrors* MessageArgs: the property, the error type
 
 
+def detectors_at(service: Any, collection: str, states: Callable[[], dict[str, str]]) -> "LeakDetectors":
+    """The detectors a service lists in its `collection` (a LeakDetectors URI), reading `states` from the model."""
+    members = service.tree.resources[collection]["Members"]
+    uris = {m["@odata.id"].rsplit("/", 1)[1]: m["@odata.id"] for m in members}
+    return LeakDetectors(service.events, states, uris)
+
+
 def worst(healths: list[str]) -> str:
     return max(healths, key=SEVERITY.__getitem__, default="OK")
 

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from sim.rack import RackModel
-from sim.redfish.leaks import LeakDetectors
+from sim.redfish.leaks import LeakDetectors, detectors_at
 from sim.redfish.pki import SimCA
 from sim.redfish.service import Credentials, RedfishService, redfish_error
 
@@ -47,9 +47,7 @@ class TrayBmc(RedfishService):
             self._seen_on = model.nodes[node].host_on
 
     def leak_detectors(self) -> LeakDetectors:
-        members = self.tree.resources[LEAK_DETECTORS]["Members"]
-        uris = {m["@odata.id"].rsplit("/", 1)[1]: m["@odata.id"] for m in members}
-        return LeakDetectors(self.events, lambda: self.model.nodes[self.node].tray_leaks, uris)
+        return detectors_at(self, LEAK_DETECTORS, lambda: self.model.nodes[self.node].tray_leaks)
 
     def add_terms(self) -> None:
         node = self.node
