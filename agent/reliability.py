@@ -64,7 +64,12 @@ DETECTOR_CLASS: Mapping[str, str] = {
 NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
                 "tray_leak_rack",  # trays leaking at once: each tray is already its own node's leak
                 "gpu_app_fault",  # the catalogue's RESTART_APP: the application's fault, not the GPU's
-                "gpu_straggler")  # an effect: its cause (link, clock slowdown, thermal) is its own detector's
+                "gpu_straggler",  # an effect: its cause (link, clock slowdown, thermal) is its own detector's
+                # An NVSwitch chip's fault (the rack leader's incident): no tray's component; the report counts
+                # it apart, as a switch-side NVLink fault against the trays' own (nvlink_errors).
+                "nvlink_switch_fault")
+# The report's NVLink faults, switch-side (a switch chip, attributed across the rack) and tray-side (a tray's own).
+NVLINK_SIDES: Mapping[str, str] = {"nvlink_switch_fault": "switch_side", "nvlink_errors": "tray_side"}
 # A reading that is not ok (sensor_fault) is a failure of the device whose sensor it is.
 SENSOR_PREFIX_CLASS = (("supernode_cdu_", "cdu"), ("supernode_gpu_", "gpu"), ("supernode_nvlink_", "nvlink"),
                        ("supernode_optic_", "optic"), ("supernode_pdu_outlet_", "pdu_outlet"),
@@ -296,10 +301,14 @@ def reliability_report(entries: list[Any], counts: Mapping[str, int] | None, sin
     for s in stats.values():
         s.observed_seconds = None if s.components is None else s.components * watched
     offenders: dict[tuple[str, str], dict[str, Any]] = {}
+    sides = dict.fromkeys(NVLINK_SIDES.values(), 0)
     for iid, inc in _incidents(entries).items():
         opened = inc.get("opened_at")
         if not isinstance(opened, (int, float)) or "detector" not in inc:
             continue
+        side = NVLINK_SIDES.get(str(inc["detector"]))
+        if side is not None and since <= opened <= now:
+            sides[side] += 1
         detail = inc.get("detail") if isinstance(inc.get("detail"), dict) else {}
         comp = detail.get("component")
         if isinstance(comp, dict) and comp.get("class") in stats:
@@ -324,7 +333,7 @@ def reliability_report(entries: list[Any], counts: Mapping[str, int] | None, sin
             s.repair_seconds += max(0.0, resolved - opened)
     worst = sorted(offenders.values(), key=lambda o: (-o["failures"], -o["down_seconds"], o["component"]))[:WORST]
     return {"since": since, "until": now, "watched_seconds": watched, "runs": len(runs),
-            "classes": [stats[c].as_dict() for c in CLASSES], "worst": worst}
+            "classes": [stats[c].as_dict() for c in CLASSES], "worst": worst, "nvlink_faults": sides}
 
 
 def human_seconds(s: float | None) -> str:
@@ -352,7 +361,9 @@ def format_report(rep: dict[str, Any], node: str, rack: str) -> str:
         rows.append([c["class"], "?" if c["components"] is None else str(c["components"]), str(c["failures"]),
                      mtbf, human_seconds(c["mttr_seconds"]), str(c["repairs"])])
     lines += _columns(rows)
-    lines.append("")
+    sides = rep.get("nvlink_faults") or {}
+    lines += ["", f"NVLink faults: {sides.get('switch_side', 0)} switch-side (an NVSwitch chip, attributed across "
+                  f"the rack), {sides.get('tray_side', 0)} tray-side (a tray's own links)", ""]
     if rep["worst"]:
         lines.append("worst offenders:")
         rows = [["CLASS", "COMPONENT", "FAILURES", "DOWN", "LAST FAILURE"]]

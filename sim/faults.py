@@ -327,7 +327,21 @@ def _nvlink_down(sim: "Simulator", p: dict[str, Any]) -> str:
     from sim.nvml_faults import set_nvlink_down
 
     g = _gpu(sim, p)
-    return set_nvlink_down(sim.model, g.node, g.index, p["link"], True)
+    try:
+        return set_nvlink_down(sim.model, g.node, g.index, p["link"], True)
+    except ValueError as exc:
+        raise FaultError(f"nvlink-down: {exc}") from None
+
+
+@fault("nvswitch-down", "NVSwitch chip K fails: NVLink K goes down on every GPU of the rack (GB200 NVL72: link k "
+       "of each GPU reaches chip k).", Param("switch", int, True, None, "NVSwitch chip index (0..17 on GB200)"))
+def _nvswitch_down(sim: "Simulator", p: dict[str, Any]) -> str:
+    from sim.nvml_faults import set_switch_down
+
+    try:
+        return set_switch_down(sim.model, p["switch"])
+    except ValueError as exc:
+        raise FaultError(f"nvswitch-down: {exc}") from None
 
 
 @fault("recovery-action", "The driver asks for a recovery action (NVML_GPU_RECOVERY_ACTION_*).", NODE, GPU,

@@ -115,6 +115,18 @@ def set_nvlink_down(model: RackModel, node: str, gpu: int, link: int, down: bool
     return f"{node} gpu {gpu} link {link} {'down' if down else 'up'}"
 
 
+def set_switch_down(model: RackModel, switch: int, down: bool = True) -> str:
+    """NVSwitch chip `switch` fails: on a GB200 NVL72 NVLink index k of every GPU reaches chip k, so link
+    `switch` goes down on every GPU of the rack at once (what each tray sees of one switch fault)."""
+    with model.lock:
+        gpus = [g for n in model.nodes.values() for g in n.gpus]
+        if not gpus or not 0 <= switch < min(g.nvlink_count for g in gpus):
+            raise ValueError(f"switch: {switch} out of range 0..{min((g.nvlink_count for g in gpus), default=0) - 1}")
+        for g in gpus:
+            g.nvlink_up[switch] = not down
+    return f"switch chip {switch} {'down' if down else 'up'}: link {switch} of {len(gpus)} GPUs"
+
+
 def set_recovery_action(model: RackModel, node: str, gpu: int, action: int) -> str:
     """The driver's recovery hint (NVML_GPU_RECOVERY_ACTION_*, field 230)."""
     with model.lock:

@@ -50,12 +50,12 @@ class EtcdRack:
 
 
 def etcd_rack(base: Path, configure: Callable[[dict[str, Any], str, Any], None] | None = None,
-              rack: type[EtcdRack] = EtcdRack) -> Iterator[EtcdRack]:
+              rack: type[EtcdRack] = EtcdRack, personality: str | None = None) -> Iterator[EtcdRack]:
     """A steady EtcdRack for a module fixture (`yield from` it); `configure(cfg, node, sim)` adjusts each agent's
     config before it starts. Everything is stopped afterwards, a stopped (SIGSTOP) agent included."""
     gen = running_etcd(base / "etcd", 3)
     etcd = next(gen)
-    sim = SimRack(base, nodes=3, gpus=2).start()
+    sim = SimRack(base, nodes=3, gpus=2, **({"personality": personality} if personality else {})).start()
     agents: list[AgentProcess] = []
     try:
         for node in NODES:

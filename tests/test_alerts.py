@@ -31,7 +31,7 @@ DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low"
              "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack",
              "gpu_pcie_degraded", "gpu_clock_slowdown", "gpu_straggler",
              "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required", "gpu_service_required",
-             "gpu_fabric_degraded"}
+             "gpu_fabric_degraded", "nvlink_switch_fault"}
 
 
 def _rules(kind: str) -> list[dict]:
@@ -204,6 +204,8 @@ def test_every_detector_has_an_alert_and_remediation_labels():
     assert ladder <= {a["alert"] for a in alerts} and not ladder & routed
     # An unknown leak state is the agent's own notify-only incident, never a webhook delivery.
     assert "SupernodeLeakSourceDown" not in routed
+    # A switch fault is the rack leader's own incident from the rack's verdict: told to people, never routed back.
+    assert "SupernodeNvlinkSwitchFault" not in routed
     health = {"SupernodeSourceDown", "SupernodeDataStale", "SupernodeAgentDown", "SupernodeRemediationBlocked",
               "SupernodeRemediationActionFailed",
               "SupernodeRemediationCircuitBreakerOpen", "SupernodeRemediationApprovalsPending",

@@ -61,13 +61,15 @@ def test_each_node_role_grants_exactly_its_own_member_and_fact_keys(tmp_path, ca
         node = entry["node"]
         assert entry["user"] == entry["role"] == f"r01.{node}"
         writes = [p for p in entry["permissions"] if p["kind"] == "readwrite"]
-        own = {(f"members/{node}", False)} | {(f"facts/{job}/{node}", False) for job in EXAMPLE_JOBS}
+        own = {(f"members/{node}", False), (f"links/{node}", False)} | {(f"facts/{job}/{node}", False)
+                                                                         for job in EXAMPLE_JOBS}
         assert {(p["key"][len(root):], p["prefix"]) for p in writes} == own | SHARED, node
         assert [(p["key"], p["prefix"]) for p in entry["permissions"] if p["kind"] == "read"] == [(root, True)]
         for other in nodes:
             if other == node:
                 continue
-            for key in [f"{root}members/{other}"] + [f"{root}facts/{job}/{other}" for job in EXAMPLE_JOBS]:
+            for key in [f"{root}members/{other}", f"{root}links/{other}"] + [f"{root}facts/{job}/{other}"
+                                                                            for job in EXAMPLE_JOBS]:
                 assert not any(_covers(p, key) for p in writes), (node, key)
 
 
@@ -143,7 +145,9 @@ def test_node02_may_write_its_own_keys_but_not_node03s_through_the_agents_client
         try:
             await client.put(f"{rack.root}facts/{job}/node02", "{}")
             await client.delete(f"{rack.root}facts/{job}/node02")
-            for key in (f"{rack.root}facts/{job}/node03", f"{rack.root}members/node03"):
+            await client.put(f"{rack.root}links/node02", "{}")  # its own NVLink vector (issue 34)
+            await client.delete(f"{rack.root}links/node02")
+            for key in (f"{rack.root}facts/{job}/node03", f"{rack.root}members/node03", f"{rack.root}links/node03"):
                 with pytest.raises(EtcdAuthError) as exc:
                     await client.put(key, "node03")
                 refused.append(str(exc.value))
@@ -153,7 +157,7 @@ def test_node02_may_write_its_own_keys_but_not_node03s_through_the_agents_client
 
     refused = asyncio.run(run())
     user = f"{rack.sim.sim.model.rack}.node02"
-    assert len(refused) == 2 and all("permission denied" in r and user in r for r in refused), refused
+    assert len(refused) == 3 and all("permission denied" in r and user in r for r in refused), refused
     assert rack.etcd.get(f"{rack.root}facts/{job}/node03") is None
     assert rack.etcd.get(f"{rack.root}members/node03") is None
 

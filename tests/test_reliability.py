@@ -229,3 +229,23 @@ def test_a_redfish_leak_detector_fault_is_a_leak_sensor_failure():
                  {"metric": "supernode_leak_detector_state"}, "n1", {})
     assert f is not None and f.cls == "leak_sensor"
     assert classify("tray_leak_rack", {"rack": "r01"}, {}, "n1", {}) is None
+
+
+def test_report_counts_switch_side_and_tray_side_nvlink_faults_apart(tmp_path):
+    """Issue 34: a switch chip's fault (the leader's nvlink_switch_fault) is no tray's NVLink failure; the report
+    counts it apart from the trays' own (nvlink_errors), each within the window only."""
+    now = 1_800_000_000.0
+    j = Journal(tmp_path / "journal.db")
+    j.append("engine", result="started", ts=now - 10 * DAY)
+    _incident(j, "s1", "nvlink_switch_fault", {"switch_chip": "5", "switch_tray": "switch03"}, now - DAY, None, None)
+    _incident(j, "t1", "nvlink_errors", {"node": "node01", "gpu": "0"}, now - 2 * DAY, now - 2 * DAY + 60, None)
+    _incident(j, "t2", "nvlink_errors", {"node": "node01", "gpu": "1"}, now - 3 * DAY, None, None)
+    _incident(j, "t0", "nvlink_errors", {"node": "node01", "gpu": "1"}, now - 40 * DAY, now - 40 * DAY + 5, None)
+    assert j.flush()
+    entries = j.entries()
+    j.close()
+    rep = reliability_report(entries, dict.fromkeys(CLASSES, 1), now - 30 * DAY, now, "node01", ZONES)
+    assert rep["nvlink_faults"] == {"switch_side": 1, "tray_side": 2}
+    assert {c["class"]: c["failures"] for c in rep["classes"]}["nvlink"] == 2  # the switch is not this tray's link
+    assert "NVLink faults: 1 switch-side" in format_report(rep, "node01", "r01")
+    assert "2 tray-side" in format_report(rep, "node01", "r01")

@@ -10,13 +10,16 @@ Keys, all under `<prefix>/<rack>/`:
 | `facts/<source>/<device>/<node>` | the poller's | its last poll of that device (agent.coordination.facts) |
 | `approvals/<id>`, `guard/...` | none | rack state that outlives any one agent (agent.coordination.rack_state) |
 | `maintenance/<node>` | none | a person's maintenance of that node: {by, since, until, set_via} (coordination.maintenance) |
+| `links/<node>` | the node's | its NVLink state vector (agent.coordination.link_vectors), for the rack's attribution |
 
 A fact is taken only from the agent that holds a poller slot of that device:
 the key's node holds `pollers/<device>/<slot>` (slot < pollers_per_device) and
 the fact key, that slot and `members/<node>` carry one and the same lease.
 The job comes from the key, never from the payload, and the payload must be
 one this agent's own source of that device could publish (facts.decode).
-Anything else is rejected and counted (`key_kind="fact"`). A poller claims its
+Anything else is rejected and counted (`key_kind="fact"`). A link vector is taken only
+under its node's member lease (only that node's agent holds it; its role alone may write `links/<node>`) and
+when it passes link_vectors.decode (`key_kind="links"`). A poller claims its
 slot before its first poll, so its first fact always follows the slot in the
 watch (revision order); a fresh mirror applies the facts after every other key.
 
@@ -48,6 +51,7 @@ from agent.coordination.etcd import (EtcdClient, EtcdError, Event, KV, LeaseGone
                                      cmp_mod, cmp_value, op_delete, op_put)
 from agent.coordination.exchange import FactExchange
 from agent.coordination.facts import Fact, encode, is_wet
+from agent.coordination.link_share import LinkShare
 from agent.coordination.maintenance import RackMaintenance, Record
 from agent.coordination.rack_state import RackState
 from agent.coordination.records import RecordError
@@ -112,6 +116,10 @@ class EtcdCoordinator(RackState):
         self._maint_prefix = f"{self.root}/maintenance/"
         self._maint_out: dict[str, Record | None] = {}  # node -> this agent's record to write (None: delete)
         self._maint_task: asyncio.Task | None = None
+        self._links_prefix = f"{self.root}/links/"
+        self.links = LinkShare.of(cfg, self.inventory_nodes, self.skew, clock)  # None: no rack-scale NVLink domain
+        self._links_out: bytes | None = None  # this node's next link vector to put (one put in flight)
+        self._links_task: asyncio.Task | None = None
 
     @property
     def rack(self) -> "EtcdCoordinator":
@@ -260,7 +268,12 @@ class EtcdCoordinator(RackState):
         return self.facts.hidden() | self.idle()
 
     def on_publish(self, snap: Any, origin: str) -> None:
-        """Store listener: after our own poll of a device we hold, publish it as that device's fact."""
+        """Store listener: after our own poll of a device we hold, publish it as that device's fact; after our
+        own NVML poll, our link vector (agent.coordination.link_share)."""
+        if origin.startswith("nvml/"):
+            if self.links is not None:
+                self._own_links(snap)
+            return
         device = self.shared.jobs.get(origin)
         fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
         if fact is None or not self._publishes(origin, device, fact):
@@ -289,6 +302,48 @@ class EtcdCoordinator(RackState):
         window = (runner.settings.interval if runner is not None else 1.0) * self.stale_after
         return MONOTONIC() - self._seen.get(job, {}).get(first.value.decode(), -1e9) > window
 
+    def _own_links(self, snap: Any) -> None:
+        """Our vector counts here at once (the verdict is published now); its put follows, one in flight."""
+        raw = self.links.own(snap)
+        if self.up():
+            self.links.publish()
+        if raw is None:
+            return
+        self._links_out = raw
+        if self._links_task is None or self._links_task.done():
+            self._links_task = asyncio.get_running_loop().create_task(self._put_links())
+
+    async def _put_links(self) -> None:
+        while self.links is not None and self._links_out is not None and self.up():
+            value, self._links_out = self._links_out, None
+            try:
+                await self.client.put(f"{self._links_prefix}{self.node}", value, self.lease)
+            except EtcdError as exc:
+                self._note_error(exc)
+                self.links.resend()
+                return
+
+    def _link(self, ev: Event) -> None:
+        """Another tray's vector: taken only under its node's member lease and when it checks out."""
+        kv = ev.kv
+        node = kv.key[len(self._links_prefix):]
+        if self.links is None:
+            return
+        if ev.type == "DELETE":
+            self.links.forget(node)
+        else:
+            try:
+                if not self._under_member_lease(node, kv.lease):
+                    raise RecordError("not_member", f"links/{node[:60]!r}: written under lease {kv.lease:x}, not "
+                                                    "that node's live member lease")
+                self.links.accept(node, kv.value)
+            except RecordError as exc:
+                self.links.forget(node)
+                self.rejections.error("links", kv.key, kv.mod_revision, exc)
+                return
+        if self.up():
+            self.links.publish()
+
     async def _put_facts(self, job: str) -> None:
         try:
             while job in self._puts:
@@ -307,6 +362,8 @@ class EtcdCoordinator(RackState):
 
     async def start(self, agent: Any) -> None:
         self.facts.store = agent.store
+        if self.links is not None:
+            self.links.attach(agent.store, self.stale_after)
         self.poll_now = agent.scheduler.poll_now
         self.align = getattr(agent.scheduler, "align", None)
         self.admin_tokens = lambda: token_map(agent.loaded.admin_tokens)  # the tokens of the running config
@@ -314,7 +371,7 @@ class EtcdCoordinator(RackState):
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        for task in (self._task, self._maint_task):
+        for task in (self._task, self._maint_task, self._links_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -383,6 +440,8 @@ class EtcdCoordinator(RackState):
         kvs, rev = await c.get_prefix(self.root + "/")
         self._load(kvs)
         self.connected = True
+        if self.links is not None:
+            self.links.resend()  # the old session's key went with its lease
         self._safety_intervals(degraded=False)
         self.sessions += 1
         self.last_error = None
@@ -441,10 +500,12 @@ class EtcdCoordinator(RackState):
     def _load(self, kvs: list[KV]) -> None:
         """A fresh mirror from one range read (a new session, or a watch past compaction): the facts last, each
         checked against the slots read with it (a range comes sorted by key, and `facts/` sorts before `members/`
-        and `pollers/`)."""
+        and `pollers/`), and the link vectors after the members whose lease they must carry."""
         self.mirror = {}
         self.maintenance.records.clear()
-        for kv in sorted(kvs, key=lambda kv: kv.key.startswith(self._facts_prefix)):
+        if self.links is not None:
+            self.links.forget_peers()  # what this read holds is all there is
+        for kv in sorted(kvs, key=lambda kv: kv.key.startswith((self._facts_prefix, self._links_prefix))):
             self._apply(Event("PUT", kv))
 
     def _apply(self, ev: Event) -> bool:
@@ -452,6 +513,9 @@ class EtcdCoordinator(RackState):
         key = ev.kv.key
         if key.startswith(self._facts_prefix):
             self._fact(ev)
+            return False
+        if key.startswith(self._links_prefix):
+            self._link(ev)
             return False
         if ev.type == "DELETE":
             self.mirror.pop(key, None)
@@ -565,6 +629,8 @@ class EtcdCoordinator(RackState):
             await self._claim_slots()
             self._leadership_edges()
             self._track_leader()
+            if self.links is not None:  # the verdict stays fresh while coordinating; ages out as vectors go stale
+                self.links.publish()
             self._changed.clear()
             try:
                 async with asyncio.timeout(0.5):

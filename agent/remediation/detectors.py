@@ -56,7 +56,9 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
         "_gpu_straggler": frozenset({"supernode_gpu_clock_hertz", "supernode_gpu_power_watts",
                                      "supernode_gpu_utilization_ratio", "supernode_gpu_clock_event_active",
                                      "supernode_gpu_pcie_link_width", "supernode_gpu_pcie_link_generation"}),
-        "_nvlink": frozenset({"supernode_nvlink_errors_total", "supernode_nvlink_up", "supernode_nvlink_bit_error_rate"}),
+        "_nvlink": frozenset({"supernode_nvlink_errors_total", "supernode_nvlink_up", "supernode_nvlink_bit_error_rate",
+                              "supernode_nvlink_switch_fault"}),
+        "_nvlink_switch": frozenset({"supernode_nvlink_switch_fault"}),
         "_gpu_fabric": frozenset({"supernode_gpu_fabric_state", "supernode_gpu_fabric_status_code",
                                   "supernode_gpu_fabric_health"}),
         "_optic": frozenset({"supernode_link_errors_total", "supernode_link_flaps_total",
@@ -95,6 +97,7 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_faults, self._gpu_lost, self._nvlink,
+                   self._nvlink_switch,
                    self._optic, self._rack_power, self._outlets, self._tray_rack,
                    self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler, self._gpu_fabric):
             if families is None or self.INPUTS[fn.__name__] & families:

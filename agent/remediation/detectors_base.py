@@ -77,6 +77,8 @@ class Context:
     recoveries: RecoveryLedger = field(default_factory=RecoveryLedger)
     # XID -> the operator's override of that catalogue entry (remediation.xid_overrides; XidOverride)
     xid_overrides: Mapping[int, Any] = field(default_factory=dict)
+    # whether this agent leads the rack now: rack incidents every agent could see (nvlink_switch_fault) are its
+    leads: Callable[[], bool] = lambda: True
 
 
 class DetectorBase:
@@ -97,8 +99,8 @@ class DetectorBase:
         self.trackers: dict[str, Tracker] = {}
         for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
                      "condensation_risk", "gpu_thermal", "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required",
-                     "gpu_service_required", "gpu_lost", "nvlink_errors", "gpu_fabric_degraded", "optic_degraded",
-                     "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"):
+                     "gpu_service_required", "gpu_lost", "nvlink_errors", "gpu_fabric_degraded", "nvlink_switch_fault",
+                     "optic_degraded", "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"):
             hold: Hold = getattr(settings, name)
             self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
         self.trackers["sensor_fault"] = Tracker(Hold(fire_seconds=0.0, clear_seconds=10.0))

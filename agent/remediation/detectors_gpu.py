@@ -125,30 +125,51 @@ class GpuDetectors(DetectorBase):
         if errors != seen:
             per_link = self._link_error_rates(errors)
             self._nvlink_rates = (errors, per_link)
+        # Links the rack attributes to their NVSwitch chip are the switch's fault, not this tray's (unless the
+        # operator drains the whole partition for it): left out, so a switch fault never drains a tray.
+        switch = set() if self.s.nvlink_switch_fault_drain_partition else _switch_side(snap)
         down: dict[tuple[str, str], list[str]] = {}
         ber: dict[tuple[str, str], list[str]] = {}
+        excluded: dict[tuple[str, str], set[str]] = {}
         for r in snap.select("supernode_nvlink_bit_error_rate", kind="effective"):
             if r.ok:
                 key = (_node(r, self.ctx), r.label("gpu"))
                 ber.setdefault(key, [])
                 if r.value > self.s.nvlink_effective_ber:
-                    ber[key].append(r.label("link"))
+                    (excluded.setdefault(key, set()).add if r.label("link") in switch else ber[key].append)(
+                        r.label("link"))
         for r in snap.select("supernode_nvlink_up"):
             if r.ok:
                 key = (_node(r, self.ctx), r.label("gpu"))
                 down.setdefault(key, [])
                 if r.value < 0.5:
-                    down[key].append(r.label("link"))
+                    (excluded.setdefault(key, set()).add if r.label("link") in switch else down[key].append)(
+                        r.label("link"))
         worst: dict[tuple[str, str], float] = {}
-        for (node, gpu, _link), rate in per_link.items():
-            worst[(node, gpu)] = max(worst.get((node, gpu), 0.0), rate)
+        for (node, gpu, link), rate in per_link.items():
+            if link not in switch:
+                worst[(node, gpu)] = max(worst.get((node, gpu), 0.0), rate)
         for key in set(worst) | set(down) | set(ber):
             rate = worst.get(key, 0.0)
             links_down, links_ber = down.get(key, []), ber.get(key, [])
             cond = rate > self.s.nvlink_error_rate_per_second or bool(links_down) or bool(links_ber)
             yield Observation("nvlink_errors", targets_of(node=key[0], gpu=key[1]), "critical", cond,
                               detail={"errors_per_second": round(rate, 3), "links_down": links_down,
-                                      "links_ber_high": links_ber})
+                                      "links_ber_high": links_ber,
+                                      "links_switch_side": sorted(excluded.get(key, ()), key=int)})
+
+    def _nvlink_switch(self, snap: Snapshot) -> Iterator[Observation]:
+        """A switch chip the rack attributes its link's failures to (agent.coordination.attribution): one rack
+        incident per chip, opened by the rack leader only (every agent holds the same verdict; one tells)."""
+        leads = self.ctx.leads()
+        for r in snap.select("supernode_nvlink_switch_fault"):
+            if not r.ok:
+                continue
+            chip, tray = r.label("switch_chip"), r.label("switch_tray")
+            targets = targets_of(switch_chip=chip, switch_tray=tray) if tray else targets_of(switch_chip=chip)
+            yield Observation("nvlink_switch_fault", targets, "warning", leads and r.value >= 0.5,
+                              detail={"switch_chip": chip, "switch_tray": tray or None,
+                                      "drain_partition": self.s.nvlink_switch_fault_drain_partition})
 
     def _gpu_fabric(self, snap: Snapshot) -> Iterator[Observation]:
         """Per GPU with an NVLink fabric: off it (registration not completed, or completed with a failed status), or
@@ -194,6 +215,11 @@ class GpuDetectors(DetectorBase):
             key = (lab.get("node", node), lab.get("gpu", ""), lab.get("link", ""))
             per_link[key] = per_link.get(key, 0.0) + (rate_of(r) or 0.0)
         return per_link
+
+
+def _switch_side(snap: Snapshot) -> set[str]:
+    """The NVLink indices the rack's attribution calls switch-side now (supernode_nvlink_switch_fault 1)."""
+    return {r.label("switch_chip") for r in snap.select("supernode_nvlink_switch_fault") if r.ok and r.value >= 0.5}
 
 
 def _gpus_hung(snap: Snapshot, ctx: Context) -> set[tuple[str, str]]:

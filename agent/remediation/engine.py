@@ -77,7 +77,8 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
             node=identity.node, rack=identity.rack, expected_gpus=inventory.gpus.count,
             power_budget_watts=inventory.power_budget_watts,
             outlet_feeds={(p.name, o): n for p in inventory.pdus for o, n in p.outlets.items()},
-            recoveries=self.recoveries, xid_overrides=settings.xid_overrides), clock)
+            recoveries=self.recoveries, xid_overrides=settings.xid_overrides,
+            leads=lambda: self.rack.is_leader()), clock)
         self.actions = self._build_actions()
         self.resume_check = ResumeCheck(settings.resume_health_check, self.executors.gpu_libs, inventory.gpus.count,
                                         settings.exec_allow, self._xid_active)

@@ -87,7 +87,22 @@ class DetectorSettings(_Strict):
         default_factory=lambda: ["crc_flit", "crc_data", "replay", "recovery", "recovery_failed", "effective"],
         description="supernode_nvlink_errors_total types that count towards the rate.")
     nvlink_effective_ber: float = Field(default=1e-12, gt=0, description="NVLink5 effective BER above this fires.")
-    nvlink_errors: Hold = Hold(fire_seconds=5.0, clear_seconds=60.0)
+    # Above the rack's attribution latency (one NVML interval, 5 s shipped, + its timeout + etcd): a switch fault is
+    # attributed (and its links left out here) before any tray's hold ends, so it never drains a tray first.
+    nvlink_errors: Hold = Hold(fire_seconds=10.0, clear_seconds=60.0)
+    nvlink_switch_fault_min_trays: int = Field(default=3, ge=2, le=72, description=(
+        "The same NVLink index failing on at least this many compute trays is its NVSwitch chip's fault "
+        "(switch-side: nvlink_switch_fault), fewer is each tray's own (nvlink_errors). A rack of fewer trays uses "
+        "its tray count, never below 2."))
+    nvlink_switch_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=30.0)
+    nvlink_switch_attribution: bool | None = Field(default=None, description=(
+        "Publish this tray's NVLink state vector and attribute the rack's NVLink failures (etcd coordination). "
+        "Default: on when inventory.switch_trays lists the rack's NVSwitch trays (a rack-scale NVLink domain, "
+        "GB200 NVL72, where link k of every GPU reaches switch chip k); an HGX rack's links stay each tray's own."))
+    nvlink_switch_fault_drain_partition: bool = Field(default=False, description=(
+        "Drain the NVLink partition on a switch-side fault: each compute tray's nvlink_errors then counts its "
+        "switch-side links too, so every tray of the domain drains itself. Off: the fabric routes over the other "
+        "switch chips at reduced bandwidth, and the nvlink_switch_fault incident only notifies."))
     # A GPU off its NVLink fabric (registration not completed, or failed): a minute covers a re-registration after a
     # GPU reset or a fabric manager restart, which ends on its own in seconds; off it longer, it is drained.
     gpu_fabric_degraded: Hold = Hold(fire_seconds=60.0, clear_seconds=30.0)

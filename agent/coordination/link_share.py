@@ -1,0 +1,125 @@
+"""One agent's side of the rack's NVLink attribution: its own link vector out, every tray's in, the verdict in
+its store.
+
+Why in the store: the verdict is readings (`supernode_nvlink_switch_fault{switch_chip,switch_tray}` and the
+trays counted) under the source `nvlink_attribution/rack`, so the detectors read it like any poll (the rack
+leader opens `nvlink_switch_fault`, every agent's `nvlink_errors` leaves switch-side links out), /metrics
+exports it and its staleness rule applies: an agent that stops attributing (coordination lost) has no verdict
+within a few seconds, and its nvlink_errors detector judges its links alone again, as without coordination.
+
+Every agent computes the verdict itself from the same vectors (each mirrors the rack's `links/` keys), so a
+follower's local detector does not wait for the leader; its own vector counts at once, before its put
+returns. Vectors are put when they change and again every `refresh` seconds, so a vector older than
+`max_age` (3 refreshes) means a tray whose NVML reads stopped (agent.coordination.attribution: stale).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+from agent.coordination.attribution import Attribution, attribute, switch_tray_of
+from agent.coordination.link_vectors import LinkVector, VectorBuilder, decode, encode
+from exporters.model import Quality, gauge, make_reading
+
+SOURCE, DEVICE = "nvlink_attribution", "rack"
+NVLINK_SWITCH_FAULT = gauge("supernode_nvlink_switch_fault", (
+    "1 while the rack attributes NVSwitch chip switch_chip's failures to the switch (its NVLink index fails on at "
+    "least remediation.detectors.nvlink_switch_fault_min_trays compute trays), 0 otherwise; switch_tray is the "
+    "inventory's switch tray of that chip (empty when inventory.switch_trays does not list it)."),
+    ("switch_chip", "switch_tray"))
+NVLINK_ATTRIBUTION_TRAYS = gauge("supernode_nvlink_attribution_trays", (
+    "Compute trays in this agent's NVLink attribution, by state: counted (a fresh link vector), stale (older "
+    "than 3 refreshes: its NVML reads stopped) or silent (no vector: its agent is not publishing)."), ("state",))
+NVLINK_TRAY_SIDE_LINKS = gauge("supernode_nvlink_tray_side_links", (
+    "NVLinks failing (down or erroring) in the rack that the attribution leaves to their own tray (tray-side)."))
+FAMILIES = (NVLINK_SWITCH_FAULT, NVLINK_ATTRIBUTION_TRAYS, NVLINK_TRAY_SIDE_LINKS)
+REFRESH_SECONDS = 5.0
+INTERVAL = 0.5  # how often the verdict is published (its freshness), besides on every vector that changes it
+
+
+class LinkShare:
+    """Vectors of the rack's trays (this node's own and the others' as accepted) and the verdict over them."""
+
+    def __init__(self, node: str, nodes: Iterable[str], detectors: Any, skew: float, switch_trays: Iterable[Any],
+                 chips: int, clock: Callable[[], float] = time.time, refresh: float = REFRESH_SECONDS):
+        self.node = node
+        self.nodes = frozenset(nodes) | {node}
+        self.min_trays = detectors.nvlink_switch_fault_min_trays
+        self.skew = skew
+        self.switch_trays = list(switch_trays)
+        self.chips = chips
+        self.clock = clock
+        self.refresh = refresh
+        self.max_age = 3 * refresh
+        self.builder = VectorBuilder(node, detectors)
+        self.vectors: dict[str, LinkVector] = {}
+        self.store: Any = None
+        self._sent: tuple[dict[str, str], float] | None = None  # the last vector put: (gpus, when)
+        self.verdict: Attribution | None = None
+
+    @classmethod
+    def of(cls, cfg: Any, nodes: Iterable[str], skew: float, clock: Callable[[], float]) -> "LinkShare | None":
+        """This agent's share of the attribution, or None where the rack is no NVLink domain (see
+        remediation.detectors.nvlink_switch_attribution: default on when inventory.switch_trays lists trays)."""
+        detectors = cfg.remediation.detectors
+        switch_trays = list(getattr(cfg.inventory, "switch_trays", None) or [])
+        on = detectors.nvlink_switch_attribution
+        if not (bool(switch_trays) if on is None else on) or not cfg.inventory.gpus.nvlinks_per_gpu:
+            return None
+        return cls(cfg.agent.node, nodes, detectors, skew, switch_trays, cfg.inventory.gpus.nvlinks_per_gpu, clock)
+
+    def attach(self, store: Any, stale_after_intervals: float) -> None:
+        """The verdict's source in the store; it stays fresh for a few seconds (the coordination loop publishes
+        it every 0.5 s, but an etcd round trip on a loaded host may delay one), then ages out."""
+        self.store = store
+        store.register(SOURCE, DEVICE, INTERVAL, max(stale_after_intervals, 6.0))
+
+    def own(self, snap: Any) -> bytes | None:
+        """This node's vector from its own snapshot, taken at once; the bytes to put when it changed or is due."""
+        now = self.clock()
+        v = self.builder.build(snap, now)
+        if v is None:
+            return None
+        self.vectors[self.node] = v
+        if self._sent is not None and self._sent[0] == dict(v.gpus) and now - self._sent[1] < self.refresh:
+            return None
+        self._sent = (dict(v.gpus), now)
+        return encode(v)
+
+    def resend(self) -> None:
+        """Put the next vector whatever it holds (a new session: the old key went with the old lease)."""
+        self._sent = None
+
+    def accept(self, node: str, raw: bytes) -> LinkVector:
+        """Another tray's vector, checked (link_vectors.decode: RecordError); its agent's lease is the caller's."""
+        v = decode(raw, node, self.nodes, self.clock(), self.skew)
+        if node != self.node:
+            self.vectors[node] = v
+        return v
+
+    def forget(self, node: str) -> None:
+        if node != self.node:
+            self.vectors.pop(node, None)
+
+    def forget_peers(self) -> None:
+        for node in [n for n in self.vectors if n != self.node]:
+            del self.vectors[node]
+
+    def publish(self) -> Attribution:
+        """The verdict now, into the store (and kept for the status of this agent)."""
+        now = self.clock()
+        self.verdict = a = attribute(self.vectors, self.nodes, now, self.min_trays, self.max_age)
+        if self.store is not None:
+            self.store.publish(SOURCE, DEVICE, self.readings(a, now), 0.0)
+        return a
+
+    def readings(self, a: Attribution, now: float) -> list[Any]:
+        ok = Quality.OK
+        out = [make_reading(NVLINK_SWITCH_FAULT, 1.0 if a.switch_side(k) else 0.0,
+                            {"switch_chip": str(k), "switch_tray": switch_tray_of(k, self.switch_trays)}, ok, now)
+               for k in range(self.chips)]
+        for state, trays in (("counted", a.counted), ("stale", a.stale), ("silent", a.silent)):
+            out.append(make_reading(NVLINK_ATTRIBUTION_TRAYS, float(len(trays)), {"state": state}, ok, now))
+        out.append(make_reading(NVLINK_TRAY_SIDE_LINKS, float(len(a.tray_side)), {}, ok, now))
+        return out

@@ -1,0 +1,109 @@
+"""A tray's NVLink state vector: per GPU, per link index, up / down / erroring; built, encoded and checked.
+
+Why a record of its own (not a shared-device fact): the vector is the node's own (its GPUs, read by its own
+agent), so only that node's agent may publish it, under `links/<node>` (etcd: a key only that node's role may
+write, held under its member lease; agent.coordination.etcd_auth), and every agent reads every tray's to
+attribute failures across the rack (agent.coordination.attribution). One character per link keeps an
+18-link x 4-GPU tray at ~100 bytes.
+
+What a reader takes is checked here (`decode`): the node is the key's, an inventory node; the time is a time
+not ahead of the reader's clock by more than the allowed skew; at most MAX_GPUS GPUs of at most MAX_LINKS
+links, each state one of "u", "d", "e". Anything else is a RecordError naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from agent.coordination.records import RecordError, as_object, parse_json, wall_time
+
+VERSION = 1
+UP, DOWN, ERRORING = "u", "d", "e"
+FAILING = frozenset((DOWN, ERRORING))
+MAX_GPUS = 16
+MAX_LINKS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class LinkVector:
+    node: str
+    at: float  # the publisher's wall clock when it built the vector
+    gpus: Mapping[str, str]  # gpu index -> one state character per link index
+
+    def failing(self) -> list[tuple[str, int]]:
+        return sorted((g, k) for g, links in self.gpus.items() for k, s in enumerate(links) if s in FAILING)
+
+
+def encode(v: LinkVector) -> bytes:
+    return json.dumps({"v": VERSION, "node": v.node, "at": v.at, "gpus": dict(v.gpus)},
+                      separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode(raw: bytes | str, node: str, nodes: Iterable[str], now: float, skew: float) -> LinkVector:
+    """The vector filed under `links/<node>`, checked (see the module doc); RecordError otherwise."""
+    if node not in frozenset(nodes):
+        raise RecordError("unknown_node", f"links/{node[:60]!r}: not a node of the rack's inventory")
+    doc = as_object(parse_json(raw), "links")
+    if doc.get("v") != VERSION:
+        raise RecordError("version", f"links version {str(doc.get('v'))[:20]!r}, this agent reads {VERSION}")
+    if doc.get("node") != node:
+        raise RecordError("mismatch", f"links/{node}: the vector says node {str(doc.get('node'))[:60]!r}")
+    at = wall_time(doc.get("at"), "links.at", now, skew)
+    gpus = doc.get("gpus")
+    if not isinstance(gpus, dict) or len(gpus) > MAX_GPUS:
+        raise RecordError("type", f"links.gpus: expected an object of at most {MAX_GPUS} GPUs")
+    for gpu, links in gpus.items():
+        if not gpu.isdigit() or len(gpu) > 3:
+            raise RecordError("type", f"links.gpus: {gpu[:20]!r} is not a GPU index")
+        if not isinstance(links, str) or len(links) > MAX_LINKS or set(links) - {UP, DOWN, ERRORING}:
+            raise RecordError("type", f"links.gpus.{gpu}: expected at most {MAX_LINKS} link states of u, d, e")
+    return LinkVector(node, at, dict(gpus))
+
+
+class VectorBuilder:
+    """This node's vector from its own snapshot: a link is down when `supernode_nvlink_up` reads 0, erroring
+    when its effective BER is over `nvlink_effective_ber` or its counted errors rise faster than
+    `nvlink_error_rate_per_second` (the local detector's thresholds, so both judge a link alike)."""
+
+    def __init__(self, node: str, settings: Any):
+        self.node = node
+        self.s = settings
+        self._last: dict[tuple[str, str, str], tuple[float, float, float]] = {}  # (gpu, link, type) -> (t, value, rate)
+
+    def build(self, snap: Any, at: float) -> LinkVector | None:
+        state: dict[str, dict[int, str]] = {}
+        for r in snap.select("supernode_nvlink_up"):
+            if r.ok and r.label("link").isdigit() and r.label("node", self.node) == self.node:
+                state.setdefault(r.label("gpu"), {})[int(r.label("link"))] = UP if r.value >= 0.5 else DOWN
+        if not state:
+            return None
+        for gpu, link in self._erroring(snap):
+            links = state.get(gpu)
+            if links is not None and links.get(link) == UP:
+                links[link] = ERRORING
+        gpus = {g: "".join(links.get(k, UP) for k in range(max(links) + 1)) for g, links in state.items()
+                if g.isdigit()}
+        return LinkVector(self.node, at, gpus)
+
+    def _erroring(self, snap: Any) -> set[tuple[str, int]]:
+        out: set[tuple[str, int]] = set()
+        for r in snap.select("supernode_nvlink_bit_error_rate", kind="effective"):
+            if r.ok and r.label("link").isdigit() and r.value > self.s.nvlink_effective_ber:
+                out.add((r.label("gpu"), int(r.label("link"))))
+        types = set(self.s.nvlink_error_types)
+        rates: dict[tuple[str, int], float] = {}
+        for r in snap.select("supernode_nvlink_errors_total"):
+            if not r.ok or r.label("type") not in types or not r.label("link").isdigit():
+                continue
+            key = (r.label("gpu"), r.label("link"), r.label("type"))
+            prev = self._last.get(key)
+            if prev is None or r.timestamp > prev[0]:  # a new sample (counters are read every few polls)
+                rate = (r.value - prev[1]) / max(r.timestamp - prev[0], 1e-6) \
+                    if prev is not None and r.value >= prev[1] else 0.0
+                prev = self._last[key] = (r.timestamp, r.value, rate)
+            link = (key[0], int(key[1]))
+            rates[link] = rates.get(link, 0.0) + prev[2]
+        out.update(k for k, rate in rates.items() if rate > self.s.nvlink_error_rate_per_second)
+        return out
