@@ -239,7 +239,7 @@ def test_a_person_resolves_or_rejects_an_incident_through_the_cli(tmp_path):
         wait_for(lambda: gpus[0].power_limit_mw == default, 20, what="GPU 0's cap undone by resolve")
         out = _cli(tmp_path, "incidents", "reject", b["id"])
         assert out.returncode == 0 and "rejected" in out.stdout, out
-        wait_for(lambda: not _incidents(agent)["open"], 10, what="both closed")
+        wait_for(lambda: not _incidents(agent)["open"], 30, what="both closed")
         assert gpus[1].power_limit_mw == int(default * 0.75)  # rejected: left as it is, for the person
         assert _journal(agent, kind="result", action="gpu_power_cap", result="released")
         closed = [e for e in _journal(agent, kind="incident", result="resolved")]
