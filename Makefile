@@ -40,7 +40,7 @@ lint: $(STAMP)
 
 # Test modules run on TEST_WORKERS parallel workers (pytest-xdist; a module stays on one worker with its peers):
 # the suite mostly waits on real peers, so 2 cores carry several modules at once. The 25 slowest tests are listed.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 test: $(STAMP) peers lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
