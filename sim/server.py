@@ -187,10 +187,10 @@ class Simulator:
                 node.powered = True
                 node.host_on = True
                 node.tray_leaks.clear()
-            for tray in m.switch_trays.values():
-                tray.leaks.clear()
                 for g in node.gpus:
                     g.workload = 0.85
+            for tray in m.switch_trays.values():
+                tray.leaks.clear()
             c = m.coolant
             c.flow_factor = 1.0
             c.supply_hot_extra_c = 0.0

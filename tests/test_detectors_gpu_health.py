@@ -10,7 +10,7 @@ from __future__ import annotations
 from agent.remediation.detectors import Context, Detectors
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot
-from exporters.model import Reading
+from exporters.model import Quality, Reading
 
 from tests.test_detectors import reading
 
@@ -193,3 +193,48 @@ def test_each_node_of_a_snapshot_is_its_own_median():
             rs += [Reading(r.spec, r.value, {**r.labels, "node": node}, r.quality, r.timestamp)
                    for r in _gpu(str(i), 0.0, sm_mhz=mhz)]
     assert _events(d, Snapshot(0.0, tuple(rs), (), monotonic=0.0), "gpu_straggler") == []
+
+
+def _with_rack(s: Snapshot, mhz: float | None, quality: Quality = Quality.OK) -> Snapshot:
+    """The snapshot plus the rack's reference clock as agent.coordination.link_share publishes it."""
+    if mhz is None:
+        return s
+    from agent.coordination.link_share import GPU_RACK_MEDIAN_SM_CLOCK
+
+    rack = Reading(GPU_RACK_MEDIAN_SM_CLOCK, mhz * MHZ, {}, quality, s.taken_at)
+    return Snapshot(s.taken_at, s.readings + (rack,), (), monotonic=s.monotonic)
+
+
+def test_a_whole_tray_below_the_racks_median_clock_is_a_straggler_its_own_median_never_shows():
+    d = _detectors(gpu_straggler={"fire_seconds": 10.0, "clear_seconds": 10.0})
+    slow = {str(i): {"sm_mhz": 1600} for i in range(8)}  # every GPU of the tray alike: its own median is 1600
+    # Without the rack's reference (no NVLink attribution, or fewer than 3 busy trays): nothing to see.
+    assert _events(d, _node(0.0, **slow), "gpu_straggler") == []
+    assert _events(d, _node(20.0, **slow), "gpu_straggler") == []
+    d = _detectors(gpu_straggler={"fire_seconds": 10.0, "clear_seconds": 10.0})
+    assert _events(d, _with_rack(_node(0.0, **slow), 1980), "gpu_straggler") == []
+    fired = _events(d, _with_rack(_node(10.0, **slow), 1980), "gpu_straggler")
+    assert sorted(t["gpu"] for _, t, _ in fired) == [str(i) for i in range(8)]
+    for kind, _, detail in fired:
+        assert (kind, detail["off"], detail["cause"]) == ("fire", ["sm_clock_vs_rack"], "unexplained")
+        assert (detail["rack_median_sm_clock_hertz"], detail["node_median_sm_clock_hertz"]) == (1980 * MHZ, 1600 * MHZ)
+    # The rack's reference goes stale (coordination lost): held, not cleared on a reference it does not have,
+    # however long (the clear hold is 10 s)...
+    for t in (15.0, 30.0, 60.0):
+        assert _events(d, _with_rack(_node(t, **slow), 1980, Quality.STALE), "gpu_straggler") == []
+    # ...and once the reference is back with the tray at the rack's pace (within the clear band of 5 %),
+    # cleared after the hold.
+    assert _events(d, _with_rack(_node(70.0), 1980), "gpu_straggler") == []
+    assert sorted(e[0] for e in _events(d, _with_rack(_node(80.0), 1980), "gpu_straggler")) == ["clear"] * 8
+
+
+def test_a_tray_faster_than_the_rack_is_no_straggler_and_one_busy_gpu_is_judged_against_the_rack():
+    d = _detectors(gpu_straggler=FAST)
+    assert _events(d, _with_rack(_node(0.0, **{str(i): {"sm_mhz": 2100} for i in range(8)}), 1980),
+                   "gpu_straggler") == []
+    # One busy GPU (too few for its node's median) at 1500 MHz against a rack at 1980: fires on the rack alone.
+    idle = {str(i): {"util": 0.1, "sm_mhz": 345} for i in range(1, 8)}
+    [(kind, targets, detail)] = _events(d, _with_rack(_node(1.0, **{"0": {"sm_mhz": 1500}, **idle}), 1980),
+                                         "gpu_straggler")
+    assert (kind, targets["gpu"], detail["off"]) == ("fire", "0", ["sm_clock_vs_rack"])
+    assert detail["node_median_sm_clock_hertz"] is None

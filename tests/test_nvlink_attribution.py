@@ -113,6 +113,12 @@ def test_a_rack_of_fewer_trays_than_n_uses_its_own_size_never_below_two():
     ({"v": 1, "node": "node01", "at": NOW, "gpus": {"zero": "uu"}}, "type"),
     ({"v": 1, "node": "node01", "at": NOW, "gpus": {str(i): "u" for i in range(17)}}, "type"),
     ({"v": 2, "node": "node01", "at": NOW, "gpus": {}}, "version"),
+    ({"v": 1, "node": "node01", "at": NOW, "gpus": {}, "load": {"n": -1, "sm": 1e9, "w": 500}}, "type"),
+    ({"v": 1, "node": "node01", "at": NOW, "gpus": {}, "load": {"n": True, "sm": 1e9, "w": 500}}, "type"),
+    ({"v": 1, "node": "node01", "at": NOW, "gpus": {}, "load": {"n": 4, "sm": 1e12, "w": 500}}, "range"),
+    ({"v": 1, "node": "node01", "at": NOW, "gpus": {}, "load": {"n": 4, "sm": "fast", "w": 500}}, "range"),
+    ({"v": 1, "node": "node01", "at": NOW, "gpus": {}, "load": {"n": 4, "sm": 1e9, "w": -5}}, "range"),
+    ({"v": 1, "node": "node01", "at": NOW, "gpus": {}, "load": [4]}, "type"),
 ])
 def test_a_vector_that_is_not_a_trays_own_is_rejected_naming_why(doc, why):
     with pytest.raises(RecordError) as err:
@@ -174,3 +180,42 @@ def test_the_trays_own_vector_says_down_erroring_or_up_per_link_by_the_detectors
     v = VectorBuilder("node01", DetectorSettings()).build(Snapshot(t, rs, (), monotonic=t), t)
     assert v is not None and v.node == "node01" and v.gpus == {"0": "uudueu" + "u" * 12}
     assert v.failing() == [("0", 2), ("0", 4)]
+
+
+# -- the trays' load summaries and the rack's median busy GPU (gpu_straggler's rack reference) ------------------
+
+
+def loaded(node: str, busy: int, mhz: float | None, at: float = NOW) -> bytes:
+    return json.dumps({"v": 1, "node": node, "at": at, "gpus": {"0": "u" * 18},
+                       "load": {"n": busy, "sm": None if mhz is None else mhz * 1e6, "w": 900.0}}).encode()
+
+
+def test_the_racks_median_is_the_median_of_busy_trays_medians_from_fresh_vectors_only():
+    from agent.coordination.rack_load import rack_load
+
+    raw = {"node01": loaded("node01", 4, 1980), "node02": loaded("node02", 4, 1950),
+           "node03": loaded("node03", 2, 1500), "node04": loaded("node04", 0, None),  # idle: not counted
+           "node05": loaded("node05", 4, 1000, at=NOW - 60),  # stale: says nothing of now
+           "node06": published("node06")}  # an agent that sends no load summary (an older one)
+    r = rack_load(vectors(raw), NOW, max_age=15.0)
+    assert (r.sm_clock_hertz, r.trays) == (1950e6, ("node01", "node02", "node03"))
+    # With fewer than 3 busy trays, no reference at all (one slow tray would be half of it).
+    del raw["node03"]
+    assert rack_load(vectors(raw), NOW, max_age=15.0).sm_clock_hertz is None
+    # Each tray weighs one: a tray's busy GPU count does not pull the median.
+    raw = {f"node{i:02d}": loaded(f"node{i:02d}", n, mhz) for i, (n, mhz) in
+           enumerate([(16, 1000), (1, 1900), (1, 1950)], 1)}
+    assert rack_load(vectors(raw), NOW, max_age=15.0).sm_clock_hertz == 1900e6
+
+
+def test_the_trays_load_summary_is_its_busy_gpus_medians_and_round_trips():
+    from agent.coordination.link_vectors import TrayLoad, VectorBuilder
+    from tests.test_detectors_gpu_health import _gpu
+
+    t = time.time()
+    rs = _snap(t, set(), set()).readings
+    for gpu, util, mhz, watts in (("0", 0.9, 1980, 700.0), ("1", 0.95, 1900, 680.0), ("2", 0.1, 345, 90.0)):
+        rs += tuple(_gpu(gpu, t, util=util, sm_mhz=mhz, watts=watts))
+    v = VectorBuilder("node01", DetectorSettings()).build(Snapshot(t, rs, (), monotonic=t), t)
+    assert v is not None and v.load == TrayLoad(2, 1940e6, 690.0)
+    assert decode(encode(v), "node01", RACK18, t, 5.0) == v

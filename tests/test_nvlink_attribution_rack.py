@@ -3,7 +3,9 @@ coordinated by a real etcd (each agent publishes its tray's link vector under li
 
 - an NVSwitch chip down (link K down on every GPU of the rack) -> exactly one nvlink_switch_fault incident, on
   the rack leader, naming the chip; no compute tray drained (and no nvlink_errors incident on any tray);
-- one tray's link down -> that tray drained, no switch incident.
+- one tray's link down -> that tray drained, no switch incident;
+- a whole tray running slow under load (every GPU alike, so its own median shows nothing) -> gpu_straggler on
+  that tray's GPUs against the rack's median busy clock, which every agent computes from the trays' vectors.
 
 The attribution latency (the fault's injection to the leader's incident) is printed, not asserted (run with -s).
 Every wait is on a condition with a generous deadline (loaded 2-core machine).
@@ -25,6 +27,8 @@ def _attributing(cfg: dict[str, Any], node: str, sim: Any) -> None:
     """The rack is one NVLink domain (GB200): its rack file lists the switch trays, which turns attribution on;
     said here too, so the test does not hang on that default."""
     cfg["remediation"].setdefault("detectors", {})["nvlink_switch_attribution"] = True
+    # gpu_straggler's hold short, for the rack-median straggler test (a steady rack never fires it)
+    cfg["remediation"]["detectors"]["gpu_straggler"] = {"fire_seconds": 1.0, "clear_seconds": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +107,30 @@ def test_one_trays_link_down_drains_that_tray_and_opens_no_switch_incident(rack)
         assert _verdict(a, 3) == 0.0
         new = [i for i in _incidents(a, "nvlink_switch_fault") if i["id"] not in before[node]]
         assert new == [], f"{node}: a switch incident for one tray's link"
+
+
+def test_a_whole_tray_slower_than_the_rack_is_a_straggler_by_the_racks_median(rack):
+    _cleared(rack)
+    before = {a.config["agent"]["node"]: {i["id"] for i in _incidents(a, "gpu_straggler")} for a in rack.agents}
+    rack.sim.inject("workload", ratio=0.9)
+    wait_for(lambda: all(metric(a, "supernode_gpu_rack_load_trays") == 3.0 for a in rack.agents), 60,
+             what="every agent counts the 3 busy trays in the rack's median")
+    gpus = len(rack.sim.sim.model.nodes["node03"].gpus)
+    for gpu in range(gpus):  # every GPU of node03 alike: node03's own median moves with them
+        rack.sim.inject("clock-slowdown", node="node03", gpu=gpu, reason="none", ratio=0.8)
+    victim = next(a for a in rack.agents if a.config["agent"]["node"] == "node03")
+
+    def slow() -> list[dict[str, Any]]:
+        return [i for i in _incidents(victim, "gpu_straggler") if i["id"] not in before["node03"]]
+
+    try:
+        wait_for(lambda: len(slow()) == gpus, 60, what="node03's GPUs stragglers against the rack")
+        for inc in slow():
+            assert inc["detail"]["off"] == ["sm_clock_vs_rack"], inc["detail"]
+            assert inc["detail"]["rack_median_sm_clock_hertz"] > inc["detail"]["sm_clock_hertz"]
+        for a in rack.agents:
+            node = a.config["agent"]["node"]
+            if node != "node03":
+                assert [i for i in _incidents(a, "gpu_straggler") if i["id"] not in before[node]] == [], node
+    finally:
+        rack.sim.clear()  # the simulator's own load again (0.85 on every GPU)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 
 from agent.coordination.attribution import Attribution, attribute, switch_tray_of
 from agent.coordination.link_vectors import LinkVector, VectorBuilder, decode, encode
+from agent.coordination.rack_load import rack_load
 from exporters.model import Quality, gauge, make_reading
 
 SOURCE, DEVICE = "nvlink_attribution", "rack"
@@ -33,7 +34,15 @@ NVLINK_ATTRIBUTION_TRAYS = gauge("supernode_nvlink_attribution_trays", (
     "than 3 refreshes: its NVML reads stopped) or silent (no vector: its agent is not publishing)."), ("state",))
 NVLINK_TRAY_SIDE_LINKS = gauge("supernode_nvlink_tray_side_links", (
     "NVLinks failing (down or erroring) in the rack that the attribution leaves to their own tray (tray-side)."))
-FAMILIES = (NVLINK_SWITCH_FAULT, NVLINK_ATTRIBUTION_TRAYS, NVLINK_TRAY_SIDE_LINKS)
+GPU_RACK_MEDIAN_SM_CLOCK = gauge("supernode_gpu_rack_median_sm_clock_hertz", (
+    "The rack's reference SM clock for busy GPUs in hertz: the median of the compute trays' median busy-GPU SM "
+    "clocks (agent.coordination.rack_load); absent with fewer than 3 trays under load. The straggler detector "
+    "judges a busy GPU's clock against it as well as against its node's median."))
+GPU_RACK_LOAD_TRAYS = gauge("supernode_gpu_rack_load_trays", (
+    "Compute trays under load (a fresh link vector with at least one busy GPU reporting its SM clock) counted in "
+    "supernode_gpu_rack_median_sm_clock_hertz."))
+FAMILIES = (NVLINK_SWITCH_FAULT, NVLINK_ATTRIBUTION_TRAYS, NVLINK_TRAY_SIDE_LINKS, GPU_RACK_MEDIAN_SM_CLOCK,
+            GPU_RACK_LOAD_TRAYS)
 REFRESH_SECONDS = 5.0
 INTERVAL = 0.5  # how often the verdict is published (its freshness), besides on every vector that changes it
 
@@ -122,4 +131,8 @@ class LinkShare:
         for state, trays in (("counted", a.counted), ("stale", a.stale), ("silent", a.silent)):
             out.append(make_reading(NVLINK_ATTRIBUTION_TRAYS, float(len(trays)), {"state": state}, ok, now))
         out.append(make_reading(NVLINK_TRAY_SIDE_LINKS, float(len(a.tray_side)), {}, ok, now))
+        load = rack_load(self.vectors, now, self.max_age)
+        out.append(make_reading(GPU_RACK_LOAD_TRAYS, float(len(load.trays)), {}, ok, now))
+        if load.sm_clock_hertz is not None:
+            out.append(make_reading(GPU_RACK_MEDIAN_SM_CLOCK, load.sm_clock_hertz, {}, ok, now))
         return out

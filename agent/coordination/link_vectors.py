@@ -6,14 +6,23 @@ write, held under its member lease; agent.coordination.etcd_auth), and every age
 attribute failures across the rack (agent.coordination.attribution). One character per link keeps an
 18-link x 4-GPU tray at ~100 bytes.
 
+The vector also carries the tray's load summary (`load`: how many of its GPUs are busy, their median SM clock
+and power), so every agent knows the rack's median busy GPU (agent.coordination.rack_load) and a straggler
+detector can see a whole tray running slow, which its own node's median never shows. It rides along: a
+change of load alone does not put the vector again before its refresh. Optional, so an agent that does not
+send it (or an older one) is read as before.
+
 What a reader takes is checked here (`decode`): the node is the key's, an inventory node; the time is a time
 not ahead of the reader's clock by more than the allowed skew; at most MAX_GPUS GPUs of at most MAX_LINKS
-links, each state one of "u", "d", "e". Anything else is a RecordError naming the field.
+links, each state one of "u", "d", "e"; a load summary, when present, of at most MAX_GPUS busy GPUs with a
+clock and a power in physical range. Anything else is a RecordError naming the field.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -24,6 +33,18 @@ UP, DOWN, ERRORING = "u", "d", "e"
 FAILING = frozenset((DOWN, ERRORING))
 MAX_GPUS = 16
 MAX_LINKS = 64
+MAX_SM_CLOCK_HERTZ = 10e9  # far above any GPU's boost clock: a larger figure is no reading
+MAX_GPU_POWER_WATTS = 10e3
+
+
+@dataclass(frozen=True, slots=True)
+class TrayLoad:
+    """A tray's busy GPUs (utilisation at least gpu_straggler_min_utilization_ratio): how many, and their median
+    SM clock and power (None when no busy GPU reported one)."""
+
+    busy: int
+    sm_clock_hertz: float | None
+    power_watts: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,14 +52,37 @@ class LinkVector:
     node: str
     at: float  # the publisher's wall clock when it built the vector
     gpus: Mapping[str, str]  # gpu index -> one state character per link index
+    load: TrayLoad | None = None  # the tray's busy GPUs, when its agent sends it
 
     def failing(self) -> list[tuple[str, int]]:
         return sorted((g, k) for g, links in self.gpus.items() for k, s in enumerate(links) if s in FAILING)
 
 
 def encode(v: LinkVector) -> bytes:
-    return json.dumps({"v": VERSION, "node": v.node, "at": v.at, "gpus": dict(v.gpus)},
-                      separators=(",", ":"), sort_keys=True).encode()
+    doc: dict[str, Any] = {"v": VERSION, "node": v.node, "at": v.at, "gpus": dict(v.gpus)}
+    if v.load is not None:
+        doc["load"] = {"n": v.load.busy, "sm": v.load.sm_clock_hertz, "w": v.load.power_watts}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _decode_load(raw: Any) -> TrayLoad | None:
+    if raw is None:
+        return None
+    doc = as_object(raw, "links.load")
+    busy = doc.get("n")
+    if not isinstance(busy, int) or isinstance(busy, bool) or not 0 <= busy <= MAX_GPUS:
+        raise RecordError("type", f"links.load.n: expected a busy GPU count 0..{MAX_GPUS}")
+
+    def figure(key: str, top: float) -> float | None:
+        value = doc.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not 0 <= value <= top:
+            raise RecordError("range", f"links.load.{key}: expected a number 0..{top:g} or null")
+        return float(value)
+
+    return TrayLoad(busy, figure("sm", MAX_SM_CLOCK_HERTZ), figure("w", MAX_GPU_POWER_WATTS))
 
 
 def decode(raw: bytes | str, node: str, nodes: Iterable[str], now: float, skew: float) -> LinkVector:
@@ -59,7 +103,7 @@ def decode(raw: bytes | str, node: str, nodes: Iterable[str], now: float, skew: 
             raise RecordError("type", f"links.gpus: {gpu[:20]!r} is not a GPU index")
         if not isinstance(links, str) or len(links) > MAX_LINKS or set(links) - {UP, DOWN, ERRORING}:
             raise RecordError("type", f"links.gpus.{gpu}: expected at most {MAX_LINKS} link states of u, d, e")
-    return LinkVector(node, at, dict(gpus))
+    return LinkVector(node, at, dict(gpus), _decode_load(doc.get("load")))
 
 
 class VectorBuilder:
@@ -85,7 +129,20 @@ class VectorBuilder:
                 links[link] = ERRORING
         gpus = {g: "".join(links.get(k, UP) for k in range(max(links) + 1)) for g, links in state.items()
                 if g.isdigit()}
-        return LinkVector(self.node, at, gpus)
+        return LinkVector(self.node, at, gpus, self._load(snap))
+
+    def _load(self, snap: Any) -> TrayLoad:
+        """This tray's busy GPUs and their medians (the straggler detector's notion of busy)."""
+        def own(name: str, **labels: str) -> dict[str, float]:
+            return {r.label("gpu"): r.value for r in snap.select(name, **labels)
+                    if r.ok and r.label("node", self.node) == self.node}
+
+        busy = {g for g, u in own("supernode_gpu_utilization_ratio", engine="gpu").items()
+                if u >= self.s.gpu_straggler_min_utilization_ratio}
+        clocks = [v for g, v in own("supernode_gpu_clock_hertz", clock="sm").items() if g in busy]
+        power = [v for g, v in own("supernode_gpu_power_watts").items() if g in busy]
+        return TrayLoad(len(busy), statistics.median(clocks) if clocks else None,
+                        statistics.median(power) if power else None)
 
     def _erroring(self, snap: Any) -> set[tuple[str, int]]:
         out: set[tuple[str, int]] = set()

@@ -134,9 +134,15 @@ class GpuHealthDetectors(DetectorBase):
         nobody); power on both sides (a GPU drawing far more or far less than its peers on the same job runs a
         different operating point). It clears once back within gpu_straggler_clear_band_fraction of the bands.
 
-        The median is the node's: a local detector sees only its own node's GPUs. The rack's median (the other
-        nodes' GPUs in the same job) is not visible here today; a whole node running slow is left to the rack's
-        view (Prometheus: the runbook's query compares nodes).
+        Two references: the node's median, and the rack's (`supernode_gpu_rack_median_sm_clock_hertz`, the
+        median of the busy trays' medians that every agent computes from the trays' link vectors,
+        agent.coordination.rack_load). The node's shows one GPU off its tray mates; the rack's shows a whole
+        tray running slow, which its own median never does. Against the rack only the clock counts (below
+        only): trays run different jobs at different power, but a slower clock is what the others wait for. The
+        rack reference needs no minimum of busy GPUs on this node (one busy GPU is judged against it), and is
+        absent where the rack shares no link vectors (no NVLink attribution) or fewer than 3 trays are busy. A
+        GPU that fired against the rack's reference is held (unknown), not cleared, while that reference is
+        gone (stale: coordination lost); it clears on the reference, or when its job ends.
 
         The detail names the cause when one of the GPU's own conditions explains it, from the same snapshot:
         pcie_degraded, clock_slowdown, thermal (a thermal clock event, or gpu_thermal's incident open) or
@@ -145,6 +151,7 @@ class GpuHealthDetectors(DetectorBase):
         busy = {k: u for k, u in _busy(snap, self.ctx).items() if u >= s.gpu_straggler_min_utilization_ratio}
         clocks = {_key(r, self.ctx): r.value for r in snap.select("supernode_gpu_clock_hertz", clock="sm") if r.ok}
         power = {_key(r, self.ctx): r.value for r in snap.select("supernode_gpu_power_watts") if r.ok}
+        mr = snap.value("supernode_gpu_rack_median_sm_clock_hertz")  # None: no rack reference (or stale)
         nodes: dict[str, list[GpuKey]] = {}
         for key in set(clocks) | set(power):
             nodes.setdefault(key[0], []).append(key)
@@ -157,23 +164,37 @@ class GpuHealthDetectors(DetectorBase):
             mp = statistics.median(power_ref) if len(power_ref) >= s.gpu_straggler_min_gpus else None
             for key in sorted(keys):
                 targets = targets_of(node=node, gpu=key[1])
-                if key not in busy or (mc is None and mp is None):
-                    yield Observation("gpu_straggler", targets, "warning", False)
+                if key not in busy or (mc is None and mp is None and mr is None):
+                    if key not in busy:
+                        self._rack_stragglers.discard(key)
+                    cond0: bool | None = None if key in self._rack_stragglers else False
+                    yield Observation("gpu_straggler", targets, "warning", cond0)
                     continue
-                clock_off = _off(clocks.get(key), mc, s.gpu_straggler_clock_band_ratio, below_only=True)
+                clock, band, inside = clocks.get(key), s.gpu_straggler_clock_band_ratio, s.gpu_straggler_clear_band_fraction
+                clock_off = _off(clock, mc, band, below_only=True)
+                rack_off = _off(clock, mr, band, below_only=True)
                 power_off = _off(power.get(key), mp, s.gpu_straggler_power_band_ratio, below_only=False)
-                inside = s.gpu_straggler_clear_band_fraction
-                clock_back = not _off(clocks.get(key), mc, s.gpu_straggler_clock_band_ratio * inside, below_only=True)
+                clock_back = not (_off(clock, mc, band * inside, below_only=True)
+                                  or _off(clock, mr, band * inside, below_only=True))
                 power_back = not _off(power.get(key), mp, s.gpu_straggler_power_band_ratio * inside, below_only=False)
-                cond = True if clock_off or power_off else False if clock_back and power_back else None
+                cond = True if clock_off or rack_off or power_off else False if clock_back and power_back else None
+                if rack_off:
+                    self._rack_stragglers.add(key)
+                elif cond is not None and key in self._rack_stragglers:
+                    if mr is None and not cond:
+                        cond = None  # fired against the rack, whose reference is gone: unknown, held
+                    else:
+                        self._rack_stragglers.discard(key)
                 detail: dict = {}
                 if cond:
                     if causes is None:
                         causes = self._straggler_causes(snap)
                     why = causes.get(key, [])
                     detail = {"cause": ",".join(why) if why else "unexplained",
-                              "off": [n for n, off in (("sm_clock", clock_off), ("power", power_off)) if off],
-                              "sm_clock_hertz": clocks.get(key), "node_median_sm_clock_hertz": mc,
+                              "off": [n for n, off in (("sm_clock", clock_off), ("sm_clock_vs_rack", rack_off),
+                                                       ("power", power_off)) if off],
+                              "sm_clock_hertz": clock, "node_median_sm_clock_hertz": mc,
+                              "rack_median_sm_clock_hertz": mr,
                               "power_watts": power.get(key), "node_median_power_watts": mp,
                               "utilization_ratio": busy[key], "gpus_compared": len(loaded)}
                 yield Observation("gpu_straggler", targets, "warning", cond, detail=detail)
