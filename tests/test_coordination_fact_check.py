@@ -203,7 +203,8 @@ def test_any_payload_is_a_fact_or_a_rejection_never_another_error(replace, row_f
     fx = _exchange()
     doc = json.loads(_wet())
     doc.update(replace)
-    if isinstance(doc.get("r"), list) and doc["r"] and isinstance(doc["r"][0], list):
+    if isinstance(doc.get("r"), list) and doc["r"] and isinstance(doc["r"][0], list) \
+            and row_field < len(doc["r"][0]):  # a replaced "r" may hold shorter rows than the one drawn into
         doc["r"][0][row_field] = cell
     for raw in (json.dumps(doc).encode(), json.dumps(cell).encode(), json.dumps(doc).encode()[:-3]):
         try:
