@@ -234,6 +234,10 @@ def peer(runs: int, out_dir: Path) -> dict[str, Any]:
     return {"runs": runs, "wall_ms": _median(walls) * 1e3, "cpu_ms": _median(cpus) * 1e3}
 
 
+# NVML_GPU_FABRIC_STATE_* (nvml.h) -> the exporter's state label
+_FABRIC_STATE_NAMES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+
+
 def versus_nvidia_smi(capture: str, readings: list) -> list[dict[str, Any]]:
     """The exporter's values against nvidia-smi's for each GPU, matched by PCI bus id."""
     from sim.nvml_capture import nvml_answers, parse
@@ -266,7 +270,14 @@ def versus_nvidia_smi(capture: str, readings: list) -> list[dict[str, Any]]:
             "persistence": (one(M.PERSISTENCE, g), float(smi["persistence"])),
             "ecc_aggregate": (ecc, [float(x) for x in smi["ecc_aggregate"]]),
             "remapped_rows": (remap, [float(x) for x in smi["remap"]]),
+            # the fabric registration (the resume gate's input): the state set's one active state, and nvidia-smi's
+            "fabric_state": (next((r.labels["state"] for r in snap.select(M.FABRIC_STATE.name, gpu=g) if r.value == 1),
+                                  None), _FABRIC_STATE_NAMES.get(smi["fabric"]["state"])),
         }
+        if "GPU Recovery Action" in raw:  # R560 and later print the driver's recovery hint (NVML field 230)
+            static["recovery_action"] = (
+                next((r.labels["action"] for r in snap.select(M.RECOVERY.name, gpu=g) if r.value == 1), None),
+                raw["GPU Recovery Action"].strip().lower().replace(" ", "_"))
         moving = {
             "power_w": (one(M.POWER, g), smi["power_mw"] / 1000),
             "temperature_gpu_c": (one(M.TEMPERATURE, g, sensor="gpu"), float(smi["temp_c"])),

@@ -84,9 +84,30 @@ def parse(text: str) -> Capture:
         raise CaptureError(f"capture: Driver Version / CUDA Version missing or malformed ({e})") from None
 
 
+# Lines that later drivers print under another name (seen on R580 against R535/R550): a path is read under its
+# first spelling the capture has. "Average Power Draw" is what nvmlDeviceGetPowerUsage answers on Ampere and later
+# (its 1 s average), printed from R560 on beside "Instantaneous Power Draw".
+SPELLINGS: dict[str, tuple[str, ...]] = {
+    "GPU Power Readings/Power Draw": ("GPU Power Readings/Power Draw", "GPU Power Readings/Average Power Draw"),
+    "Utilization/Gpu": ("Utilization/Gpu", "Utilization/GPU"),
+}
+
+
+def spelled(gpu: dict[str, Any], path: str) -> str:
+    """The spelling of `path` this GPU's capture uses (the path itself when it has none of them)."""
+    for candidate in SPELLINGS.get(path, ()):
+        node: Any = gpu
+        for part in candidate.split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            return candidate
+    return path
+
+
 def get(gpu: dict[str, Any], path: str) -> str:
-    """The text at `Section/Sub/Key` of one GPU, or CaptureError naming it."""
+    """The text at `Section/Sub/Key` of one GPU (under the spelling its driver prints), or CaptureError naming it."""
     node: Any = gpu
+    path = spelled(gpu, path)
     for part in path.split("/"):
         if not isinstance(node, dict) or part not in node:
             raise CaptureError(f"capture GPU {gpu.get('_bus_id')}: no {path!r}")

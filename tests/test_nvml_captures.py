@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sim.nvml_twin import NvmlTwin
-from sim.nvml_capture import CaptureError, model_from_capture, parse
+from sim.nvml_capture import CaptureError, model_from_capture, parse, spelled
 from exporters.gpu import nvml_metrics as M
 from exporters.model import Quality
 from exporters.gpu.nvml import NvmlSource
@@ -31,7 +31,8 @@ REASONS = {"gpu_idle": "Idle", "applications_clocks": "Applications Clocks Setti
 
 
 def _value(section: dict, path: str) -> str:
-    for part in path.split("/"):
+    """The capture's text at `path`, under the name its driver prints it (R580 renamed a few lines)."""
+    for part in spelled(section, path).split("/"):
         section = section[part]
     return section  # type: ignore[return-value]
 
@@ -50,9 +51,10 @@ def _poll(text: str):
         return run(lambda: poll_close(src, n=2))
 
 
-def test_all_four_captures_are_here_with_their_licences():
+def test_all_five_captures_are_here_with_their_licences():
     assert FILES == ["gh200-550.127.05.nvidia-smi-q.txt", "h100x8-535.161.08.nvidia-smi-q.txt",
-                     "h100x8-535.183.01.nvidia-smi-q.txt", "h200-550.90.12.nvidia-smi-q.txt"]
+                     "h100x8-535.183.01.nvidia-smi-q.txt", "h200-550.90.12.nvidia-smi-q.txt",
+                     "h200-580.159.04.nvidia-smi-q.txt"]
     assert (CAPTURES / "LICENSE.gpud").is_file() and (CAPTURES / "LICENSE.gls").is_file()
 
 
@@ -100,7 +102,8 @@ def test_capture_round_trips_through_the_exporter(name):
             assert one(res, M.REMAP_FAILURE, gpu=gpu) == {"No": 0.0, "Yes": 1.0}[rows["Remapping Failure Occurred"]]
             assert one(res, M.PCIE_REPLAYS, gpu=gpu) == int(_value(raw, "PCI/Replays Since Reset"))
             assert one(res, M.PERSISTENCE, gpu=gpu) == {"Enabled": 1.0, "Disabled": 0.0}[_value(raw, "Persistence Mode")]
-            # the Fabric section: Completed/Success (HGX H100, H200) or N/A (standalone GH200: no fabric, no gate)
+            # the Fabric section: Completed/Success (HGX H100, H200) or N/A (standalone GH200, and the lent H200 of
+            # R580 passed to a VM alone, without its NVLinks: no fabric, no gate)
             state = {"Completed": "completed", "N/A": "not_supported"}[_value(raw, "Fabric/State")]
             assert one(res, M.FABRIC_STATE, gpu=gpu, state=state) == 1.0, (name, gpu)
             assert not [r for r in res.readings if r.spec is M.FABRIC_HEALTH and r.labels["gpu"] == gpu]  # N/A
@@ -133,3 +136,17 @@ def test_persistence_mode_follows_the_capture():
     assert off != text
     first, _ = _poll(off)
     assert one(first, M.PERSISTENCE, gpu="0") == 0.0
+
+
+def test_r580_captures_are_read_under_their_own_names():
+    """R580 prints "Average Power Draw" (what nvmlDeviceGetPowerUsage answers) beside "Instantaneous Power Draw",
+    and "GPU" where R550 printed "Gpu": the twin answers the average, not the instantaneous reading."""
+    text = (CAPTURES / "h200-580.159.04.nvidia-smi-q.txt").read_text()
+    raw = parse(text).gpus[0]
+    average = float(raw["GPU Power Readings"]["Average Power Draw"].split()[0])
+    instant = float(raw["GPU Power Readings"]["Instantaneous Power Draw"].split()[0])
+    assert average != instant and "Power Draw" not in raw["GPU Power Readings"]
+    first, _ = _poll(text)
+    assert one(first, M.POWER, gpu="0") == average
+    assert one(first, M.UTILIZATION, gpu="0", engine="gpu") == int(raw["Utilization"]["GPU"].split()[0]) / 100
+    assert one(first, M.FABRIC_STATE, gpu="0", state="not_supported") == 1.0  # passed alone to a VM: no fabric
