@@ -263,6 +263,7 @@ class RedfishEndpoint(Strict):
         return self
 
 
+RACK_UNITS_MAX = 60  # the tallest racks in use are 58U; a larger number is a typo
 NVSWITCH_CHIPS = 18  # NVSwitch chips of an NVL72 domain: NVLink index k of every GPU reaches chip k
 
 
@@ -300,6 +301,11 @@ class Inventory(Strict):
         "cdu:point of the rack's coolant isolation valve: closed (with approval) when more than "
         "remediation.detectors.rack_tray_leaks trays leak at once."))
     power_budget_watts: float | None = Field(default=None, gt=0, description="Rack power budget.")
+    rack_units: dict[str, Annotated[int, Field(ge=1, le=RACK_UNITS_MAX)]] = Field(default_factory=dict, description=(
+        "Tray -> its rack unit (the lowest U it occupies, counted from the bottom as on the rack's elevation "
+        "drawing): every compute tray (inventory.nodes) and NVLink switch tray (inventory.switch_trays) once "
+        "any is given. A tray leak watches the trays below it (remediation.leak_scope.watch_below_trays); "
+        "without positions no tray is known to be below another."))
 
     @model_validator(mode="after")
     def _names_unique(self) -> "Inventory":
@@ -318,7 +324,7 @@ class Inventory(Strict):
         unknown = sorted(n for n in self.agent_urls if self.nodes and n not in self.nodes)
         if unknown:
             raise ValueError(f"agent_urls: {unknown} not in inventory.nodes")
-        problems = switch_tray_problems(self)
+        problems = switch_tray_problems(self) + rack_unit_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -333,6 +339,25 @@ class Inventory(Strict):
             return next((t.zone for t in self.switch_trays if t.bmc == ep.name), None)
         zones = [z.name for z in self.leak_zones if ep.node in z.nodes]
         return zones[0] if len(zones) == 1 else None
+
+
+def rack_unit_problems(inv: "Inventory") -> list[str]:
+    """Each position names a tray of the inventory, no two trays share a rack unit, and once any tray has a
+    position every tray has one (a tray left out would never be watched below a leak, silently)."""
+    if not inv.rack_units:
+        return []
+    trays = list(inv.nodes) + [t.name for t in inv.switch_trays]
+    out = [f"rack_units.{name}: not a tray of the inventory (inventory.nodes or inventory.switch_trays)"
+           for name in inv.rack_units if name not in trays]
+    at: dict[int, str] = {}
+    for name, unit in inv.rack_units.items():
+        if unit in at:
+            out.append(f"rack_units.{name}: rack unit {unit} is already {at[unit]}'s")
+        at.setdefault(unit, name)
+    missing = [t for t in trays if t not in inv.rack_units]
+    if missing:
+        out.append(f"rack_units: no rack unit for {', '.join(missing)} (every tray needs one once any has)")
+    return out
 
 
 def switch_tray_problems(inv: "Inventory") -> list[str]:

@@ -66,6 +66,8 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
         "guardrails": {"max_drained_fraction": 1.0, "max_drained_nodes": len(model.nodes), "cooldown_seconds": 5},
         # no nvidia-smi here: the recovery ladder resets a GPU of the twin through the simulator's own CLI
         "gpu_recovery": {"gpu_reset_command": gpu_reset_command(sim.url)},
+        # the leak story's dry hold in seconds, not the shipped 15 minutes: the approvals show within the tour
+        "leak_scope": {"dry_hold_seconds": 5.0},
     }
     if etcd_endpoints:
         cfg["coordination"] = {"backend": "etcd", "etcd": {"endpoints": list(etcd_endpoints)}}
@@ -133,7 +135,20 @@ def redfish_inventory(sim: Simulator, cfg: dict[str, Any]) -> None:
         + [{"name": name, "kind": "cdu", "url": url, **account} for name, url in rf["cdus"].items()])
     cfg["inventory"]["switch_trays"] = [{"name": name, "chips": sw["chips"], "zone": sw["zone"], "bmc": sw["bmc"]}
                                         for name, sw in switches.items()]
+    cfg["inventory"].update(demo_rack_units(list(sim.model.nodes), list(switches)))
     cfg["sources"]["redfish"] = {"interval": 2.0, "timeout": 1.5}
+
+
+def demo_rack_units(nodes: list[str], switch_trays: list[str]) -> dict[str, Any]:
+    """`rack_units` as a GB200 NVL72 places its trays (exporters/profiles/racks/gb200-nvl72.yaml): the demo's
+    compute trays from the top, its switch trays between them; nothing for a rack larger than an NVL72."""
+    from exporters.safe_yaml import load_yaml_file
+
+    layout = load_yaml_file(Path(__file__).resolve().parent.parent / "exporters" / "profiles" / "racks"
+                            / "gb200-nvl72.yaml", "rack elevation")
+    if len(nodes) > len(layout["compute"]) or len(switch_trays) > len(layout["switch"]):
+        return {}
+    return {"rack_units": {**dict(zip(nodes, layout["compute"])), **dict(zip(switch_trays, layout["switch"]))}}
 
 
 def _write_tokens(workdir: Path) -> None:

@@ -275,7 +275,7 @@ def test_each_detector_declares_exactly_the_families_it_reads():
 
     assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_gpu_thermal", "_gpu_faults", "_gpu_lost", "_nvlink",
                                      "_nvlink_switch",
-                                     "_optic", "_rack_power", "_outlets", "_tray_rack",
+                                     "_optic", "_rack_power", "_outlets", "_tray_rack", "_leak_loop",
                                      "_gpu_pcie", "_gpu_clock_slowdown", "_gpu_straggler", "_gpu_fabric"}
     for name, declared in Detectors.INPUTS.items():
         read = families(functions[name], {name})

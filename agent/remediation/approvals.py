@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .incidents import Incident
 from .playbooks import Playbook, Step
@@ -38,11 +38,14 @@ class Pending:
     rack_created_at: float = 0.0
     rack_doc: dict[str, Any] | None = None
     refused: set[tuple[str, int]] = field(default_factory=set)  # (key, revision) of approvals refused already
+    # what a person is shown to decide on, read when they look: a leak's dry history (leak_resume.py)
+    evidence: Callable[[], dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "incident_id": self.incident_id, "playbook": self.playbook, "action": self.action,
                 "target": self.target, "phase": self.phase, "approval": self.approval,
-                "created_at": self.created_at, "expires_at": self.expires_at}
+                "created_at": self.created_at, "expires_at": self.expires_at,
+                **(self.evidence() if self.evidence is not None else {})}
 
 class AmbiguousApproval(Exception):
     """An incident id names several pending steps: a person approves one by its id, or all of them (`all`)."""
@@ -56,11 +59,11 @@ class ApprovalDesk:
     """Part of RemediationEngine: see the module docstring."""
 
     async def _approve(self, inc: Incident, book: Playbook, step: Step, aid: str, tgt: str, phase: str,
-                       key: str) -> bool:
+                       key: str, evidence: Callable[[], dict[str, Any]] | None = None) -> bool:
         now = self.clock()  # shown to people as a time of day; the wait itself runs on the loop's monotonic clock
         fut = asyncio.get_running_loop().create_future()
         p = Pending(aid, inc.id, book.name, step.action, tgt, phase, key, now,
-                    now + self.settings.guardrails.approval_expiry_seconds, fut)
+                    now + self.settings.guardrails.approval_expiry_seconds, fut, evidence=evidence)
         self.pending[aid] = p
         self.journal.append("approval", action_id=aid, incident_id=inc.id, playbook=book.name, action=step.action,
                             target=tgt, result="pending", detail={"approval": key, "phase": phase})

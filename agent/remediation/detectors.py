@@ -10,7 +10,7 @@ sensor-fault observation instead (detectors_base.py).
 
 This module is the table: which detector reads which families and the
 evaluation of a snapshot. The detectors themselves are defined by domain,
-one module each: detectors_cooling (leaks, coolant), detectors_gpu (GPUs,
+one module each: detectors_cooling (leaks by scope, coolant), detectors_gpu (GPUs,
 NVLink), detectors_gpu_health (PCIe link, clock slowdown, stragglers),
 detectors_optics (links), detectors_power (rack power, outlets).
 """
@@ -67,6 +67,8 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
         "_rack_power": frozenset({"supernode_rack_power_watts", "supernode_rack_power_budget_watts"}),
         "_outlets": frozenset({"supernode_pdu_outlet_on"}),
         "_tray_rack": frozenset({"supernode_leak_detector_state", "supernode_redfish_service_info"}),
+        "_leak_loop": frozenset({"supernode_leak_detected", "supernode_cdu_flow_cubic_meters_per_second",
+                                 "supernode_cdu_pressure_pascals"}),
     }
 
     @classmethod
@@ -93,13 +95,13 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
         dry ones): the agents that read this poller's facts may have closed theirs a poll earlier (their clear
         hold counts from the facts' arrival), and their second wet reading is this poller's next poll; without
         the re-read they would wait a whole interval for it."""
-        t = self.trackers["leak"]
-        return any(0 < st.count < t.consecutive for st in t.keys.values())
+        return any(0 < st.count < t.consecutive for t in (self.trackers["leak"], self.trackers["leak_tray"])
+                   for st in t.keys.values())
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_faults, self._gpu_lost, self._nvlink,
                    self._nvlink_switch,
-                   self._optic, self._rack_power, self._outlets, self._tray_rack,
+                   self._optic, self._rack_power, self._outlets, self._tray_rack, self._leak_loop,
                    self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler, self._gpu_fabric):
             if families is None or self.INPUTS[fn.__name__] & families:
                 yield from fn(snap)

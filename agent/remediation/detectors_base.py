@@ -16,12 +16,16 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from exporters.model import Reading
 
+from .dry_hold import DryHistory
 from .flow_baseline import FlowBaselines
 from .gpu_faults import GpuFaultJudge
 from .hysteresis import Observation, Tracker, targets_of
 from .recovery_ledger import RecoveryLedger
 from .settings import DetectorSettings, Hold
 from .xid_recovery import shipped_rules
+
+
+LEAK_SCOPED = ("leak", "leak_tray")  # confirmed on consecutive polls of the wet detector
 
 
 class _Rates:
@@ -79,6 +83,10 @@ class Context:
     xid_overrides: Mapping[int, Any] = field(default_factory=dict)
     # whether this agent leads the rack now: rack incidents every agent could see (nvlink_switch_fault) are its
     leads: Callable[[], bool] = lambda: True
+    # leak scope (leak_scope.py): compute tray BMC -> its node, tray -> rack unit, trays watched below a leak
+    tray_bmcs: Mapping[str, str] = field(default_factory=dict)
+    rack_units: Mapping[str, int] = field(default_factory=dict)
+    watch_below_trays: int = 1
 
 
 class DetectorBase:
@@ -100,9 +108,11 @@ class DetectorBase:
         for name in ("leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low", "coolant_supply_hot",
                      "condensation_risk", "gpu_thermal", "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required",
                      "gpu_service_required", "gpu_lost", "nvlink_errors", "gpu_fabric_degraded", "nvlink_switch_fault",
-                     "optic_degraded", "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack"):
+                     "optic_degraded", "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack", "leak_tray",
+                     "leak_loop"):
             hold: Hold = getattr(settings, name)
-            self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name == "leak" else 1)
+            self.trackers[name] = Tracker(hold, settings.leak_consecutive_polls if name in LEAK_SCOPED else 1)
+        self.dry = DryHistory()  # every leak detector's dry history: what a resume after a leak waits on
         self.trackers["sensor_fault"] = Tracker(Hold(fire_seconds=0.0, clear_seconds=10.0))
         self._fault_keys = 0
         self._faulted: frozenset[str] = frozenset()

@@ -1,4 +1,5 @@
-"""Detectors of the liquid loop: leaks (zone sensors, tray BMCs rack-wide) and coolant (flow, supply, dew point).
+"""Detectors of the liquid loop: leaks by scope (tray, zone, loop; tray BMCs rack-wide) and coolant (flow, supply,
+dew point).
 
 Why apart: these are the detectors a leak response hangs on, read from the
 leak sources and the CDU; nothing here reads a GPU or a link. A leak source
@@ -15,7 +16,9 @@ from exporters.model import Reading
 from agent.snapshot import Snapshot
 
 from .detectors_base import DetectorBase
+from .dry_hold import DRY, UNREADABLE, WET
 from .hysteresis import Observation, Targets, targets_of
+from .leak_scope import tray_of_sensor, trays_below, zone_evidence
 
 SOURCE_DOWN = "source_down"  # the leak watch's fault label (agent/derived.py): the sensor cannot be read
 
@@ -26,28 +29,35 @@ class CoolingDetectors(DetectorBase):
     # -- leaks -------------------------------------------------------------------
 
     def _leak(self, snap: Snapshot) -> Iterator[Observation]:
+        """Per zone: `leak` (the zone's scope) only on zone evidence, and `leak_tray` per compute tray whose own
+        detectors are wet (leak_scope.py); every detector's reading also feeds the dry history."""
         zones: dict[str, list[Reading]] = {}
+        seen: list[tuple[str, str]] = []
         for item in self._ok_or_fault(snap.select("supernode_leak_detected")):
             if isinstance(item, Observation):
                 if item.cond:
                     labels = dict(item.targets)
-                    yield Observation("leak_sensor_fault", targets_of(**_zone_sensor_from_id(labels["reading"])),
+                    where = _zone_sensor_from_id(labels["reading"])
+                    self.dry.observe(where["zone"], where["sensor"], UNREADABLE, 0.0)
+                    seen.append((where["zone"], where["sensor"]))
+                    yield Observation("leak_sensor_fault", targets_of(**where),
                                       "warning", True, detail={"quality": item.detail.get("quality")})
                 yield item
                 continue
             zones.setdefault(item.label("zone"), []).append(item)
         for zone, rs in zones.items():
             wet_rs = [r for r in rs if r.value >= 0.5]
-            # Consecutive polls are counted on the wet sensors' own readings: another source of the same zone
-            # (a tray BMC and the rack's leak rope) publishing in between is not a second poll of the wet one,
-            # nor does its newer timestamp hide that wet one's first reading.
-            yield Observation("leak", targets_of(zone=zone), "critical", bool(wet_rs),
-                              sample_ts=max(r.timestamp for r in (wet_rs or rs)),
-                              detail={"sensors": sorted(r.label("sensor") for r in wet_rs)})
+            for r in rs:
+                self.dry.observe(zone, r.label("sensor"), WET if r.value >= 0.5 else DRY, r.timestamp)
+                seen.append((zone, r.label("sensor")))
+            yield from self._leak_scopes(zone, rs, wet_rs)
+        self.dry.vanished(seen)
         faults: dict[Targets, bool] = {}
         unknown: dict[str, list[str]] = {}
         for r in snap.select("supernode_leak_sensor_fault"):
             on = r.ok and r.value >= 0.5
+            if on or not r.ok:  # a detector that cannot be read now is not dry (dry_hold.py)
+                self.dry.observe(r.label("zone"), r.label("sensor"), UNREADABLE, 0.0)
             if r.label("fault") == SOURCE_DOWN:
                 # The agent cannot read this sensor at all: the zone's state is unknown (critical, notify only).
                 down = unknown.setdefault(r.label("zone"), [])
@@ -61,6 +71,55 @@ class CoolingDetectors(DetectorBase):
         for zone, sensors in unknown.items():
             yield Observation("leak_source_down", targets_of(zone=zone), "critical", bool(sensors),
                               detail={"sensors": sorted(sensors)})
+
+    def _leak_scopes(self, zone: str, rs: list[Reading], wet_rs: list[Reading]) -> Iterator[Observation]:
+        """The zone's `leak` on zone evidence only, and one `leak_tray` per compute tray read in the zone."""
+        # Consecutive polls are counted on the wet sensors' own readings: another source of the same zone
+        # (a tray BMC and the rack's leak rope) publishing in between is not a second poll of the wet one,
+        # nor does its newer timestamp hide that wet one's first reading.
+        ctx = self.ctx
+        wet = sorted(r.label("sensor") for r in wet_rs)
+        why = zone_evidence(wet, ctx.tray_bmcs, self.s.zone_leak_trays)
+        zone_rs = wet_rs if why else rs
+        yield Observation("leak", targets_of(zone=zone), "critical", why is not None,
+                          sample_ts=max(r.timestamp for r in zone_rs),
+                          detail={"sensors": wet, "scope": "zone", **({"evidence": why} if why else {})})
+        trays: dict[str, list[Reading]] = {}
+        for r in rs:
+            tray = tray_of_sensor(r.label("sensor"), ctx.tray_bmcs)
+            if tray is not None:
+                trays.setdefault(tray, []).append(r)
+        for tray, trs in trays.items():
+            twet = [r for r in trs if r.value >= 0.5]
+            detail: dict[str, Any] = {"sensors": sorted(r.label("sensor") for r in twet), "scope": "tray"}
+            if twet:
+                detail["watched"] = trays_below(ctx.rack_units, tray, ctx.watch_below_trays)
+                detail["evidence"] = f"tray {tray}'s own detectors wet"
+                if not ctx.rack_units:
+                    detail["watched_unknown"] = "inventory.rack_units not set: no tray is known to be below"
+            yield Observation("leak_tray", targets_of(zone=zone, tray=tray), "critical", bool(twet),
+                              sample_ts=max(r.timestamp for r in (twet or trs)), detail=detail)
+
+    def _leak_loop(self, snap: Snapshot) -> Iterator[Observation]:
+        """A detector wet while the loop loses coolant: secondary flow below `flow_low_ratio` of its baseline,
+        or supply pressure below the configured floor. Either is named in the evidence; neither readable (no
+        baseline yet, no pressure) is no evidence, so the leak stays at its narrower scope."""
+        s = self.s
+        wet = sorted({r.label("sensor") for r in snap.select("supernode_leak_detected") if r.ok and r.value >= 0.5})
+        for flow in snap.select("supernode_cdu_flow_cubic_meters_per_second", loop="secondary"):
+            if not flow.ok:
+                continue
+            cdu = flow.label("cdu")
+            evidence: dict[str, Any] = {}
+            nominal = s.nominal_flow_cubic_meters_per_second or self.flow_baselines.flow(cdu, snap.monotonic)
+            if nominal and flow.value / nominal < s.flow_low_ratio:
+                evidence["flow_ratio"] = round(flow.value / nominal, 3)
+            pressure = snap.value("supernode_cdu_pressure_pascals", cdu=cdu, loop="secondary", point="supply")
+            floor = s.leak_loop_pressure_floor_pascals
+            if floor is not None and pressure is not None and pressure < floor:
+                evidence["supply_pressure_pascals"] = pressure
+            yield Observation("leak_loop", targets_of(cdu=cdu), "critical", bool(wet and evidence),
+                              detail={"sensors": wet, "scope": "loop", **evidence})
 
     def _tray_rack(self, snap: Snapshot) -> Iterator[Observation]:
         """More than `rack_tray_leaks` trays (Redfish services of kind tray) with a wet detector: the rack.

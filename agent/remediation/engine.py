@@ -8,7 +8,8 @@ place (this class), while each job is written in a module of its own that the cl
 - `step_runner.py` (StepRunner): every step on each target, through the guardrails, intent before the write;
 - `approvals.py` (ApprovalDesk): steps waiting for a person, approved here or rack-wide, with who approved;
 - `reconcile.py` (Reconciler): intents without a result checked against the devices at start; undo;
-- `targets.py` (TargetResolver): which devices a step acts on (own node, leader, degraded).
+- `targets.py` (TargetResolver): which devices a step acts on (own node, leader, degraded);
+- `leak_resume.py` (LeakResumeGate): after a leak, no undo before the scope's dry hold and a person's approval.
 
 `start()` reconciles unfinished intents against real device state before anything else; `on_snapshot` only
 hands work to the asyncio loop (it runs on the publishing source's thread); each playbook runs as a task;
@@ -31,6 +32,7 @@ from .executors import Executors  # noqa: F401  (re-exported: the runtime builds
 from .guardrails import MONOTONIC, Guardrails
 from .incidents import DURATION_BUCKETS, Incident, IncidentBook
 from .journal import Journal, Retention
+from .leak_resume import LeakResumeGate
 from .lifecycle import IncidentLifecycle
 from .maintenance import Maintenance
 from .playbooks import Playbook, load_playbooks
@@ -48,7 +50,7 @@ UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is 
 MODES = ("observe", "dry-run", "enforce")
 
 
-class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler, TargetResolver):
+class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler, TargetResolver, LeakResumeGate):
     def __init__(self, settings: RemediationSettings, mode: str, identity: Any, inventory: Any,
                  journal_path: Path | str, executors: Executors | None = None, clock=time.time,
                  monotonic: Callable[[], float] = MONOTONIC):
@@ -78,7 +80,10 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
             power_budget_watts=inventory.power_budget_watts,
             outlet_feeds={(p.name, o): n for p in inventory.pdus for o, n in p.outlets.items()},
             recoveries=self.recoveries, xid_overrides=settings.xid_overrides,
-            leads=lambda: self.rack.is_leader()), clock)
+            leads=lambda: self.rack.is_leader(),
+            tray_bmcs={e.name: e.node for e in getattr(inventory, "redfish", []) if e.kind == "tray" and e.node},
+            rack_units=dict(getattr(inventory, "rack_units", {}) or {}),
+            watch_below_trays=settings.leak_scope.watch_below_trays), clock)
         self.actions = self._build_actions()
         self.resume_check = ResumeCheck(settings.resume_health_check, self.executors.gpu_libs, inventory.gpus.count,
                                         settings.exec_allow, self._xid_active)

@@ -24,11 +24,12 @@ from exporters.validation import error_lines
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 MODES = ("observe", "dry-run", "enforce")
 
-TargetKind = Literal["gpus", "rack_gpus", "nodes", "port", "valve", "rack_valve", "outlets", "leaking_trays", "none"]
+TargetKind = Literal["gpus", "rack_gpus", "nodes", "port", "valve", "rack_valve", "outlets", "leaking_trays",
+                     "trays_below", "none"]
 ActionName = Literal["gpu_power_cap", "drain", "isolate_link", "cdu_write", "pdu_outlet", "tray_power", "notify",
                      "exec", "job_notify", "gpu_reset", "node_reboot"]
 ApprovalKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check",
-                      "gpu_reset", "node_reboot", "always"]
+                      "gpu_reset", "node_reboot", "leak_watch_below", "rack_valve_close", "leak_loop_isolate", "always"]
 
 
 class PlaybookError(Exception):
@@ -73,6 +74,9 @@ class Playbook(_Strict):
     mode: Literal["observe", "dry-run", "enforce"] | None = Field(default=None, description="Stricter than global only.")
     steps: list[Step] = Field(min_length=1)
     undo_on_resolve: bool = True
+    leak_scope: Literal["tray", "zone", "rack", "loop"] | None = Field(default=None, description=(
+        "A leak response of this scope (leak_scope.py): none of its steps is undone until every detector of the "
+        "scope has read dry for remediation.leak_scope.dry_hold_seconds and a person approves (leak_resume.py)."))
 
     @model_validator(mode="after")
     def _after_names_earlier_steps(self) -> "Playbook":

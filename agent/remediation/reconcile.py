@@ -116,16 +116,21 @@ class Reconciler:
             await asyncio.gather(*(self.undo_one(inc, book, idx, step, kind, tgt, eff, aid)
                                    for kind, tgt, eff, aid in todo))
 
+    def _keep(self, inc: Incident, book: Playbook, kind: str, tgt: str, eff: dict[str, Any], aid: str,
+              apply_id: str) -> str:
+        """Another open incident holds this effect too: it stays, and that incident's undo decides."""
+        others = [i for i in eff["holders"] if i != inc.id]
+        eff["holders"].pop(inc.id, None)
+        self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
+                            target=tgt, result="kept", detail={"phase": "undo", "apply_action_id": apply_id,
+                                                               "held_by": others})
+        return "kept"
+
     async def undo_one(self, inc: Incident, book: Playbook, idx: int, step: Step, kind: str, tgt: str,
                        eff: dict[str, Any], apply_id: str) -> str:
         aid = action_id(inc.id, idx, tgt, "undo")
-        others = [i for i in eff["holders"] if i != inc.id]
-        if others:
-            del eff["holders"][inc.id]
-            self.journal.append("result", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
-                                target=tgt, result="kept", detail={"phase": "undo", "apply_action_id": apply_id,
-                                                                   "held_by": others})
-            return "kept"
+        if any(i != inc.id for i in eff["holders"]):
+            return self._keep(inc, book, kind, tgt, eff, aid, apply_id)
         mode = book.effective_mode(self.mode)
         if mode != "enforce":
             self._block(inc, book, step, aid, tgt, "mode", f"{mode} mode", phase="undo")
@@ -136,18 +141,32 @@ class Reconciler:
             self._block(inc, book, step, aid, tgt, "maintenance", self.maintenance.why(node), phase="undo")
             return "blocked"
         approval = step.undo_approval
-        if step.resume_check and kind == "drain":
+
+        async def health(key: str | None) -> str | None:
+            """The resume health check (resume.py): a failed one asks a person when nobody else would."""
+            if not (step.resume_check and kind == "drain"):
+                return key
             passed, why = await self.resume_check.run(target["node"])
             self.journal.append("health_check", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
                                 target=tgt, result="passed" if passed else "failed",
                                 detail={"check": self.settings.resume_health_check, "why": why})
-            if not passed and approval is None:
-                approval = "resume_after_check"
-        if self.guard.needs_approval(approval):
-            if not await self._approve(inc, book, step, aid, tgt, "undo", approval or ""):
-                self._block(inc, book, step, aid, tgt, "approval", f"undo not approved ({approval}): expired, "
-                            "rejected or the agent stopped", phase="undo")
+            return "resume_after_check" if not passed and key is None else key
+
+        if book.leak_scope is not None:  # after a leak: the scope dry for the hold, then a person (leak_resume.py)
+            gate = await self.leak_undo_gate(inc, book, step, aid, tgt, eff, approval, health)
+            if gate == "kept":
+                return self._keep(inc, book, kind, tgt, eff, aid, apply_id)
+            if gate != "go":
+                self._block(inc, book, step, aid, tgt, "approval", f"undo not approved ({approval}) after the dry "
+                            "hold: expired, rejected or the agent stopped", phase="undo")
                 return "blocked"
+        else:
+            approval = await health(approval)
+            if self.guard.needs_approval(approval):
+                if not await self._approve(inc, book, step, aid, tgt, "undo", approval or ""):
+                    self._block(inc, book, step, aid, tgt, "approval", f"undo not approved ({approval}): expired, "
+                                "rejected or the agent stopped", phase="undo")
+                    return "blocked"
         act = self.actions[kind]
         seq = self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name, action=kind,
                                   target=tgt, detail={

@@ -19,7 +19,7 @@ ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_wr
 # Approval keys a playbook step may carry (approval:, undo_approval:, and resume_after_check for a resume whose
 # health check did not pass) that `guardrails.automatic` may waive; "always" can never be waived.
 AutomaticKey = Literal["pdu_outlet_off", "cdu_write_valve", "tray_power_off", "resume_after_leak", "resume_after_check",
-                       "gpu_reset", "node_reboot"]
+                       "gpu_reset", "node_reboot", "leak_watch_below", "rack_valve_close", "leak_loop_isolate"]
 
 
 class _Strict(BaseModel):
@@ -41,6 +41,15 @@ class DetectorSettings(_Strict):
     leak: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     leak_sensor_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     leak_source_down: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    leak_tray: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
+    zone_leak_trays: int = Field(default=2, ge=2, description=(
+        "Compute trays of one zone wet at once that widen a tray leak to its zone (the zone valve): one tray's own "
+        "detectors are that tray's leak (leak_tray); a zone's own sensor (the leak rope, a switch tray) is the "
+        "zone's at once."))
+    leak_loop: Hold = Hold(fire_seconds=0.0, clear_seconds=30.0)
+    leak_loop_pressure_floor_pascals: float | None = Field(default=None, gt=0, description=(
+        "Secondary supply pressure below this while a detector is wet widens the leak to the loop (leak_loop), "
+        "like secondary flow below flow_low_ratio of its baseline does; default: flow alone."))
     rack_tray_leaks: int = Field(default=2, ge=1, description=(
         "More than this many compute trays of the rack leaking at once (their BMCs' own detectors) asks for "
         "rack isolation: NVIDIA's tier for an NVL72 rack is more than 2."))
@@ -151,12 +160,28 @@ class Guardrails(_Strict):
     attempts_per_incident: int = Field(default=3, ge=1, description="Tries of one step before escalation.")
     retry_backoff_seconds: float = Field(default=0.5, ge=0, description="First retry delay; doubles each try.")
     approval_expiry_seconds: float = Field(default=3600.0, gt=0, description="A pending approval lapses after this.")
-    automatic: list[AutomaticKey] = Field(default_factory=lambda: ["gpu_reset"], description=(
+    automatic: list[AutomaticKey] = Field(default_factory=lambda: ["gpu_reset", "leak_watch_below"], description=(
         "Destructive steps allowed without approval: pdu_outlet_off, cdu_write_valve, tray_power_off, "
-        "resume_after_leak, resume_after_check, gpu_reset, node_reboot (a tray is powered on again only with a "
-        "person's approval). Default: gpu_reset alone (a reset of a drained GPU with no process on it)."))
+        "resume_after_leak, resume_after_check, gpu_reset, node_reboot, leak_watch_below, rack_valve_close, "
+        "leak_loop_isolate (a tray is powered on again only with a person's approval). Default: gpu_reset (a "
+        "reset of a drained GPU with no process on it) and leak_watch_below (the drain of the trays below a "
+        "leaking tray: their running jobs go on, no new one lands where the water may fall)."))
     scheduler_retry_max_seconds: float = Field(default=60.0, gt=0, description=(
         "A step blocked by scheduler_unreachable is retried with doubling delays up to this one."))
+
+
+class LeakScopeSettings(_Strict):
+    """Leak containment by scope (agent/remediation/leak_scope.py): what a tray leak watches, when a leak's
+    actions may be undone."""
+
+    watch_below_trays: int = Field(default=1, ge=0, le=20, description=(
+        "Trays directly below a leaking compute tray (inventory.rack_units) that are watched: drained (step "
+        "approval leak_watch_below, automatic by default) and flagged; 0: none. Default 1, the tray a drip reaches "
+        "first, which fits the default blast radius (2 drained) with the leaking tray itself."))
+    dry_hold_seconds: float = Field(default=900.0, ge=0, description=(
+        "Nothing a leak did is undone (resume, power on, valve open, caps) until every detector of its scope has "
+        "read dry for this long; then a person approves, shown each detector's dry history. A detector that "
+        "cannot be read (a fault, its source down, no reading) is not dry."))
 
 
 class SlurmSettings(_Strict):
@@ -235,6 +260,7 @@ class GpuRecoverySettings(_Strict):
 class RemediationSettings(_Strict):
     detectors: DetectorSettings = DetectorSettings()
     guardrails: Guardrails = Guardrails()
+    leak_scope: LeakScopeSettings = LeakScopeSettings()
     journal_retention: JournalRetentionSettings = JournalRetentionSettings()
     playbook_dir: Path | None = Field(default=None, description="Replaces the shipped playbooks when set.")
     slurm: SlurmSettings = SlurmSettings()

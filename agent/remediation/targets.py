@@ -24,8 +24,12 @@ class TargetResolver:
     async def resolve_targets(self, kind: str, inc: Incident) -> list[dict[str, str]]:
         t, inv = inc.targets, self.inventory
         zone = next((z for z in inv.leak_zones if z.name == t.get("zone")), None)
+        if "tray" in t:  # a tray-scoped leak (leak_scope.py): its node alone, never its zone's
+            t, zone = {**t, "node": t["tray"]}, None
         if kind == "none":
             return [{}]
+        if kind == "trays_below":
+            return self._trays_below(inc)
         if kind == "nodes":
             nodes = list(zone.nodes) if zone is not None else ([t["node"]] if "node" in t else [])
             if inc.source == "local" or self.rack.role() == "degraded":
@@ -82,6 +86,19 @@ class TargetResolver:
         if inc.source == "local" or self.rack.role() == "degraded":
             trays = [e for e in trays if e.node == self.identity.node]
         return [{"bmc": e.name, "node": e.node} for e in trays]
+
+    def _trays_below(self, inc: Incident) -> list[dict[str, str]]:
+        """The compute trays watched below a tray leak (its detail's `watched`, from inventory.rack_units): the
+        rack leader drains them, as it reads every tray's BMC; a follower leaves them to it, and while
+        coordination is lost an agent drains only its own node (never below its own leak). A switch tray below
+        has no node to drain: it stays flagged in the incident only."""
+        watched = [n for n in inc.detail.get("watched") or () if isinstance(n, str) and n in self.inventory.nodes]
+        role = self.rack.role()
+        if role == "follower":
+            return []
+        if role == "degraded":
+            watched = [n for n in watched if n == self.identity.node]
+        return [{"node": n} for n in watched]
 
     async def _gpu_count(self, lib: Any) -> int:
         """nvmlDeviceGetCount with a timeout on NVML's own pool: a hung driver fails the step, not the loop."""

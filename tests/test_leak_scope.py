@@ -1,0 +1,261 @@
+"""Leak containment by scope (issue 35): tray -> the trays below -> zone, each widening only on evidence, and
+nothing undone after a leak before the scope's dry hold plus a person's approval.
+
+The detector and the engine run on a test clock (the readings carry its timestamps, the engine reads it for
+the hold); the drains are real, in a single-host Slurm. The daemon's story is in test_redfish_sim_agent.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.config import Inventory
+from agent.remediation.actions.slurm import SlurmScheduler
+from agent.remediation.detectors import Context, Detectors
+from agent.remediation.dry_hold import DryHistory
+from agent.remediation.engine import Executors, RemediationEngine
+from agent.remediation.leak_scope import trays_below
+from agent.remediation.settings import DetectorSettings, RemediationSettings
+from exporters.model import Quality
+from tests.helpers import await_for
+from tests.remediation_support import identity, reading, results, snap
+from tests.slurm import node_states, running_cluster
+
+NODES = ("node01", "node02", "node03", "node04")
+# A GB200 NVL72-like slice: node01 on top, then node02, node03 (in zone-a), node04 (zone-b) below.
+UNITS = {"node01": 40, "node02": 39, "node03": 38, "node04": 37}
+ZONES = {"node01": "zone-a", "node02": "zone-a", "node03": "zone-a", "node04": "zone-b"}
+HOLD = 100.0
+
+
+def det(node: str) -> str:
+    return f"bmc-{node}/Chassis_0/Chassis_0_LeakDetector_0_ColdPlate"
+
+
+ROPE = "rope-zone-a"
+SENSORS = [det(n) for n in NODES] + [ROPE]
+
+
+def _inventory() -> Inventory:
+    return Inventory(nodes=list(NODES), gpus={"count": 4}, rack_units=UNITS,
+                     leak_zones=[{"name": "zone-a", "nodes": ["node01", "node02", "node03"], "valve": "cdu1:zone_valve_1"},
+                                 {"name": "zone-b", "nodes": ["node04"]}],
+                     redfish=[{"name": f"bmc-{n}", "kind": "tray", "node": n, "url": f"https://127.0.0.1:{9000 + i}"}
+                              for i, n in enumerate(NODES)])
+
+
+def leak_snap(t: float, *wet: str, unreadable: tuple[str, ...] = (), missing: tuple[str, ...] = ()):
+    rows = []
+    for s in SENSORS:
+        if s in missing:
+            continue
+        zone = "zone-a" if s == ROPE else ZONES[s.split("/")[0].removeprefix("bmc-")]
+        q = Quality.SENSOR_FAULT if s in unreadable else Quality.OK
+        rows.append(reading("supernode_leak_detected", 1.0 if s in wet else 0.0, ts=t, quality=q, zone=zone, sensor=s))
+    return snap(*rows, at=t)
+
+
+# -- the scopes, at the detector -------------------------------------------------------------------------
+
+
+def _detectors() -> Detectors:
+    fast = {"fire_seconds": 0, "clear_seconds": 0}
+    return Detectors(DetectorSettings(leak=fast, leak_tray=fast),
+                     Context("node01", "r01", tray_bmcs={f"bmc-{n}": n for n in NODES}, rack_units=UNITS))
+
+
+def _fired(d: Detectors, s) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for e in d.evaluate(s):
+        if e.kind == "fire":
+            out.setdefault(e.detector, []).append((e.targets, e.detail))
+    return out
+
+
+def test_one_trays_leak_stays_its_own_scope_and_a_second_wet_detector_widens_it_to_the_zone():
+    d = _detectors()
+    assert _fired(d, leak_snap(1, det("node02"))) == {}  # one poll: not yet confirmed
+    fired = _fired(d, leak_snap(2, det("node02")))
+    (targets, detail), = fired.pop("leak_tray")
+    assert targets == {"zone": "zone-a", "tray": "node02"} and fired == {}  # no zone leak on one tray's word
+    assert detail["watched"] == ["node03"] and detail["sensors"] == [det("node02")]
+    for t in (3, 4, 5):  # still only that tray: the zone stays out
+        assert "leak" not in _fired(d, leak_snap(t, det("node02")))
+    # A second detector of the zone (another tray's) is the evidence that widens it.
+    assert _fired(d, leak_snap(6, det("node02"), det("node01"))) == {}
+    fired = _fired(d, leak_snap(7, det("node02"), det("node01")))
+    (targets, detail), = fired["leak"]
+    assert targets == {"zone": "zone-a"} and detail["evidence"] == "2 trays wet at once: node01, node02"
+    assert [t for t, _ in fired["leak_tray"]] == [{"zone": "zone-a", "tray": "node01"}]
+
+
+def test_a_zone_sensor_is_the_zones_leak_and_a_tray_in_another_zone_never_widens_this_one():
+    d = _detectors()
+    for t in (1, 2):
+        fired = _fired(d, leak_snap(t, det("node04"), det("node01")))
+    assert "leak" not in fired  # one tray in each zone: each its own tray's leak
+    assert sorted(t["tray"] for t, _ in fired["leak_tray"]) == ["node01", "node04"]
+    d = _detectors()
+    _fired(d, leak_snap(1, ROPE))
+    (targets, detail), = _fired(d, leak_snap(2, ROPE))["leak"]
+    assert targets == {"zone": "zone-a"} and detail["evidence"] == f"zone sensor wet: {ROPE}"
+
+
+def test_trays_below_are_the_nearest_positions_under_the_tray_and_none_without_positions():
+    units = {"c1": 35, "c2": 34, "s1": 25, "c11": 16}
+    assert trays_below(units, "c1", 2) == ["c2", "s1"]
+    assert trays_below(units, "c2", 2) == ["s1", "c11"]  # a switch tray below is watched (flagged) too
+    assert trays_below(units, "c11", 3) == [] and trays_below({}, "c1", 2) == [] and trays_below(units, "c1", 0) == []
+
+
+def test_the_dry_history_restarts_on_a_wet_or_unreadable_reading_and_a_vanished_detector_is_not_dry():
+    h = DryHistory()
+    h.observe("z", "a", "wet", 10.0)
+    h.observe("z", "a", "dry", 11.0)
+    h.observe("z", "a", "dry", 50.0)
+    everything = lambda zone, sensor: True  # noqa: E731
+    assert h.verdict(everything, [], 111.0, 100.0)[0] is True
+    assert h.verdict(everything, [], 110.0, 100.0)[0] is False
+    h.observe("z", "a", "unreadable", 0.0)
+    h.observe("z", "a", "dry", 60.0)
+    dry, (row,) = h.verdict(everything, [], 111.0, 100.0)
+    assert not dry and row["dry_since"] == 60.0 and row["last_wet_at"] == 10.0
+    h.vanished([])
+    assert h.verdict(everything, [], 1000.0, 100.0)[1][0]["state"] == "unreadable"
+    # a detector that fired the leak but was never read here is not dry either
+    assert h.verdict(lambda z, s: False, [("z", "b")], 1000.0, 100.0) == (False, [
+        {"zone": "z", "sensor": "b", "state": "unreadable", "last_wet_at": None, "dry_since": None,
+         "dry_seconds": 0.0, "last_read_at": None}])
+
+
+# -- the engine with real Slurm, on the test clock ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from running_cluster(list(NODES))
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _engine(tmp_path, clock: Clock, cluster) -> RemediationEngine:
+    fast = {"fire_seconds": 0, "clear_seconds": 0}
+    settings = RemediationSettings.model_validate({
+        "detectors": {"leak": fast, "leak_tray": fast},
+        "guardrails": {"cooldown_seconds": 0, "retry_backoff_seconds": 0.01, "max_drained_nodes": 4,
+                       "max_drained_fraction": 1.0, "automatic": ["leak_watch_below"]},
+        "leak_scope": {"watch_below_trays": 1, "dry_hold_seconds": HOLD},
+        "resume_health_check": "none"})
+    return RemediationEngine(settings, "enforce", identity(), _inventory(), tmp_path / "journal.db",
+                             Executors(scheduler=SlurmScheduler(slurm_conf=cluster.conf)), clock=clock)
+
+
+def _resume_all(cluster) -> None:
+    for n in NODES:
+        cluster.scontrol("update", f"NodeName={n}", "State=RESUME")
+
+
+def _pending(eng: RemediationEngine, **match: str) -> list[dict]:
+    return [p for p in eng.incidents_view()["pending_approvals"] if all(p.get(k) == v for k, v in match.items())]
+
+
+def test_a_tray_leak_drains_the_tray_below_and_nothing_resumes_before_the_dry_hold_and_approval(cluster, tmp_path):
+    """Leak on node01's own detectors (the rack leader's tray): node01 drained (its own), node02 below it
+    drained as watched, node03 (two down) and node04 untouched, no zone valve step. After it dries: nothing
+    before the hold; past it, approvals with the dry history; an approval while a detector read wet again within
+    the hold resumes nothing; dry hold passed plus approval resumes."""
+    async def main():
+        clock = Clock(1000.0)
+        eng = _engine(tmp_path, clock, cluster)
+        await eng.start()
+        for t in (1000.0, 1000.5):
+            clock.t = t
+            eng._evaluate(leak_snap(t, det("node01")))
+        (inc,) = [i for i in eng.incidents.open_incidents() if i.detector == "leak_tray"]
+        assert inc.targets == {"zone": "zone-a", "tray": "node01"} and inc.detail["watched"] == ["node02"]
+        await await_for(lambda: node_states(cluster)["node02"] == "drained" and node_states(cluster)["node01"]
+                        in ("drained", "draining"), 30, what="node01 and the tray below drained")
+        assert {n: node_states(cluster)[n] for n in ("node03", "node04")} == {"node03": "idle", "node04": "idle"}
+        watch = await await_for(lambda: [e for e in results(eng, kind="result", action="drain")
+                                         if e.target == "node=node02"], 10, what="the watch drain journaled")
+        assert [(e.result, e.playbook, e.incident_id) for e in watch] == [("done", "leak-tray", inc.id)]
+        assert not [e for e in eng.journal.entries() if e.action == "cdu_write"]  # the zone valve: never asked
+        assert not [i for i in eng.incidents.open_incidents() if i.detector == "leak"]
+
+        # Dry from t=1001: the incident clears, its undo waits for the hold; nothing is pending, both drained.
+        clock.t = 1001.0
+        eng._evaluate(leak_snap(1001.0))
+        await await_for(lambda: [e for e in eng.journal.entries() if e.kind == "dry_hold" and e.result == "waiting"],
+                        10, what="undo waiting for the dry hold")
+        clock.t = 1001.0 + HOLD - 1
+        eng._evaluate(leak_snap(clock.t))
+        assert eng.leak_scope_verdict(inc, "tray")[0] is False
+        assert not _pending(eng) and node_states(cluster)["node02"] == "drained"
+
+        # A detector that cannot be read during the hold is not dry: its hold starts again at its next dry reading.
+        eng._evaluate(leak_snap(clock.t, unreadable=(det("node02"),)))
+        clock.t = redry = 1001.0 + HOLD + 1
+        eng._evaluate(leak_snap(clock.t))
+        assert eng.leak_scope_verdict(inc, "tray")[0] is False and not _pending(eng)
+        clock.t = redry + HOLD
+        eng._evaluate(leak_snap(clock.t))
+        pend = await await_for(lambda: _pending(eng, target="node=node02"), 10, what="resume of node02 pending")
+        # The approval shows each detector's dry history: node01 last wet at 1000.5 and dry since 1001, node02
+        # (never wet) dry since it could be read again.
+        rows = {r["sensor"]: r for r in pend[0]["dry_history"]}
+        assert set(rows) == {det("node01"), det("node02")} and pend[0]["dry_hold_passed"] is True
+        assert (rows[det("node01")]["last_wet_at"], rows[det("node01")]["dry_since"]) == (1000.5, 1001.0)
+        assert (rows[det("node02")]["last_wet_at"], rows[det("node02")]["dry_since"]) == (None, redry)
+        assert rows[det("node02")]["dry_seconds"] == HOLD
+        assert pend[0]["approval"] == "resume_after_leak" and pend[0]["phase"] == "undo"
+        assert node_states(cluster)["node02"] == "drained"  # dry, but nobody approved: still drained
+
+        # Wet again on one poll (not confirmed: no new incident) before the person approves: approval void.
+        eng._evaluate(leak_snap(clock.t, det("node02")))
+        eng._evaluate(leak_snap(clock.t + 0.5))
+        assert eng.approve(pend[0]["id"], who="test") == [pend[0]["id"]]
+        await await_for(lambda: [e for e in eng.journal.entries() if e.kind == "dry_hold" and e.result == "wet_again"
+                                 and e.target == "node=node02"], 10, what="approval voided by the wet reading")
+        assert node_states(cluster)["node02"] == "drained"
+
+        # The hold passes again from the new dry reading; approval then resumes, and node01's too.
+        clock.t += 0.5 + HOLD
+        eng._evaluate(leak_snap(clock.t))
+        for node in ("node02", "node01"):
+            p = await await_for(lambda: _pending(eng, target=f"node={node}"), 10, what=f"{node} resume pending")
+            eng.approve(p[0]["id"], who="test")
+            await await_for(lambda: node_states(cluster)[node] == "idle", 30, what=f"{node} resumed")
+        await eng.stop()
+    try:
+        asyncio.run(main())
+    finally:
+        _resume_all(cluster)
+
+
+def test_a_second_wet_detector_in_the_zone_widens_the_leak_to_the_zone_valve(cluster, tmp_path):
+    async def main():
+        clock = Clock(2000.0)
+        eng = _engine(tmp_path, clock, cluster)
+        await eng.start()
+        for t in (2000.0, 2000.5):
+            eng._evaluate(leak_snap(t, det("node01"), det("node03")))
+        (zone,) = [i for i in eng.incidents.open_incidents() if i.detector == "leak"]
+        assert zone.detail["evidence"] == "2 trays wet at once: node01, node03"
+        valve = await await_for(lambda: [e for e in eng.journal.entries() if e.action == "cdu_write"], 10,
+                                what="the zone valve step")
+        assert {(e.incident_id, e.playbook) for e in valve} == {(zone.id, "leak-response")}
+        await await_for(lambda: all(i.state not in ("open", "mitigating") for i in eng.incidents.open_incidents()),
+                        30, what="every playbook done")
+        await eng.stop()
+    try:
+        asyncio.run(main())
+    finally:
+        _resume_all(cluster)
