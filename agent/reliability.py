@@ -59,10 +59,12 @@ DETECTOR_CLASS: Mapping[str, str] = {
     "coolant_flow_low": "cdu", "coolant_supply_hot": "cdu",
     "leak_sensor_fault": "leak_sensor", "leak_source_down": "leak_sensor",
     "leak": "node",  # the tray whose cold-plate manifold leaked
+    "leak_tray": "node",  # a tray's own leak (leak scope tray): that tray's, counted by its own agent
     "pdu_outlet_off": "pdu_outlet",
 }
 NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
                 "tray_leak_rack",  # trays leaking at once: each tray is already its own node's leak
+                "leak_loop",  # a leak's wider scope (the loop losing coolant): the leak is already counted
                 "gpu_app_fault",  # the catalogue's RESTART_APP: the application's fault, not the GPU's
                 "gpu_straggler",  # an effect: its cause (link, clock slowdown, thermal) is its own detector's
                 # An NVSwitch chip's fault (the rack leader's incident): no tray's component; the report counts
@@ -116,6 +118,8 @@ def classify(detector: str, targets: Mapping[str, str], detail: Mapping[str, Any
         return None
     node = targets.get("node", me)
     if cls == "node":
+        if "tray" in targets:  # a tray-scoped leak: that tray alone
+            return Failure("node", me) if targets["tray"] == me else None
         covered = list(zones.get(targets.get("zone", ""), ())) if "zone" in targets else [node]
         return Failure("node", me) if me in covered else None
     if cls not in RACK_CLASSES and node != me:

@@ -52,8 +52,8 @@ def test_a_tray_leak_drains_that_node_in_real_slurm(cluster, tmp_path):
         edit_resource(mockup, DETECTOR, DetectorState="Critical", Status={"State": "Enabled", "Health": "Critical"})
         wait_for(lambda: cluster.states().get("node01") == "drained", 30, what="node01 drained by the tray leak")
         status, body = agent.get("/api/v1/incidents", token=ADMIN)
-        leak = next(i for i in json.loads(body)["open"] if i["detector"] == "leak")
-        assert leak["targets"] == {"zone": "zone-a"}
+        leak = next(i for i in json.loads(body)["open"] if i["detector"] == "leak_tray")
+        assert leak["targets"] == {"zone": "zone-a", "tray": "node01"}  # the tray's own leak (issue 35's scope)
         assert cluster.states().get("node02") == "idle"  # another node's zone: untouched
         status, body = agent.get("/api/v1/journal", token=ADMIN)
         rows = json.loads(body)["entries"]

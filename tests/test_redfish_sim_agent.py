@@ -37,6 +37,7 @@ def _config(rack, tmp_path, mode: str = "enforce", slurm_conf=None, **redfish) -
     cfg["sources"]["redfish"].update(redfish)
     # Quick clears, so the undo is part of the story.
     cfg["remediation"]["detectors"] = {"leak": {"fire_seconds": 0, "clear_seconds": 0.5},
+                                       "leak_tray": {"fire_seconds": 0, "clear_seconds": 0.5},
                                        "leak_sensor_fault": {"fire_seconds": 0, "clear_seconds": 0.5}}
     return cfg
 
@@ -89,18 +90,51 @@ def _stream_up(agent, transport: str = "sse", timeout: float = 20, what: str = "
              timeout, what=what)
 
 
-def test_a_tray_leak_caps_and_drains_that_node_and_powers_the_tray_off_once_approved(cluster, tmp_path):
-    cluster.scontrol("update", "NodeName=node01", "State=RESUME")
-    wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="node01 idle at the start")
-    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, slurm_conf=cluster.conf), tmp_path) as agent:
+def _resume(cluster, *nodes: str) -> None:
+    for node in nodes:
+        cluster.scontrol("update", f"NodeName={node}", "State=RESUME")
+    wait_for(lambda: all(cluster.states().get(n) == "idle" for n in nodes), 30, what=f"{nodes} idle")
+
+
+def _rows(agent, **match: str) -> list[dict]:
+    return [r for r in _journal(agent) if all(r.get(k) == v for k, v in match.items())]
+
+
+def _approve_pending(agent, **match: str) -> dict:
+    """Wait for the one pending step matching `match`, approve it through the API; returns it as listed."""
+    (p,) = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"]
+                             if all(p.get(k) == v for k, v in match.items())], 30, what=f"pending {match}")
+    assert agent.request("POST", f"/api/v1/incidents/{p['id']}/approve", token=TOKEN)[0] == 200
+    return p
+
+
+def test_a_tray_leak_contains_its_tray_watches_the_tray_below_and_undoes_nothing_before_dry_and_approved(
+        cluster, tmp_path):
+    """Issue 35's leak story on the demo's rack (node01 at U35 above node02 at U34, rack file from the GB200
+    NVL72 elevation): node01's own detector wet -> a tray-scoped leak: node01 drained and capped, its power-off
+    waits for a person, node02 below it drained as watched (not capped), the zone valve never asked. Dry again:
+    nothing resumes or powers on until every detector of the scope read dry for the hold, then each waits for a
+    person, shown the dry history."""
+    _resume(cluster, "node01", "node02")
+    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, slurm_conf=cluster.conf,
+                                                           watch_rack_trays=True), tmp_path) as agent:
         _ready(agent)
         rack.inject("tray-leak", node="node01", detector="0")
         gpus = rack.sim.model.nodes["node01"].gpus
         wait_for(lambda: cluster.states().get("node01") == "drained", 20, what="node01 drained in Slurm")
         wait_for(lambda: all(g.power_limit_mw == g.min_limit_mw for g in gpus), 20, what="node01's GPUs capped")
-        leak = _open(agent, "leak")[0]
-        assert leak["targets"] == {"zone": "zone-a"}  # node01's own zone
-        assert cluster.states().get("node02") == "idle"
+        (leak,) = _open(agent, "leak_tray")
+        assert leak["targets"] == {"zone": "zone-a", "tray": "node01"}
+        assert leak["detail"]["watched"] == ["node02"]
+        # The tray below is watched: drained by the leak-tray playbook, its GPUs left as they are.
+        wait_for(lambda: cluster.states().get("node02") == "drained", 20, what="node02 (below) drained")
+        (watch,) = wait_for(lambda: _rows(agent, kind="result", action="drain", target="node=node02"), 20,
+                            what="the watch drain journaled")
+        assert (watch["result"], watch["playbook"], watch["incident_id"]) == ("done", "leak-tray", leak["id"])
+        assert all(g.power_limit_mw == g.default_limit_mw for g in rack.sim.model.nodes["node02"].gpus)
+        # One tray's word is not the zone's: no zone incident, no valve step, the valve open.
+        assert not _open(agent, "leak") and not _rows(agent, action="cdu_write")
+        assert rack.sim.model.coolant.valve_open["zone-a"] is True
         # The tray power-off waits for a person; the tray is still on meanwhile.
         pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "tray_power"],
                            20, what="tray power-off pending approval")
@@ -112,17 +146,48 @@ def test_a_tray_leak_caps_and_drains_that_node_and_powers_the_tray_off_once_appr
         wait_for(lambda: any(r["kind"] == "result" and r["action"] == "tray_power" and r["result"] == "done"
                              for r in _journal(agent)), 20, what="tray power-off journaled done")
         assert any(r["kind"] == "intent" and r["action"] == "tray_power" for r in _journal(agent))
-        # The leak dries (the detector only: `sim clear` would also power the tray back on); nothing powers the
-        # tray on by itself, the undo waits for a person ("always").
+
+        # The leak dries (the detector only: `sim clear` would also power the tray back on). The incident
+        # resolves, and its undo first waits for the dry hold (5 s in the demo), then for a person.
         _dry(rack, "node01")
-        wait_for(lambda: not _open(agent, "leak"), 20, what="leak incident resolved")
-        undo = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"]
-                                 if p["action"] == "tray_power" and p["phase"] == "undo"], 20,
-                        what="power-on waiting for approval")
-        assert rack.sim.model.nodes["node01"].host_on is False
-        assert agent.request("POST", f"/api/v1/incidents/{undo[0]['id']}/approve", token=TOKEN)[0] == 200
+        wait_for(lambda: not _open(agent, "leak_tray"), 20, what="leak incident resolved")
+        # Undo in reverse step order: the tray below first. Its resume waited for the hold before it was asked.
+        resume = _approve_pending(agent, action="drain", phase="undo", target="node=node02")
+        waited = [r["result"] for r in _rows(agent, kind="dry_hold", target="node=node02")]
+        assert waited == ["waiting", "dry"]
+        history = {r["sensor"]: r for r in resume["dry_history"]}
+        sensor = "bmc-node01/Chassis_0/Chassis_0_LeakDetector_0_ColdPlate"
+        assert resume["dry_hold_passed"] is True and history[sensor]["last_wet_at"] is not None
+        assert all(r["state"] == "dry" and r["dry_seconds"] >= 5.0 for r in history.values())
+        # the leader reads every tray (watch_rack_trays): the scope is the tray's detectors and the one below's
+        assert {s.split("/")[0] for s in history} == {"bmc-node01", "bmc-node02"}
+        wait_for(lambda: cluster.states().get("node02") == "idle", 30, what="node02 resumed after approval")
+        # Dry and past the hold, not approved: the tray stays off, node01 stays drained, its GPUs capped.
+        _approve_pending(agent, action="tray_power", phase="undo")
+        assert cluster.states().get("node01") == "drained" and all(g.power_limit_mw == g.min_limit_mw for g in gpus)
         wait_for(lambda: rack.sim.model.nodes["node01"].host_on is True, 20, what="tray powered on after approval")
-    cluster.scontrol("update", "NodeName=node01", "State=RESUME")
+        _approve_pending(agent, action="drain", phase="undo", target="node=node01")
+        wait_for(lambda: cluster.states().get("node01") == "idle", 30, what="node01 resumed after approval")
+        wait_for(lambda: all(g.power_limit_mw == g.default_limit_mw for g in gpus), 30, what="node01's caps lifted")
+    _resume(cluster, "node01", "node02")
+
+
+def test_a_zone_sensor_wet_besides_a_tray_widens_the_leak_to_the_zone_valve(cluster, tmp_path):
+    """The zone's own leak rope wet as well as node01's tray: the evidence widens the leak to zone-a, whose
+    valve close waits for a person (cdu_write_valve), the incident naming the evidence."""
+    _resume(cluster, "node01", "node02")
+    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, slurm_conf=cluster.conf), tmp_path) as agent:
+        _ready(agent)
+        rack.inject("tray-leak", node="node01", detector="0")
+        wait_for(lambda: _open(agent, "leak_tray"), 20, what="the tray's leak")
+        assert not _open(agent, "leak")
+        rack.inject("leak", zone="zone-a")
+        (zone,) = wait_for(lambda: _open(agent, "leak"), 20, what="the zone's leak")
+        assert zone["targets"] == {"zone": "zone-a"} and zone["detail"]["evidence"].startswith("zone sensor wet: ")
+        valve = _approve_pending(agent, action="cdu_write", phase="apply", incident_id=zone["id"])
+        assert valve["approval"] == "cdu_write_valve"
+        wait_for(lambda: rack.sim.model.coolant.valve_open["zone-a"] is False, 20, what="zone valve closed")
+    _resume(cluster, "node01", "node02")
 
 
 def test_a_switch_tray_leak_is_a_leak_of_its_zone_whose_node_is_drained_and_capped(cluster, tmp_path):
@@ -158,7 +223,7 @@ def test_an_event_brings_a_tray_leak_to_the_detector_long_before_any_poll(tmp_pa
         _stream_up(agent)
         before = _value(agent, "supernode_redfish_requests_total", bmc=BMC)
         rack.inject("tray-leak", node="node01", detector="1")
-        wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident from the event")
+        wait_for(lambda: _open(agent, "leak_tray"), 30, interval=0.05, what="leak incident from the event")
         assert _value(agent, "supernode_redfish_events_total", bmc=BMC, triggered="true") >= 1
         assert _value(agent, "supernode_redfish_requests_total", bmc=BMC) > before  # it read again
         # The stream, the walk, the polls and the re-reads all shared the service's bound: 2 connections.
@@ -176,7 +241,7 @@ def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp
         wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 0.0, 20,
                  what="stream seen down")
         rack.inject("tray-leak", node="node01", detector="2")
-        wait_for(lambda: _open(agent, "leak"), 20, what="leak incident from polling alone")
+        wait_for(lambda: _open(agent, "leak_tray"), 20, what="leak incident from polling alone")
         assert _value(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 0.0  # still down
         assert _value(agent, "supernode_redfish_logins_total", bmc=BMC) > logins  # polls logged in again
         wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 1.0, 20,
@@ -208,7 +273,7 @@ def test_a_failing_bmc_is_a_down_source_with_its_kind_and_an_unknown_zone(tmp_pa
         wait_for(lambda: _metric(agent, "supernode_leak_sensor_fault", fault="source_down", sensor=sensor,
                                  zone="zone-a") == 1.0, 20, what="tray's detectors unknown")
         wait_for(lambda: _open(agent, "leak_source_down"), 20, what="leak_source_down incident")
-        assert not _open(agent, "leak")
+        assert not _open(agent, "leak") + _open(agent, "leak_tray")
         assert _metric(agent, "supernode_source_up", source="redfish", device="rfcdu1") == 1.0  # the CDU is fine
         rack.clear()
         wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 1.0, 30,
@@ -230,7 +295,7 @@ def test_a_tray_detector_fault_raises_its_own_incident_and_never_acts(tmp_path):
         polls = _value(agent, "supernode_redfish_requests_total", bmc=BMC)
         wait_for(lambda: (_metric(agent, "supernode_redfish_requests_total", bmc=BMC) or 0) >= polls + 20, 20,
                  what="more polls")
-        assert not _open(agent, "leak")
+        assert not _open(agent, "leak") + _open(agent, "leak_tray")
         assert not [r for r in _journal(agent) if r["kind"] == "intent"]
         gpus = rack.sim.model.nodes["node01"].gpus
         assert all(g.power_limit_mw == g.default_limit_mw for g in gpus)
@@ -253,7 +318,7 @@ def test_a_push_subscription_delivers_to_the_agents_own_endpoint_and_triggers_th
             assert [s.destination for s in subs] == [f"{agent.url}/api/v1/redfish/events/{BMC}"]
             assert not events.streams  # no SSE stream besides
             rack.inject("tray-leak", node="node01", detector="0")
-            wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident from the pushed event")
+            wait_for(lambda: _open(agent, "leak_tray"), 30, interval=0.05, what="leak incident from the pushed event")
             assert subs[0].delivered >= 1
             record = {"Events": [{"MessageId": "Environmental.1.1.LeakDetectedCritical"}]}
             assert agent.request("POST", f"/api/v1/redfish/events/{BMC}", record, token="wrong")[0] == 401
@@ -278,7 +343,7 @@ def test_more_than_n_leaking_trays_ask_the_rack_leader_to_isolate_the_rack(tmp_p
             wait_for(lambda: _metric(agent, "supernode_source_up", source="redfish", device="bmc-node02") == 1.0,
                      20, what="the leader reading node02's tray too")
             rack.inject("tray-leak", node="node01", detector="0")
-            wait_for(lambda: _open(agent, "leak"), 20, what="node01's tray leak")
+            (own,) = wait_for(lambda: _open(agent, "leak_tray"), 20, what="node01's tray leak")
             assert not _open(agent, "tray_leak_rack")  # one tray: the tray's own response only
             rack.inject("tray-leak", node="node02", detector="1")
             inc = wait_for(lambda: _open(agent, "tray_leak_rack"), 20, what="rack incident")[0]
@@ -290,10 +355,11 @@ def test_more_than_n_leaking_trays_ask_the_rack_leader_to_isolate_the_rack(tmp_p
             assert rack.sim.model.coolant.valve_open["zone-b"] is True  # nothing closes without a person
             assert agent.request("POST", f"/api/v1/incidents/{inc['id']}/approve", token=TOKEN)[0] == 200
             wait_for(lambda: rack.sim.model.coolant.valve_open["zone-b"] is False, 20, what="rack valve closed")
-            # The leader drains and powers off only its own node: node02's tray leak is node02's agent's.
-            rows = [r for r in _journal(agent) if r["kind"] == "intent"]
-            assert {r["target"] for r in rows if r["action"] in ("drain", "tray_power")} <= \
-                {"node=node01", f"bmc={BMC},node=node01"}
+            # The leader drains and powers off only its own node: node02's tray leak is node02's agent's. It
+            # drains node02 only as the tray below node01's leak (watched, from node01's own incident).
+            rows = [r for r in _journal(agent) if r["kind"] == "intent" and r["action"] in ("drain", "tray_power")]
+            assert {r["target"] for r in rows} <= {"node=node01", f"bmc={BMC},node=node01", "node=node02"}
+            assert {r["incident_id"] for r in rows if r["target"] == "node=node02"} <= {own["id"]}
 
 
 def test_probe_logs_in_with_a_session_and_says_when_the_login_is_refused(tmp_path):
@@ -353,7 +419,7 @@ def test_a_malformed_event_stream_is_counted_dropped_reopened_and_the_next_leak_
             wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 1.0,
                      30, what=f"stream up again after {kind}")
         rack.inject("tray-leak", node="node01", detector="1")
-        wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="leak incident through the reopened stream")
+        wait_for(lambda: _open(agent, "leak_tray"), 30, interval=0.05, what="leak incident through the reopened stream")
 
 
 def test_each_bmc_pushes_with_its_own_token_and_a_burst_of_pushes_is_a_few_polls(tmp_path):
@@ -398,7 +464,7 @@ def test_each_bmc_pushes_with_its_own_token_and_a_burst_of_pushes_is_a_few_polls
             # A leak right after the burst: its push lands inside the window, and the poll at the window's end
             # reads it (the last event is never dropped).
             rack.inject("tray-leak", node="node01", detector="0")
-            wait_for(lambda: _open(agent, "leak"), 3 * min_poll, interval=0.05, what="leak incident from the push")
+            wait_for(lambda: _open(agent, "leak_tray"), 3 * min_poll, interval=0.05, what="leak incident from the push")
             assert detector_reads() - before <= bound + 1, (detector_reads() - before, bound)
 
 

@@ -214,7 +214,18 @@ def cli_incidents(base_url: str, token_file: Path | str | None) -> int:
         _table([["ID", "INCIDENT", "ACTION", "TARGET", "PHASE", "EXPIRES"]] +
                [[p["id"], p["incident_id"], p["action"], p["target"], p["phase"], _fmt_ts(p["expires_at"])]
                 for p in data["pending_approvals"]])
+        _print_dry_history(data["pending_approvals"])
     return 0
+
+
+def _print_dry_history(pending: list[dict]) -> None:
+    """Under a resume after a leak: each detector of its scope, when it last read wet, how long it has been dry."""
+    for p in (p for p in pending if "dry_history" in p):
+        print(terminal_safe(f"\n{p['id']}: leak scope {p.get('leak_scope')}, dry hold {p.get('dry_hold_seconds'):g} s "
+                            + ("passed" if p.get("dry_hold_passed") else "NOT passed")))
+        _table([["DETECTOR", "ZONE", "STATE", "LAST_WET", "DRY_SINCE", "DRY_S"]] +
+               [[r["sensor"], r["zone"], r["state"], _fmt_ts(r["last_wet_at"]), _fmt_ts(r["dry_since"]),
+                 f"{r['dry_seconds']:.0f}"] for r in p["dry_history"]])
 
 
 def cli_approve(base_url: str, incident_or_action_id: str, token_file: Path | str, all_: bool = False) -> int:
