@@ -18,7 +18,7 @@ from agent.remediation.dry_hold import DryHistory
 from agent.remediation.engine import Executors, RemediationEngine
 from agent.remediation.leak_scope import trays_below
 from agent.remediation.settings import DetectorSettings, RemediationSettings
-from exporters.model import Quality
+from exporters.model import Quality, Reading, gauge
 from tests.helpers import await_for
 from tests.remediation_support import identity, reading, results, snap
 from tests.slurm import node_states, running_cluster
@@ -259,3 +259,37 @@ def test_a_second_wet_detector_in_the_zone_widens_the_leak_to_the_zone_valve(clu
         asyncio.run(main())
     finally:
         _resume_all(cluster)
+
+
+# -- the loop: a leak with coolant loss -------------------------------------------------------------------
+
+PRESSURE = gauge("supernode_cdu_pressure_pascals", "Pa.", ["cdu", "loop", "point"])
+
+
+def _loop_snap(t: float, flow: float, *wet: str, pressure: float | None = None):
+    rows = list(leak_snap(t, *wet).readings)
+    rows.append(reading("supernode_cdu_flow_cubic_meters_per_second", flow, ts=t, cdu="cdu1", loop="secondary"))
+    if pressure is not None:
+        rows.append(Reading(PRESSURE, pressure, {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, timestamp=t))
+    return snap(*rows, at=t)
+
+
+def _loop_fired(d: Detectors, s) -> list[dict]:
+    return [e.detail for e in d.evaluate(s) if e.detector == "leak_loop" and e.kind == "fire"]
+
+
+def test_a_leak_widens_to_the_loop_only_with_flow_or_pressure_loss_named_in_the_evidence():
+    fast = {"fire_seconds": 0, "clear_seconds": 0}
+    d = Detectors(DetectorSettings(leak_loop=fast, nominal_flow_cubic_meters_per_second=0.01,
+                                   leak_loop_pressure_floor_pascals=150_000.0), Context("node01", "r01"))
+    assert _loop_fired(d, _loop_snap(1, 0.01, det("node02"), pressure=200_000)) == []  # a leak, the loop holds
+    assert _loop_fired(d, _loop_snap(2, 0.005, pressure=200_000)) == []  # flow loss, nothing wet: not a leak
+    (detail,) = _loop_fired(d, _loop_snap(3, 0.005, det("node02"), pressure=200_000))
+    assert detail["flow_ratio"] == 0.5 and detail["sensors"] == [det("node02")] and "supply_pressure_pascals" not in detail
+    d2 = Detectors(DetectorSettings(leak_loop=fast, nominal_flow_cubic_meters_per_second=0.01,
+                                    leak_loop_pressure_floor_pascals=150_000.0), Context("node01", "r01"))
+    (detail,) = _loop_fired(d2, _loop_snap(1, 0.01, ROPE, pressure=100_000))
+    assert detail["supply_pressure_pascals"] == 100_000 and "flow_ratio" not in detail
+    # No baseline yet (no nominal configured, first flow sample) and no pressure floor: no evidence, no widening.
+    d3 = Detectors(DetectorSettings(leak_loop=fast), Context("node01", "r01"))
+    assert _loop_fired(d3, _loop_snap(1, 0.001, ROPE)) == []

@@ -50,6 +50,8 @@ def test_the_18_node_example_loads_as_every_node(tmp_path):
         assert (cfg.agent.node, cfg.agent.rack) == (node, "r01")
         assert cfg.inventory.nodes == nodes and len(cfg.inventory.pdus) == 2
         assert cfg.inventory_file == path.parent / "rack.yaml"
+        # the GB200 NVL72 elevation: compute trays 1-10 above the switch trays, 11-18 below them
+        assert (cfg.inventory.rack_units["node10"], cfg.inventory.rack_units["node11"]) == (26, 16)
 
 
 def test_check_config_on_the_example_as_a_node_and_as_this_host(tmp_path):
@@ -92,6 +94,14 @@ RACK = {"rack": "r01", "inventory": {"nodes": ["node01", "node02"]}}
     (RACK, {"agent": {"node": "node01", "rack": "r02"}}, "agent.rack: 'r02' but the rack file"),
     ({"rack": "r01", "inventory": {"nodes": ["node01"], "gpus": {"count": -1}}}, {}, "inventory.gpus.count"),
     (["node01"], {}, "expected a mapping"),
+    # issue 35: each tray's rack unit (the trays below a leak), every field named
+    ({"rack": "r01", "inventory": {"nodes": ["node01", "node02"], "rack_units": {"node01": 40, "node02": 40}}}, {},
+     "rack_units.node02: rack unit 40 is already node01's"),
+    ({"rack": "r01", "inventory": {"nodes": ["node01", "node02"], "rack_units": {"node01": 40}}}, {},
+     "rack_units: no rack unit for node02"),
+    ({"rack": "r01", "inventory": {"nodes": ["node01"], "rack_units": {"node01": 40, "node09": 39}}}, {},
+     "rack_units.node09: not a tray of the inventory"),
+    ({"rack": "r01", "inventory": {"nodes": ["node01"], "rack_units": {"node01": 0}}}, {}, "inventory.rack_units.node01"),
 ])
 def test_a_bad_rack_file_is_named(tmp_path, rack, over, expect):
     path = _node_config(tmp_path, rack, **over)

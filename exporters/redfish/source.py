@@ -6,8 +6,8 @@ coolant connectors, pumps, filters, reservoirs), in parallel over at most
 cached resource (the BMC rebuilt its tree) and every `rediscover_s`; a
 periodic walk that fails keeps the old tree (the detectors are still read).
 Tray detectors feed `supernode_leak_detected{zone, sensor}` in the tray's
-zone, so a tray leak is a leak of that node's own zone (the same detector,
-incident and playbook as a Modbus leak input). Events (SSE or push) ask for
+zone (the same series as a Modbus leak input); the leak detectors tell a
+tray's own leak from its zone's by the sensor's BMC (agent/remediation/leak_scope.py). Events (SSE or push) ask for
 an immediate poll through `poll_trigger`; polling stays the fallback.
 """
 
