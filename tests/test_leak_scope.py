@@ -293,3 +293,28 @@ def test_a_leak_widens_to_the_loop_only_with_flow_or_pressure_loss_named_in_the_
     # No baseline yet (no nominal configured, first flow sample) and no pressure floor: no evidence, no widening.
     d3 = Detectors(DetectorSettings(leak_loop=fast), Context("node01", "r01"))
     assert _loop_fired(d3, _loop_snap(1, 0.001, ROPE)) == []
+
+
+def test_the_status_view_names_the_active_leak_scopes_widest_first_with_the_trays_watched(tmp_path):
+    from agent.status.view import incidents
+
+    async def main():
+        clock = Clock(3000.0)
+        settings = RemediationSettings.model_validate({"detectors": {"leak": {"fire_seconds": 0}, "leak_tray": {
+            "fire_seconds": 0}}, "leak_scope": {"watch_below_trays": 2}})
+        eng = RemediationEngine(settings, "observe", identity(mode="observe"), _inventory(), tmp_path / "j.db",
+                                Executors(), clock=clock)
+        await eng.start()
+        for t in (3000.0, 3000.5):
+            eng._evaluate(leak_snap(t, det("node01")))
+        (tray,) = incidents(eng, {}, clock.t)["leak_scope"]
+        assert (tray["scope"], tray["targets"], tray["watched"]) == ("tray", {"zone": "zone-a", "tray": "node01"},
+                                                                    ["node02", "node03"])
+        for t in (3001.0, 3001.5):
+            eng._evaluate(leak_snap(t, det("node01"), ROPE))
+        zone, tray = incidents(eng, {}, clock.t)["leak_scope"]
+        assert (zone["scope"], zone["targets"], zone["evidence"]) == ("zone", {"zone": "zone-a"},
+                                                                     f"zone sensor wet: {ROPE}")
+        assert tray["scope"] == "tray"
+        await eng.stop()
+    asyncio.run(main())

@@ -152,6 +152,8 @@
       el("li", { "data-approval-id": p.id }, badge("warn", "waiting"), " ", el("strong", {}, p.action),
         " " + p.target + (p.phase === "undo" ? " (undo)" : ""),
         " \u2014 " + p.approval + " \u00B7 incident " + p.incident_id + " \u00B7 expires " + clock(p.expires_at) + " ",
+        p.dry_history ? el("small", {}, "dry hold " + (p.dry_hold_passed ? "passed" : "not passed") + ": " +
+          p.dry_history.map((r) => r.sensor + " " + r.state + " " + Math.round(r.dry_seconds) + " s").join(", ") + " ") : null,
         el("button", { type: "button", class: "primary", "data-approve": p.id, onclick: () => openApprove(p) },
            "Approve\u2026")))) : el("p", {}, badge("ok", "nothing waits for a person")));
   }
@@ -166,6 +168,11 @@
       inc.breaker_open ? badge("bad", "OPEN") : badge("ok", "closed"),
       Object.keys(inc.maintenance || {}).length ? badge("warn", "maintenance: " + Object.entries(inc.maintenance)
         .map(([n, m]) => n + " (by " + m.by + ", set on " + m.set_via + ")").join(", ")) : null)];
+    for (const l of inc.leak_scope || []) {  // the leak's scope now (agent/remediation/leak_scope.py), widest first
+      out.push(el("p", { class: "row", "data-leak-scope": l.scope }, badge("bad", "leak scope " + l.scope), " " +
+        targets(l.targets) + (l.watched.length ? " \u00B7 watched below: " + l.watched.join(", ") : "") +
+        (l.evidence ? " \u00B7 " + l.evidence : "")));
+    }
     if (!inc.open.length) out.push(el("p", {}, badge("ok", "no open incident")));
     for (const i of inc.open) {
       const sev = i.severity === "critical" ? "bad" : "warn";

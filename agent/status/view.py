@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from agent.snapshot import Snapshot, SourceState
+from agent.remediation.leak_scope import SCOPE_OF_DETECTOR, SCOPES
 from agent.remediation.xid_recovery import xid_class
 
 if TYPE_CHECKING:
@@ -393,7 +394,15 @@ def incidents(engine: Any, rows_by_incident: Mapping[str, list[Any]], now: float
               for i in engine.incidents.recent()[-10:]]
     return {"open": open_, "pending_approvals": pending, "recent": list(reversed(recent)), "mode": engine.mode,
             "breaker_open": engine.guard.breaker_open or engine.rack.breaker_open(),
-            "maintenance": engine.maintenance.view()}
+            "maintenance": engine.maintenance.view(), "leak_scope": leak_scopes(engine.incidents.open_incidents())}
+
+
+def leak_scopes(open_incidents: Iterable[Any]) -> list[dict[str, Any]]:
+    """The leak scopes active now, widest first: each with what it covers, the trays it watches and its evidence."""
+    out = [{"scope": SCOPE_OF_DETECTOR[i.detector], "incident_id": i.id, "targets": dict(i.targets),
+            "watched": list(i.detail.get("watched") or []), "evidence": str(i.detail.get("evidence", ""))}
+           for i in open_incidents if i.detector in SCOPE_OF_DETECTOR]
+    return sorted(out, key=lambda d: -SCOPES.index(d["scope"]))
 
 
 # Worst first: a cell shows the worst state of that link index over the tray's GPUs.
