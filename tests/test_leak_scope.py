@@ -318,3 +318,30 @@ def test_the_status_view_names_the_active_leak_scopes_widest_first_with_the_tray
         assert tray["scope"] == "tray"
         await eng.stop()
     asyncio.run(main())
+
+
+def test_a_leak_whose_scope_this_agent_reads_no_detector_of_always_waits_for_a_person(tmp_path):
+    """A zone leak from the webhook, its zone's sensors read nowhere here: the hold cannot be judged, so the
+    resume waits for a person even with resume_after_leak automatic, the pending step saying why."""
+    from sim.scheduler import SimulatedScheduler
+
+    async def main():
+        settings = RemediationSettings.model_validate({
+            "guardrails": {"cooldown_seconds": 0, "automatic": ["resume_after_leak", "cdu_write_valve"]},
+            "resume_health_check": "none"})
+        sched = SimulatedScheduler(list(NODES))
+        eng = RemediationEngine(settings, "enforce", identity(), _inventory(), tmp_path / "j.db",
+                                Executors(scheduler=sched))
+        await eng.start()
+        inc = eng.fire("leak", {"zone": "zone-a"}, "critical", source="alertmanager")
+        await await_for(lambda: sched.nodes["node01"].drained, 10, what="node01 drained")
+        eng.clear("leak", {"zone": "zone-a"})
+        (p,) = await await_for(lambda: _pending(eng, target="node=node01"), 10, what="resume waits for a person")
+        assert (p["approval"], p["dry_hold_passed"], p["dry_history"]) == ("always", False, [])
+        assert "a person must confirm it is dry" in p["dry_hold_note"]
+        assert sched.nodes["node01"].drained
+        assert [e.result for e in results(eng, kind="dry_hold", incident_id=inc.id, target="node=node01")] == ["unjudged"]
+        eng.approve(p["id"], who="test")
+        await await_for(lambda: not sched.nodes["node01"].drained, 10, what="node01 resumed once approved")
+        await eng.stop()
+    asyncio.run(main())

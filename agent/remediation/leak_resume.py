@@ -7,7 +7,9 @@ weeping puts power and coolant back onto wet hardware. So the undo of every step
 (`leak_scope:` in its YAML) waits here: first the dry hold (leak_scope.dry_hold_seconds, on the engine's
 clock, every detector of the scope that this agent reads and every detector that fired the leak), then the
 step's undo approval (resume_after_leak; a tray's power-on is `always`) with the dry history on the pending
-step, then the dry hold again at the moment of approval. Part of RemediationEngine.
+step, then the dry hold again at the moment of approval. A scope of which this agent reads no detector at all
+(a leak from the webhook in a zone it does not watch) cannot be judged here: the undo then always waits for a
+person (`always`, whatever `automatic` says), the pending step saying why. Part of RemediationEngine.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .leak_scope import bmc_of_sensor
 from .playbooks import Playbook, Step
 
 DRY_RECHECK_SECONDS = 0.25  # how often a waiting undo looks at the dry history again (each look is cheap)
+NOT_READ = "no detector of this scope is read by this agent: a person must confirm it is dry"
 KEPT = "kept"
 
 
@@ -65,6 +68,8 @@ class LeakResumeGate:
             if not await self._until_dry(inc, book, step, aid, tgt, eff, scope):
                 return KEPT if self._held_by_others(inc, eff) else "blocked"
             key = await before_approval(approval)
+            if not self.leak_scope_verdict(inc, scope)[1] and not self.guard.needs_approval(key):
+                key = "always"  # nothing read here to judge the hold by: a person says it is dry, never a default
             if not self.guard.needs_approval(key):
                 return "go"
             ok = await self._approve(inc, book, step, aid, tgt, "undo", key or "",
@@ -72,7 +77,7 @@ class LeakResumeGate:
             if not ok:
                 return "blocked"
             dry, history = self.leak_scope_verdict(inc, scope)
-            if dry:
+            if dry or not history:
                 return KEPT if self._held_by_others(inc, eff) else "go"
             self._block(inc, book, step, aid, tgt, "dry_hold", "approved, but a detector of the scope read wet or "
                         "could not be read within the dry hold since: waiting for the hold again", phase="undo")
@@ -83,7 +88,7 @@ class LeakResumeGate:
         """What the pending step shows a person, read at the moment they look (API, CLI, status page)."""
         dry, history = self.leak_scope_verdict(inc, scope)
         return {"leak_scope": scope, "dry_hold_seconds": self.settings.leak_scope.dry_hold_seconds,
-                "dry_hold_passed": dry, "dry_history": history}
+                "dry_hold_passed": dry, "dry_history": history, **({} if history else {"dry_hold_note": NOT_READ})}
 
     @staticmethod
     def _held_by_others(inc: Incident, eff: dict[str, Any]) -> bool:
@@ -99,6 +104,11 @@ class LeakResumeGate:
             if self._held_by_others(inc, eff):
                 return False
             dry, history = self.leak_scope_verdict(inc, scope)
+            if not history:  # no detector of the scope is read by this agent (a webhook's leak, say): unjudged
+                self.journal.append("dry_hold", action_id=aid, incident_id=inc.id, playbook=book.name,
+                                    action=step.action, target=tgt, result="unjudged",
+                                    detail={"scope": scope, "why": NOT_READ})
+                return True
             if dry:
                 self.journal.append("dry_hold", action_id=aid, incident_id=inc.id, playbook=book.name,
                                     action=step.action, target=tgt, result="dry",
