@@ -50,7 +50,9 @@ def run_case(case: str, work: Path, cluster: SlurmCluster) -> tuple[list[float],
             "device_timeout_seconds": 1.0,
             # A GPU that stays hung is also a gpu_lost incident that drains the node; off here, so every
             # injection measures the leak's own drain (the hung GPU's effect on the leak path is the question).
-            "detectors": {"leak": {"clear_seconds": 0.2}, "gpu_lost": {"enabled": False}},
+            "detectors": {"leak": {"clear_seconds": 0.2}, "leak_tray": {"clear_seconds": 0.2},
+                          "gpu_lost": {"enabled": False}},
+            "leak_scope": {"dry_hold_seconds": 0},  # each run's undo at once: the bench times the leak's first action
             "guardrails": {"automatic": ["resume_after_leak", "resume_after_check", "cdu_write_valve"], "cooldown_seconds": 0,
                            "max_drained_fraction": 1.0, "max_drained_nodes": 2, "breaker_max_actions": 100000,
                            "rate_per_hour": {"default": 100000}}})

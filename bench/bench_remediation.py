@@ -171,7 +171,8 @@ def agent_path(tmp: Path) -> list[float]:
         cfg = agent_config(rack.sim, "node01", free_port(), tmp, mode="enforce")
         cfg["sources"]["leak"] = {"interval": POLL, "timeout": 0.4}
         cfg["remediation"] = {"slurm": {"backend": "simulated"},
-                              "detectors": {"leak": {"clear_seconds": 0.2}},
+                              "detectors": {"leak": {"clear_seconds": 0.2}, "leak_tray": {"clear_seconds": 0.2}},
+                              "leak_scope": {"dry_hold_seconds": 0},  # each run's undo at once
                               "guardrails": {"automatic": ["resume_after_leak", "cdu_write_valve"],
                                              "cooldown_seconds": 0, "max_drained_fraction": 1.0,
                                              "breaker_max_actions": 100000, "rate_per_hour": {"default": 100000}}}
