@@ -345,3 +345,18 @@ def test_a_leak_whose_scope_this_agent_reads_no_detector_of_always_waits_for_a_p
         await await_for(lambda: not sched.nodes["node01"].drained, 10, what="node01 resumed once approved")
         await eng.stop()
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("section, named", [
+    ({"leak_scope": {"dry_hold": 5}}, "remediation.leak_scope.dry_hold"),
+    ({"leak_scope": {"dry_hold_seconds": -1}}, "remediation.leak_scope.dry_hold_seconds"),
+    ({"leak_scope": {"watch_below_trays": 99}}, "remediation.leak_scope.watch_below_trays"),
+    ({"detectors": {"zone_leak_trays": 1}}, "remediation.detectors.zone_leak_trays"),
+    ({"guardrails": {"automatic": ["leak_watch_everything"]}}, "remediation.guardrails.automatic"),
+])
+def test_a_bad_leak_scope_setting_is_refused_naming_its_field(section, named):
+    from agent.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"agent": {"rack": "r01", "node": "node01"}, "remediation": section})
+    assert named in str(exc.value), str(exc.value)
