@@ -360,3 +360,29 @@ def test_a_bad_leak_scope_setting_is_refused_naming_its_field(section, named):
     with pytest.raises(ConfigError) as exc:
         parse_config({"agent": {"rack": "r01", "node": "node01"}, "remediation": section})
     assert named in str(exc.value), str(exc.value)
+
+
+def test_the_trays_watched_below_a_leak_are_read_at_the_leak_interval_until_it_resolves(tmp_path):
+    """The runtime's poll-now hook (what a first wet reading's confirmation uses) is asked for the watched trays'
+    BMC sources, again and again while the tray leaks, and no more once its incident resolved."""
+    async def main():
+        fast = {"fire_seconds": 0, "clear_seconds": 0}
+        settings = RemediationSettings.model_validate({
+            "detectors": {"leak": fast, "leak_tray": fast},
+            "leak_scope": {"watch_below_trays": 2, "watch_poll_seconds": 0.05}})
+        eng = RemediationEngine(settings, "observe", identity(mode="observe"), _inventory(), tmp_path / "j.db",
+                                Executors())
+        asked: list[str] = []
+        eng.repoll = asked.append
+        await eng.start()
+        for t in (1.0, 1.5):
+            eng._evaluate(leak_snap(t, det("node01")))
+        await await_for(lambda: asked.count("redfish/bmc-node03") >= 3, 10, what="the watched trays polled, often")
+        assert set(asked) == {"redfish/bmc-node02", "redfish/bmc-node03"}  # the two below node01, no other
+        eng._evaluate(leak_snap(2.0))  # dry: the incident resolves, the watch ends
+        (inc,) = [i for i in eng.incidents.all() if i.detector == "leak_tray"]
+        assert inc.state == "resolved"
+        await await_for(lambda: not [t for t in eng.tasks if "watch_below" in repr(t.get_coro())], 10,
+                        what="the watch ended")
+        await eng.stop()
+    asyncio.run(main())

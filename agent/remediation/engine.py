@@ -9,7 +9,8 @@ place (this class), while each job is written in a module of its own that the cl
 - `approvals.py` (ApprovalDesk): steps waiting for a person, approved here or rack-wide, with who approved;
 - `reconcile.py` (Reconciler): intents without a result checked against the devices at start; undo;
 - `targets.py` (TargetResolver): which devices a step acts on (own node, leader, degraded);
-- `leak_resume.py` (LeakResumeGate): after a leak, no undo before the scope's dry hold and a person's approval.
+- `leak_resume.py` (LeakResumeGate): after a leak, no undo before the scope's dry hold and a person's approval;
+- `leak_watch.py` (LeakWatch): the trays below a leaking tray read at the leak interval while it leaks.
 
 `start()` reconciles unfinished intents against real device state before anything else; `on_snapshot` only
 hands work to the asyncio loop (it runs on the publishing source's thread); each playbook runs as a task;
@@ -33,6 +34,7 @@ from .guardrails import MONOTONIC, Guardrails
 from .incidents import DURATION_BUCKETS, Incident, IncidentBook
 from .journal import Journal, Retention
 from .leak_resume import LeakResumeGate
+from .leak_watch import LeakWatch
 from .lifecycle import IncidentLifecycle
 from .maintenance import Maintenance
 from .playbooks import Playbook, load_playbooks
@@ -50,7 +52,8 @@ UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is 
 MODES = ("observe", "dry-run", "enforce")
 
 
-class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler, TargetResolver, LeakResumeGate):
+class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler, TargetResolver, LeakResumeGate,
+                        LeakWatch):
     def __init__(self, settings: RemediationSettings, mode: str, identity: Any, inventory: Any,
                  journal_path: Path | str, executors: Executors | None = None, clock=time.time,
                  monotonic: Callable[[], float] = MONOTONIC):

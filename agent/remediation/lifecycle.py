@@ -73,6 +73,8 @@ class IncidentLifecycle:
             if book is not None:
                 inc.playbook = book.name
                 self._spawn(self.run_playbook(inc, book))
+            if detector == "leak_tray":  # the trays below it read at the leak interval (leak_watch.py)
+                self._spawn(self.watch_below(inc))
         return inc
 
     def clear(self, detector: str, targets: Mapping[str, str]) -> Incident | None:

@@ -178,6 +178,10 @@ class LeakScopeSettings(_Strict):
         "Trays directly below a leaking compute tray (inventory.rack_units) that are watched: drained (step "
         "approval leak_watch_below, automatic by default) and flagged; 0: none. Default 1, the tray a drip reaches "
         "first, which fits the default blast radius (2 drained) with the leaking tray itself."))
+    watch_poll_seconds: float = Field(default=0.5, gt=0, description=(
+        "While a tray leaks, the BMCs of the trays watched below it are asked for a poll this often (the leak "
+        "rope's interval), not at sources.redfish's; by the agent that reads them (the rack leader, with "
+        "sources.redfish.watch_rack_trays)."))
     dry_hold_seconds: float = Field(default=900.0, ge=0, description=(
         "Nothing a leak did is undone (resume, power on, valve open, caps) until every detector of its scope has "
         "read dry for this long; then a person approves, shown each detector's dry history. A detector that "
