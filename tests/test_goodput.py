@@ -1,0 +1,276 @@
+"""Goodput in `report` (issue 36): outages from the journal, counted once, clipped to the window, by cause class.
+
+The journals are written through the journal's own API with explicit timestamps (a deterministic clock): the
+rows are those the engine writes (intent/result of drain and node_reboot, undo results, maintenance rows,
+incident rows), with the shapes of agent/remediation/step_runner.py, reconcile.py and maintenance.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent.goodput import CAUSES, DETECTOR_CAUSE, JournalRead, attribute, cause_of, goodput_report, outages
+from agent.remediation.journal import Journal
+
+from tests.helpers import REPO
+
+H = 3600.0
+T = 1_800_000_000.0  # "now" of the deterministic tests
+
+
+def incident(j: Journal, iid: str, detector: str, node: str, at: float, detail: dict | None = None) -> None:
+    j.append("incident", incident_id=iid, result="open", ts=at,
+             detail={"id": iid, "detector": detector, "targets": {"node": node}, "opened_at": at,
+                     "resolved_at": None, "detail": detail or {}})
+
+
+def drain(j: Journal, iid: str, node: str, at: float, undone: float | None, jobs: list[str] | None,
+          owned: bool = True) -> None:
+    """A drain step as the step runner journals it: the intent with its plan (the jobs on the node at that
+    moment), the result, and the undo's intent and result when the incident cleared."""
+    aid, tgt = f"{iid}:0:node={node}", f"node={node}"
+    plan = {"before": {"state": "allocated", "reason": "", "owned": owned}, "reason": f"supernode-agent: {iid}"}
+    if jobs is not None:
+        plan["jobs"] = jobs
+    j.append("intent", action_id=aid, incident_id=iid, playbook="p", action="drain", target=tgt, ts=at,
+             detail={"plan": plan, "params": {}, "phase": "apply"})
+    j.append("result", action_id=aid, incident_id=iid, playbook="p", action="drain", target=tgt, result="done",
+             ts=at, detail={"phase": "apply", "before": plan["before"], "after": {"state": "drained"},
+                            "skipped": not owned})
+    if undone is not None:
+        j.append("intent", action_id=aid + ":undo", incident_id=iid, action="drain", target=tgt, ts=undone,
+                 detail={"phase": "undo", "apply_action_id": aid})
+        j.append("result", action_id=aid + ":undo", incident_id=iid, action="drain", target=tgt, result="undone",
+                 ts=undone, detail={"phase": "undo", "apply_action_id": aid})
+
+
+def reboot(j: Journal, iid: str, node: str, at: float, back: float | None, jobs: list[str]) -> None:
+    aid, tgt = f"{iid}:0:node={node}", f"node={node}"
+    j.append("intent", action_id=aid, incident_id=iid, action="node_reboot", target=tgt, ts=at,
+             detail={"plan": {"before": {"boot_time": at - 86400}, "jobs": jobs}, "phase": "apply"})
+    if back is not None:
+        j.append("result", action_id=aid, incident_id=iid, action="node_reboot", target=tgt, result="done", ts=back,
+                 detail={"phase": "apply", "after": {"boot_time": back - 60}})
+
+
+def maintenance(j: Journal, node: str, on: float, until: float | None, off: float | None = None) -> None:
+    j.append("maintenance", target=node, result="on", ts=on, detail={"by": "alice", "until": until})
+    if off is not None:
+        j.append("maintenance", target=node, result="off", ts=off, detail={"by": "alice", "until": None})
+
+
+def journals(tmp_path, now: float, open_gpu: bool = True, edge: bool = True) -> list[JournalRead]:
+    """node01's and node02's journals (4 GPUs per node), each agent started ten days before `now`:
+
+    node01: an NVLink drain from now-26h to now-22h (the window's edge cuts it to 2 h), a leak drain from now-20h to
+    now-17h with jobs 101 and 102 on the node (3 h), a gpu_lost drain from now-2h still open (2 h up to now, no job).
+    node02: XID 79's reboot (gpu_reboot_required) from now-10h to now-9.5h with job 201 (30 min), overlapping a
+    maintenance window from now-9h45m until now-9h (its `until`: no off row): the overlap's 15 min go to the reboot,
+    which took the node out first; the maintenance keeps its last 30 min. node02 out 1 h, not 1 h 15.
+    """
+    out = []
+    for node in ("node01", "node02"):
+        j = Journal(tmp_path / f"{node}.db")
+        j.append("engine", result="started", ts=now - 10 * 86400, detail={"node": node, "rack": "r01"})
+        if node == "node01":
+            if edge:
+                incident(j, "n1", "nvlink_errors", node, now - 26 * H)
+                drain(j, "n1", node, now - 26 * H, now - 22 * H, ["99"])
+            incident(j, "l1", "leak", node, now - 20 * H)
+            drain(j, "l1", node, now - 20 * H, now - 17 * H, ["101", "102"])
+            if open_gpu:
+                incident(j, "g1", "gpu_lost", node, now - 2 * H)
+                drain(j, "g1", node, now - 2 * H, None, [])
+        else:
+            incident(j, "r1", "gpu_reboot_required", node, now - 10 * H, {"xid": 79})
+            reboot(j, "r1", node, now - 10 * H, now - 9.5 * H, ["201"])
+            maintenance(j, node, now - 9.75 * H, until=now - 9 * H)
+        assert j.flush()
+        out.append(JournalRead(j.entries(), node, node))
+        j.close()
+    return out
+
+
+def test_hand_computed_gpu_hours_and_availability(tmp_path):
+    """Window: the last 24 h; 2 nodes x 4 GPUs; both agents ran the whole window (observed 24 h each, 48 h).
+
+    node01: nvlink 2 h (now-24h..now-22h, the window cuts the 4 h drain) + leak 3 h + gpu_other 2 h (open) = 7 h
+            -> availability 1 - 7/24 = 17/24 = 70.833 %, GPU-hours lost 7 x 4 = 28
+    node02: gpu_reboot 30 min + maintenance 30 min (the 15 min overlap counted once, to the reboot) = 1 h
+            -> availability 23/24 = 95.833 %, GPU-hours lost 4
+    rack:   8 h of 48 h -> availability 40/48 = 83.333 %, GPU-hours lost 32
+    by cause: leak 12, nvlink 8, gpu_other 8, gpu_reboot 2, maintenance 2 GPU-hours (sum 32)
+    jobs interrupted: l1 2 (101, 102), r1 1 (201), g1 0, n1's drain started before the window: not listed
+    """
+    g = goodput_report(journals(tmp_path, T), 4, T - 24 * H, T)
+    n1, n2, rack = g["nodes"]["node01"], g["nodes"]["node02"], g["rack"]
+    assert n1["out_of_service_seconds"] == pytest.approx(7 * H)
+    assert n1["availability"] == pytest.approx(17 / 24) and n1["gpu_hours_lost"] == pytest.approx(28)
+    assert n2["out_of_service_seconds"] == pytest.approx(1 * H)
+    assert n2["availability"] == pytest.approx(23 / 24) and n2["gpu_hours_lost"] == pytest.approx(4)
+    assert rack["availability"] == pytest.approx(40 / 48) and rack["gpu_hours_lost"] == pytest.approx(32)
+    lost = {c: s["gpu_hours_lost"] for c, s in rack["by_cause"].items() if s["gpu_hours_lost"]}
+    assert lost == pytest.approx({"leak": 12, "nvlink": 8, "gpu_other": 8, "gpu_reboot": 2, "maintenance": 2})
+    assert n2["by_state"] == pytest.approx({"drained": 0, "rebooting": 0.5 * H, "maintenance": 0.5 * H})
+    jobs = {i["incident_id"]: (i["jobs_interrupted"], i["jobs"]) for i in g["incidents"]}
+    assert jobs == {"l1": (2, ["101", "102"]), "r1": (1, ["201"]), "g1": (0, [])}
+
+
+def test_mtbf_and_mttr_per_cause_say_the_events_they_rest_on(tmp_path):
+    """leak: 1 event in the window, 1 repair of 3 h: MTBF = 48 h observed node-time / 1, MTTR 3 h.
+    nvlink: its outage started before the window (no event) and ended in it: 1 repair, MTTR its whole 4 h, no MTBF.
+    gpu_other: 1 event, still open: no repair, no MTTR."""
+    c = goodput_report(journals(tmp_path, T), 4, T - 24 * H, T)["rack"]["by_cause"]
+    assert (c["leak"]["events"], c["leak"]["repairs"]) == (1, 1)
+    assert c["leak"]["mtbf_seconds"] == pytest.approx(48 * H) and c["leak"]["mttr_seconds"] == pytest.approx(3 * H)
+    assert (c["nvlink"]["events"], c["nvlink"]["repairs"], c["nvlink"]["mtbf_seconds"]) == (0, 1, None)
+    assert c["nvlink"]["mttr_seconds"] == pytest.approx(4 * H)
+    assert (c["gpu_other"]["events"], c["gpu_other"]["repairs"], c["gpu_other"]["mttr_seconds"]) == (1, 0, None)
+
+
+def test_overlapping_outages_count_once_to_the_first_that_took_the_node_out():
+    """A [0, 10], B [5, 20] (B started while A held the node), C [12, 14] inside B: the node was out 20 s;
+    A gets 10, B the 10 after A ended (C's 2 s are inside B's and count once, to B)."""
+    from agent.goodput import Outage
+
+    a, b, c = (Outage("n", 0, 10, "drained", "leak", 1), Outage("n", 5, 20, "rebooting", "gpu_reboot", 2),
+               Outage("n", 12, 14, "maintenance", "maintenance", 3))
+    assert attribute([c, b, a], 0, 100) == 20
+    assert (a.attributed_seconds, b.attributed_seconds, c.attributed_seconds) == (10, 10, 0)
+    assert attribute([a, b], 8, 30) == 12  # the window's edges clip: A 8..10, B 10..20
+    assert (a.attributed_seconds, b.attributed_seconds) == (2, 10)
+
+
+def test_an_open_outage_counts_up_to_now(tmp_path):
+    """g1's drain (now-2h, never undone): 2 h when the report runs at now, 3 h an hour later."""
+    reads = journals(tmp_path, T, edge=False)
+    assert goodput_report(reads, 4, T - 24 * H, T)["nodes"]["node01"]["out_of_service_seconds"] == pytest.approx(5 * H)
+    later = goodput_report(reads, 4, T - 23 * H, T + H)["nodes"]["node01"]
+    assert later["out_of_service_seconds"] == pytest.approx(6 * H)
+    assert later["by_cause"]["gpu_other"]["out_of_service_seconds"] == pytest.approx(3 * H)
+
+
+def test_a_drain_found_in_place_took_nothing_out_and_maintenance_ends_at_its_off_row(tmp_path):
+    j = Journal(tmp_path / "j.db")
+    j.append("engine", result="started", ts=T - 48 * H, detail={"node": "node01"})
+    incident(j, "b1", "gpu_lost", "node01", T - 5 * H)
+    drain(j, "b1", "node01", T - 5 * H, None, [], owned=False)  # bob's drain: not ours, no outage
+    maintenance(j, "node01", T - 4 * H, until=T + 10 * H, off=T - 3 * H)  # ended by hand before its until
+    assert j.flush()
+    found = outages(j.entries())
+    j.close()
+    assert [(o.state, o.start, o.end) for o in found] == [("maintenance", T - 4 * H, T - 3 * H)]
+
+
+def test_nodes_no_journal_covers_are_unknown_not_available(tmp_path):
+    """The inventory names node03, whose journal was not read: listed, availability and GPU-hours unknown (null),
+    and the rack's figures are over the two nodes observed, saying 2 of 3."""
+    g = goodput_report(journals(tmp_path, T), 4, T - 24 * H, T, nodes=["node01", "node02", "node03"])
+    assert g["nodes"]["node03"]["availability"] is None and g["nodes"]["node03"]["gpu_hours_lost"] is None
+    assert (g["rack"]["nodes"], g["rack"]["nodes_observed"]) == (3, 2)
+    assert g["rack"]["availability"] == pytest.approx(40 / 48)
+    (tmp_path / "x").mkdir()
+    unknown_gpus = goodput_report(journals(tmp_path / "x", T), None, T - 24 * H, T)  # no inventory: GPU count unknown
+    assert unknown_gpus["rack"]["gpu_hours_lost"] is None and unknown_gpus["rack"]["availability"] is not None
+
+
+def test_every_shipped_detector_has_a_cause_class():
+    """A new detector must be given a cause (DETECTOR_CAUSE): `other` is for what no detector of ours names."""
+    from agent.remediation.detectors import Context, Detectors
+    from agent.remediation.playbooks import load_playbooks
+    from agent.remediation.settings import DetectorSettings, RemediationSettings
+
+    names = set(Detectors(DetectorSettings(), Context("n1", "r01")).trackers)
+    names |= {b.trigger.detector for b in load_playbooks(RemediationSettings().playbook_dir) if b.trigger.detector}
+    assert sorted(names - set(DETECTOR_CAUSE)) == []
+    assert set(DETECTOR_CAUSE.values()) <= set(CAUSES)
+    assert cause_of("SomeAlertname") == "other"
+    assert cause_of("leak", {"detail": {"drill": True}}) == "drill"  # a drill's incident, whatever its detector
+    assert cause_of("gpu_reboot_required") == "gpu_reboot"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", "--config", "/nonexistent.yaml", "report", *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def test_report_cli_formats_on_two_nodes_journals(tmp_path):
+    """The same journals with every outage closed and inside the window (so the figures do not move with the
+    clock): node01 3 h (leak), node02 1 h over the last 24 h -> availability 21/24 and 23/24, rack 44/48;
+    GPU-hours 12, 4, 16."""
+    journals(tmp_path, time.time(), open_gpu=False, edge=False)
+    dbs = ["--db", str(tmp_path / "node01.db"), "--db", str(tmp_path / "node02.db"), "--gpus-per-node", "4"]
+    run = _cli(*dbs, "--since", "24h", "--format", "json")
+    assert run.returncode == 0, run.stderr
+    g = json.loads(run.stdout)["goodput"]
+    assert g["nodes"]["node01"]["availability"] == pytest.approx(21 / 24)
+    assert g["nodes"]["node02"]["gpu_hours_lost"] == pytest.approx(4)
+    assert (g["rack"]["availability"], g["rack"]["gpu_hours_lost"]) == pytest.approx((44 / 48, 16))
+    rows = list(csv.DictReader(io.StringIO(_cli(*dbs, "--since", "24h", "--format", "csv").stdout)))
+    by = {(r["scope"], r["name"], r["cause"]): r for r in rows}
+    assert float(by[("rack", "rack", "all")]["gpu_hours_lost"]) == pytest.approx(16)
+    assert float(by[("node", "node01", "leak")]["out_of_service_seconds"]) == pytest.approx(3 * H)
+    md = _cli(*dbs, "--since", "24h", "--format", "markdown").stdout
+    assert "| 2 of 2 | 2.0 d | 4.0 h | 91.667 % | 16.00 |" in md, md
+    assert "| l1 | leak | leak | node01 | 2 | 101, 102 |" in md, md
+    text = _cli(*dbs, "--since", "24h").stdout  # the default: reliability as before, then goodput
+    assert text.index("reliability seen by") < text.index("goodput from")
+    iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 24 * H))
+    assert json.loads(_cli(*dbs, "--since", iso, "--json").stdout)["goodput"]["rack"]["gpu_hours_lost"] == \
+        pytest.approx(16)
+
+
+def test_bad_since_and_format_are_named(tmp_path):
+    journals(tmp_path, time.time())
+    for bad in ("soon", "-3d", "2999-01-01"):
+        run = _cli("--db", str(tmp_path / "node01.db"), f"--since={bad}")
+        assert run.returncode != 0 and f"--since {bad!r}" in run.stderr, run.stderr
+    run = _cli("--db", str(tmp_path / "node01.db"), "--format", "xml")
+    assert run.returncode != 0 and "'xml'" in run.stderr and "--format" in run.stderr, run.stderr
+
+
+def test_a_corrupt_row_or_an_unreadable_journal_gives_no_figure(tmp_path):
+    """A row whose detail is not JSON (written past the journal's API) is named by its seq; a file that is no
+    database is named; neither prints a report that would silently lack those rows."""
+    journals(tmp_path, time.time())
+    db = sqlite3.connect(str(tmp_path / "node01.db"))
+    db.execute("INSERT INTO journal(ts, kind, result, detail) VALUES (?, 'result', 'done', '{not json')", (time.time(),))
+    db.commit()
+    seq = db.execute("SELECT MAX(seq) FROM journal").fetchone()[0]
+    db.close()
+    run = _cli("--db", str(tmp_path / "node01.db"), "--format", "json")
+    assert run.returncode != 0 and run.stdout == "" and f"seq {seq}" in run.stderr, run.stderr
+    (tmp_path / "junk.db").write_bytes(b"this is not sqlite" * 100)
+    run = _cli("--db", str(tmp_path / "junk.db"))
+    assert run.returncode != 0 and run.stdout == "" and "junk.db" in run.stderr, run.stderr
+    bad_ts = tmp_path / "ts"
+    bad_ts.mkdir()
+    journals(bad_ts, time.time())
+    db = sqlite3.connect(str(bad_ts / "node02.db"))
+    db.execute("INSERT INTO journal(ts, kind, result, detail) VALUES ('yesterday', 'engine', 'started', '{}')")
+    db.commit()
+    db.close()
+    run = _cli("--db", str(bad_ts / "node02.db"), "--format", "json")
+    assert run.returncode != 0 and run.stdout == "" and "'yesterday' is not a time" in run.stderr, run.stderr
+
+
+def test_a_journal_from_before_jobs_were_recorded_says_not_recorded(tmp_path):
+    """An old drain row (no `jobs` in its plan) is still an outage; its jobs are unknown, never 0."""
+    j = Journal(tmp_path / "j.db")
+    j.append("engine", result="started", ts=T - 48 * H)  # an old agent: no node in its start row either
+    incident(j, "o1", "leak", "node01", T - 3 * H)
+    drain(j, "o1", "node01", T - 3 * H, T - 2 * H, None)
+    assert j.flush()
+    g = goodput_report([JournalRead(j.entries())], 4, T - 24 * H, T)
+    j.close()
+    assert g["nodes"]["node01"]["gpu_hours_lost"] == pytest.approx(4)
+    assert g["incidents"] == [{"incident_id": "o1", "cause": "leak", "detector": "leak", "nodes": ["node01"],
+                               "jobs": None, "jobs_interrupted": None}]
