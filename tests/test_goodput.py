@@ -274,3 +274,46 @@ def test_a_journal_from_before_jobs_were_recorded_says_not_recorded(tmp_path):
     assert g["nodes"]["node01"]["gpu_hours_lost"] == pytest.approx(4)
     assert g["incidents"] == [{"incident_id": "o1", "cause": "leak", "detector": "leak", "nodes": ["node01"],
                                "jobs": None, "jobs_interrupted": None}]
+
+
+def test_the_agents_series_count_its_own_node_once_by_cause_from_its_start(tmp_path):
+    """The agent starts at t=1000 (a deterministic clock). Its journal: a leak drain of node01 from 900 (before the
+    start: counted from 1000) undone at 1300; maintenance of node01 from 1200 until 1500 (its `until`); a drain of
+    node02 (another node's outage: not in this agent's series). Every row fed twice (the start's read and the
+    append hook may both see one): counted once.
+
+    at 1400: leak 300 (1000..1300), maintenance 100 (1300..1400: its 1200..1300 went to the leak), out of service
+    at 1600: leak 300, maintenance 200 (1300..1500), in service again
+    """
+    from prometheus_client import CollectorRegistry
+
+    from agent.goodput_metrics import OutOfServiceTracker
+
+    now = [1000.0]
+    tracker = OutOfServiceTracker("node01", clock=lambda: now[0])
+    j = Journal(tmp_path / "j.db")
+    incident(j, "l1", "leak", "node01", 900)
+    drain(j, "l1", "node01", 900, 1300, ["7"])
+    maintenance(j, "node01", 1200, until=1500)
+    incident(j, "x1", "gpu_lost", "node02", 950)
+    drain(j, "x1", "node02", 950, None, [])
+    assert j.flush()
+    tracker.load(j.entries())
+    tracker.load(j.entries())
+    j.close()
+    reg = CollectorRegistry()
+
+    class Families:  # the engine's collector yields the tracker's families among its own
+        def collect(self):
+            return tracker.families()
+    reg.register(Families())
+
+    def value(cause: str) -> float:
+        return reg.get_sample_value("supernode_node_out_of_service_seconds_total", {"cause": cause})
+    now[0] = 1400.0
+    assert (value("leak"), value("maintenance"), value("gpu_other")) == (300, 100, 0)
+    assert reg.get_sample_value("supernode_node_in_service") == 0
+    now[0] = 1600.0
+    assert (value("leak"), value("maintenance")) == (300, 200)
+    assert reg.get_sample_value("supernode_node_in_service") == 1
+    assert value("drill") == 0 and value("other") == 0  # every cause exported from the start

@@ -346,8 +346,9 @@ def test_node_reboot_gives_the_jobs_their_checkpoint_signal_and_slurm_reboots_on
 
         async def main() -> Any:
             plan = await act.plan({"node": "node01"}, {}, CTX)
-            return await act.apply({"node": "node01"}, {}, CTX, plan)
-        res = asyncio.run(main())
+            return plan, await act.apply({"node": "node01"}, {}, CTX, plan)
+        plan, res = asyncio.run(main())
+    assert plan["jobs"] == [job]  # the jobs the reboot interrupts, in the plan (the intent) before the reboot
     assert got.read_text().strip() == "checkpointed"
     assert res.ok and res.after["checkpoint_signal"] == "USR1"
     assert res.after["boot_time"] > res.after["boot_time_before"]
