@@ -310,6 +310,7 @@ def test_the_agents_series_count_its_own_node_once_by_cause_from_its_start(tmp_p
 
     def value(cause: str) -> float:
         return reg.get_sample_value("supernode_node_out_of_service_seconds_total", {"cause": cause})
+    assert reg.get_sample_value("supernode_node_in_service") == 0  # at the start: the drain from before it holds
     now[0] = 1400.0
     assert (value("leak"), value("maintenance"), value("gpu_other")) == (300, 100, 0)
     assert reg.get_sample_value("supernode_node_in_service") == 0
@@ -317,3 +318,25 @@ def test_the_agents_series_count_its_own_node_once_by_cause_from_its_start(tmp_p
     assert (value("leak"), value("maintenance")) == (300, 200)
     assert reg.get_sample_value("supernode_node_in_service") == 1
     assert value("drill") == 0 and value("other") == 0  # every cause exported from the start
+
+
+def test_jobs_a_job_notify_step_requeued_are_interrupted_without_an_outage(tmp_path):
+    """An application GPU fault (XID 13, gpu_app_fault): job_notify `requeue` put jobs 301 and 302 back in the
+    queue; the node stayed in service (no outage, availability 100 %), and the incident lists both jobs. A
+    `comment` step tells the job and interrupts nothing."""
+    j = Journal(tmp_path / "j.db")
+    j.append("engine", result="started", ts=T - 48 * H, detail={"node": "node01"})
+    incident(j, "a1", "gpu_app_fault", "node01", T - H, {"xid": 13})
+    j.append("result", action_id="a1:0:node=node01", incident_id="a1", action="job_notify", target="node=node01",
+             result="done", ts=T - H, detail={"phase": "apply", "after": {"jobs": ["301", "302"], "done": "requeue",
+                                                                          "told": ["301", "302"], "errors": []}})
+    incident(j, "a2", "gpu_app_fault", "node01", T - H / 2, {"xid": 13})
+    j.append("result", action_id="a2:0:node=node01", incident_id="a2", action="job_notify", target="node=node01",
+             result="done", ts=T - H / 2, detail={"phase": "apply", "after": {"jobs": ["303"], "done": "comment",
+                                                                              "told": ["303"], "errors": []}})
+    assert j.flush()
+    g = goodput_report([JournalRead(j.entries(), "node01")], 4, T - 24 * H, T)
+    j.close()
+    assert g["nodes"]["node01"]["availability"] == 1.0
+    assert g["incidents"] == [{"incident_id": "a1", "cause": "gpu_app", "detector": "gpu_app_fault", "nodes": [],
+                               "jobs": ["301", "302"], "jobs_interrupted": 2}]
