@@ -29,6 +29,7 @@ Definitions (README "Goodput"):
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -185,16 +186,29 @@ def requeued_jobs(entries: Iterable[Any]) -> dict[str, list[str]]:
 
 def attribute(node_outages: list[Outage], lo: float, hi: float) -> float:
     """Split [lo, hi]'s out-of-service time among one node's outages, once: each piece to the earliest-started
-    outage covering it. Sets `attributed_seconds`; returns the total (the union's length)."""
+    outage covering it. Sets `attributed_seconds`; returns the total (the union's length).
+
+    A sweep over the outages' edges with a heap of those begun, earliest start on top (an ended one is dropped
+    when it reaches the top): n log n, so a long-running agent's tracker stays cheap at every scrape."""
+    spans = []
     for o in node_outages:
         o.attributed_seconds = 0.0
-    cuts = sorted({lo, hi} | {min(max(t, lo), hi) for o in node_outages for t in (o.start, o.end or hi)})
+        a, b = max(o.start, lo), min(hi if o.end is None else o.end, hi)
+        if b > a:
+            spans.append((a, b, o))
+    spans.sort(key=lambda s: s[0])
+    cuts = sorted({t for a, b, _ in spans for t in (a, b)})
+    begun: list[tuple[float, int, int, float, Outage]] = []  # (start, seq, i: a unique tie-break, end, outage)
+    i = 0
     total = 0.0
     for a, b in zip(cuts, cuts[1:]):
-        covering = [o for o in node_outages if o.start <= a and (o.end is None or o.end >= b)]
-        if b > a and covering:
-            first = min(covering, key=lambda o: (o.start, o.seq))
-            first.attributed_seconds += b - a
+        while i < len(spans) and spans[i][0] <= a:
+            heapq.heappush(begun, (spans[i][2].start, spans[i][2].seq, i, spans[i][1], spans[i][2]))
+            i += 1
+        while begun and begun[0][3] <= a:
+            heapq.heappop(begun)
+        if begun:
+            begun[0][4].attributed_seconds += b - a
             total += b - a
     return total
 

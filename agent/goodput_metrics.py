@@ -48,6 +48,8 @@ class OutOfServiceTracker:
         self._lock = threading.Lock()  # rows arrive on any thread that appends to the journal
         self._rows: dict[int, Any] = {}
         self._incidents: dict[str, Any] = {}  # incident id -> its latest row (the cause is read from it)
+        self._changed = True  # rows fed since the outages were last derived
+        self._outages: list[Any] = []
 
     def feed(self, e: Any) -> None:
         if not _relevant(e):
@@ -59,6 +61,7 @@ class OutOfServiceTracker:
                     self._incidents[e.incident_id or ""] = e
             else:
                 self._rows[e.seq] = e
+            self._changed = True
 
     def load(self, entries: Iterable[Any]) -> None:
         for e in entries:
@@ -67,9 +70,12 @@ class OutOfServiceTracker:
     def seconds(self) -> tuple[dict[str, float], bool]:
         """(seconds out of service since the start by cause, in service now)."""
         with self._lock:
-            rows = sorted([*self._rows.values(), *self._incidents.values()], key=lambda e: e.seq)
+            changed, self._changed = self._changed, False
+            rows = sorted([*self._rows.values(), *self._incidents.values()], key=lambda e: e.seq) if changed else []
+        if changed:  # derived again only when a row came (a scrape between incidents only splits the time)
+            self._outages = [o for o in outages(rows) if o.node == self.node]
         now = self.clock()
-        mine = [o for o in outages(rows) if o.node == self.node]
+        mine = self._outages
         attribute(mine, self.since, now)
         by_cause = dict.fromkeys(CAUSES, 0.0)
         for o in mine:
