@@ -87,7 +87,10 @@ class JournalWriter:
             self._index(entry)
             self._cond.notify_all()
         if self.on_append is not None:
-            self.on_append(entry)
+            try:
+                self.on_append(entry)
+            except Exception:  # bookkeeping (the goodput series) never fails the row, nor the step writing it
+                log.exception("journal row listener failed", extra={"kind": kind})
         return seq
 
     def _writer(self) -> None:
