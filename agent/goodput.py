@@ -8,7 +8,8 @@ on it" has one answer that survives restarts; the report and the agent's own cou
 Definitions (README "Goodput"):
 
 - An **outage** is an interval a node was out of service: `drained` (a drain the agent made and owned, from its
-  result until its undo's `undone` or `released` row), `rebooting` (a node_reboot from its intent until its
+  result until its undo's `undone` row, or the `released` row of the last incident holding it: a person rejected
+  them and took the node over), `rebooting` (a node_reboot from its intent until its
   result, done or failed) or `maintenance` (a person's maintenance window, on -> off or its `until`). A drain
   found already in place (someone else's, or another incident of ours) took nothing out: no outage.
 - Its **cause** is the cause class of the incident behind it (`cause_of`: one table, `DETECTOR_CAUSE`; a
@@ -54,7 +55,6 @@ DETECTOR_CAUSE: Mapping[str, str] = {
     "sensor_fault": "other",  # a reading the agent could not take: no cause of its own, said as other
 }
 STATES = ("drained", "rebooting", "maintenance")
-END_OF_DRAIN = ("undone", "released")
 
 
 class GoodputError(Exception):
@@ -128,7 +128,7 @@ def outages(entries: Iterable[Any]) -> list[Outage]:
     incidents = incident_rows(rows)
     intents: dict[str, Any] = {}
     out: list[Outage] = []
-    open_drain: dict[str, Outage] = {}  # target -> the drain outage still open
+    open_drain: dict[str, tuple[Outage, set[str]]] = {}  # target -> the drain outage still open, its holders
     open_reboot: dict[str, Outage] = {}  # action id -> the reboot outage still open
     maint: dict[str, Outage] = {}
 
@@ -150,16 +150,22 @@ def outages(entries: Iterable[Any]) -> list[Outage]:
             open_reboot.pop(e.action_id).end = e.ts
         elif e.kind == "result" and e.action == "drain" and phase == "apply" and e.result == "done":
             before = d.get("before") if isinstance(d.get("before"), Mapping) else {}
-            if not before.get("owned") or e.target in open_drain:
-                continue  # in place before: this step took nothing out
+            if e.target in open_drain:  # our drain in place: this incident holds it too, it took nothing out
+                open_drain[e.target or ""][1].add(e.incident_id or "")
+                continue
+            if not before.get("owned"):
+                continue  # someone else's drain in place: no outage of ours
             intent = intents.get(e.action_id or "")
             start = intent.ts if d.get("reconciled") and intent is not None else e.ts  # a crash: from the intent
             plan = intent.detail.get("plan") if intent is not None and isinstance(intent.detail, Mapping) else None
-            open_drain[e.target or ""] = made(e, "drained", start, _jobs(plan))
-        elif e.kind == "result" and e.action == "drain" and phase == "undo" and e.result in END_OF_DRAIN:
-            o = open_drain.pop(e.target or "", None)
-            if o is not None:
+            open_drain[e.target or ""] = (made(e, "drained", start, _jobs(plan)), {e.incident_id or ""})
+        elif e.kind == "result" and e.action == "drain" and phase == "undo" and e.target in open_drain:
+            o, holders = open_drain[e.target or ""]
+            if e.result in ("released", "kept"):  # one incident let go: the drain stays while another holds it
+                holders.discard(e.incident_id or "")
+            if e.result == "undone" or (e.result == "released" and not holders):
                 o.end = e.ts
+                del open_drain[e.target or ""]
         elif e.kind == "maintenance" and e.target:
             o = maint.pop(e.target, None)
             if o is not None:

@@ -397,3 +397,27 @@ def test_a_failing_row_listener_never_fails_the_row(tmp_path):
     assert j.flush()
     assert [e.seq for e in j.entries()] == [seq]
     j.close()
+
+
+def test_a_drain_held_by_two_incidents_ends_when_the_last_lets_go(tmp_path):
+    """A leak drains node01 at now-5h; a gpu_lost incident at now-4h finds it drained by us and holds it too. A
+    person rejects the leak at now-3h (released: the gpu_lost incident still holds the drain), and the gpu_lost
+    incident's undo resumes the node at now-1h: out 4 h, all to the leak that took it out; no second outage."""
+    j = Journal(tmp_path / "j.db")
+    j.append("engine", result="started", ts=T - 48 * H, detail={"node": "node01"})
+    incident(j, "l1", "leak", "node01", T - 5 * H)
+    drain(j, "l1", "node01", T - 5 * H, None, ["1"])
+    incident(j, "g1", "gpu_lost", "node01", T - 4 * H)
+    drain(j, "g1", "node01", T - 4 * H, T - 1 * H, ["1"], owned=False)
+    tgt = "node=node01"
+    released = {"phase": "undo", "apply_action_id": "l1:0:node=node01", "by": "alice"}
+    j.append("result", action_id="l1:-1:node=node01:release", incident_id="l1", action="drain", target=tgt,
+             result="released", ts=T - 3 * H, detail=released)
+    assert j.flush()
+    entries = sorted(j.entries(), key=lambda e: (e.ts, e.seq))  # the rows in the order they happened
+    j.close()
+    g = goodput_report([JournalRead(entries, "node01")], 4, T - 24 * H, T)
+    n = g["nodes"]["node01"]
+    assert n["out_of_service_seconds"] == pytest.approx(4 * H)
+    assert {c: s["out_of_service_seconds"] for c, s in n["by_cause"].items()} == pytest.approx({"leak": 4 * H})
+    assert [i["incident_id"] for i in g["incidents"]] == ["l1"]
