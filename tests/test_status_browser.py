@@ -169,6 +169,10 @@ def test_a_leak_shows_the_wet_zone_and_the_pending_valve_live(page: Page):
     elapsed = time.monotonic() - start
     assert p.js("return window.__sameDocument") == "before the leak"  # no reload: the stream drew it
     assert "WET" in p.text('[data-zone="zone-a"]') and "LEAK" in p.text("#attention")
+    # the leak's scope (issue 35): zone-a, with the evidence that made it the zone's
+    p.wait("return document.querySelector('#incidents [data-leak-scope=zone]')", 10, "the zone's leak scope line")
+    line = p.text("#incidents [data-leak-scope=zone]")
+    assert "leak scope zone" in line and "zone=zone-a" in line and "zone sensor wet" in line, line
     print(f"leak on the page {elapsed * 1000:.0f} ms after the inject ({p.viewport})")
 
 
