@@ -21,6 +21,7 @@ from typing import Iterator
 
 from agent.snapshot import Snapshot
 
+from .cdu_view import REDFISH_FAMILIES
 from .detectors_base import Context
 from .detectors_cooling import CoolingDetectors
 from .detectors_gpu import GpuDetectors
@@ -43,7 +44,8 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
         "_leak": frozenset({"supernode_leak_detected", "supernode_leak_sensor_fault"}),
         "_coolant": frozenset({"supernode_cdu_flow_cubic_meters_per_second", "supernode_cdu_temperature_celsius",
                                "supernode_cdu_dew_point_margin_celsius", "supernode_cdu_pump_speed_setpoint_ratio",
-                               "supernode_cdu_pump_running", "supernode_cdu_alarm_active"}),
+                               "supernode_cdu_pump_running", "supernode_cdu_alarm_active",
+                               "supernode_cdu_pump_speed_ratio", "supernode_cdu_pressure_pascals"}) | REDFISH_FAMILIES,
         "_gpu_thermal": frozenset({"supernode_gpu_temperature_celsius", "supernode_gpu_temperature_threshold_celsius",
                                    "supernode_gpu_clock_event_active"}),
         "_gpu_faults": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action",
