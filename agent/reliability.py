@@ -62,6 +62,8 @@ DETECTOR_CLASS: Mapping[str, str] = {
     "pdu_outlet_off": "pdu_outlet",
 }
 NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
+                # a pump short of its spare: the failure is counted once, by coolant_flow_low's pump evidence
+                "pump_redundancy_lost",
                 "tray_leak_rack",  # trays leaking at once: each tray is already its own node's leak
                 "gpu_app_fault",  # the catalogue's RESTART_APP: the application's fault, not the GPU's
                 "gpu_straggler",  # an effect: its cause (link, clock slowdown, thermal) is its own detector's

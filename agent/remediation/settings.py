@@ -67,6 +67,13 @@ class DetectorSettings(_Strict):
     condensation_margin_celsius: float = Field(default=2.0, description="Supply - dew point below this fires.")
     condensation_clear_margin_celsius: float = Field(default=3.0)
     condensation_risk: Hold = Hold(fire_seconds=10.0, clear_seconds=30.0)
+    # Pump and loop health (issue 35, detectors_loop.py): warnings that notify, each from any CDU protocol.
+    pump_speed_low_fraction: float = Field(default=0.8, gt=0, lt=1, description=(
+        "A running pump below this share of its set point (the CDU's pump speed set point, else its fastest "
+        "pump's speed) has lost its part of the redundancy: pump_redundancy_lost fires."))
+    pump_speed_clear_fraction: float = Field(default=0.9, gt=0, le=1, description=(
+        "pump_redundancy_lost clears once every pump runs at or above this share of the set point."))
+    pump_redundancy_lost: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
     gpu_thermal_margin_celsius: float = Field(default=3.0, ge=0, description="Fires within this of the slowdown threshold.")
     gpu_thermal_clear_margin_celsius: float = Field(default=6.0, ge=0)
     gpu_thermal_clock_events: list[str] = Field(
