@@ -68,3 +68,83 @@ def test_a_redfish_cdu_flow_drop_opens_the_same_coolant_incident_as_a_modbus_cdu
             # the loop evidence the derate reads comes from the Redfish connector too
             assert redfish["detail"]["flow_cubic_meters_per_second"] > 0
             assert redfish["detail"]["flow_ratio"] < 0.7
+
+
+def _journal(agent) -> list[dict]:
+    status, body = agent.get("/api/v1/journal", token=TOKEN)
+    assert status == 200, body
+    return json.loads(body)["entries"]
+
+
+def _cap_intents(agent, incident_ids: set[str]) -> dict[str, dict]:
+    """The derate each cap step of these incidents planned, by GPU index (the first incident that capped it)."""
+    out: dict[str, dict] = {}
+    for e in _journal(agent):
+        if e["kind"] == "intent" and e["action"] == "gpu_power_cap" and e.get("incident_id") in incident_ids:
+            gpu = re.search(r"gpu=(\d+)", e["target"]).group(1)
+            out.setdefault(gpu, e["detail"]["plan"])
+    return out
+
+
+def _limits_w(rack, node: str = "node01") -> list[float]:
+    with rack.sim.model.lock:
+        return [g.power_limit_mw / 1000 for g in rack.sim.model.nodes[node].gpus]
+
+
+def test_a_pump_loss_caps_each_gpu_by_its_margin_within_the_computed_shed_and_recovery_restores_them(tmp_path):
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path, coolant_flow_low={"fire_seconds": 1.0, "clear_seconds": 2.0},
+                      pump_redundancy_lost={"fire_seconds": 0.0, "clear_seconds": 1.0})
+        rack.inject("thermal", node="node01", gpu=2, celsius=10)  # one plate runs hotter: the smallest margin
+        before = _limits_w(rack)
+        with running_agent(cfg, tmp_path) as agent:
+            _after_two_polls(agent)
+            rack.inject("pump-fail", cdu="cdu1", pump=2)
+
+            def capped() -> list[float] | None:
+                limits = _limits_w(rack)
+                return limits if all(w < b for w, b in zip(limits, before)) else None
+            limits = wait_for(capped, 60, what="every GPU of node01 capped")
+            flow = [i for i in _incidents(agent)["open"] if i["detector"] == "coolant_flow_low"]
+            plans = _cap_intents(agent, {i["id"] for i in flow})
+            derate = plans["2"]["derate"]
+            assert derate["method"] == "thermal_margin", derate
+            # the hottest GPU is cut most; the others, alike, alike
+            assert limits[2] < min(limits[0], limits[1], limits[3]), limits
+            assert max(limits[0], limits[1], limits[3]) - min(limits[0], limits[1], limits[3]) < 15, limits
+            # the cuts sum to the shed the loop's capacity asks for, none below the GPU's minimum
+            gpus = derate["gpus"]
+            cut = sum(g["power_watts"] - g["limit_watts"] for g in gpus.values())
+            assert derate["shed_watts"] > 0
+            assert abs(cut - derate["shed_watts"]) <= 1.0 * len(gpus), (cut, derate)
+            for i, w in enumerate(limits):
+                assert w >= gpus[str(i)]["min_watts"]
+                assert abs(w - gpus[str(i)]["limit_watts"]) <= 1.0, (i, w, gpus[str(i)])
+            assert any(i["detector"] == "pump_redundancy_lost" and i["targets"] == {"cdu": "cdu1"}
+                       for i in _incidents(agent)["open"])
+
+            with rack.sim.model.lock:  # the pump runs again: the loop recovers
+                rack.sim.model.coolant.pump_running[1] = True
+            wait_for(lambda: _limits_w(rack) == before, 90, what="the limits restored after the loop recovered")
+            wait_for(lambda: not [i for i in _incidents(agent)["open"]
+                                  if i["detector"] in ("coolant_flow_low", "pump_redundancy_lost")], 60,
+                     what="the coolant incidents closed")
+
+
+def test_a_missing_loop_input_falls_back_to_the_flat_cap_and_journals_why(tmp_path):
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path, coolant_flow_low={"fire_seconds": 1.0, "clear_seconds": 2.0})
+        # the Modbus CDU alone: its return temperature reads as a sentinel (a sensor fault), so no return
+        cfg["inventory"]["redfish"] = [e for e in cfg["inventory"]["redfish"] if e["kind"] != "cdu"]
+        with running_agent(cfg, tmp_path) as agent:
+            first = wait_for(lambda: _polls(agent, "cdu", "cdu1"), 60, what="a cdu1 poll")
+            wait_for(lambda: _polls(agent, "cdu", "cdu1") > first, 60, what="a flow baseline")
+            rack.inject("sensor-sentinel", device="cdu1", point="secondary_return_temp")
+            rack.inject("pump-fail", cdu="cdu1", pump=2)
+            wait_for(lambda: _limits_w(rack) == [420.0] * 4, 60, what="the flat 60 % cap")
+            flow = [i for i in _incidents(agent)["open"] if i["detector"] == "coolant_flow_low"]
+            plans = _cap_intents(agent, {i["id"] for i in flow})
+            assert set(plans) == {"0", "1", "2", "3"}
+            for plan in plans.values():
+                assert plan["derate"] == {"method": "flat", "fraction": 0.6,
+                                          "why": "the incident carries no return_celsius (the CDU did not report it)"}

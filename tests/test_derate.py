@@ -1,0 +1,89 @@
+"""Derate by margin (issue 35): the pure plan of agent/remediation/derate.py.
+
+Properties, with hypothesis: the cuts sum to at least the shed whenever the GPUs can give it; no GPU goes
+below its minimum limit; a hotter GPU is never cut less than a cooler one unless it already sits at its
+minimum. And the loop's capacity against hand-computed figures.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.remediation.derate import GpuMargin, loop_capacity, loop_inputs, plan_cuts, plan_limits
+
+SUPPLY = 30.0
+
+
+@st.composite
+def node(draw) -> list[GpuMargin]:
+    n = draw(st.integers(1, 8))
+    out = []
+    for i in range(n):
+        lo = draw(st.floats(100.0, 400.0))
+        power = draw(st.floats(0.0, 1000.0))
+        temp = draw(st.floats(SUPPLY - 5.0, 95.0))
+        out.append(GpuMargin(str(i), power, temp, lo))
+    return out
+
+
+@given(node(), st.floats(0.0, 5000.0))
+def test_the_cuts_reach_the_shed_when_feasible_and_no_gpu_goes_below_its_minimum(gpus, shed):
+    cuts = plan_cuts(gpus, shed, SUPPLY)
+    limits = plan_limits(gpus, shed, SUPPLY)
+    headroom = sum(max(g.power_w - g.min_w, 0.0) for g in gpus)
+    if headroom >= shed:
+        assert sum(cuts.values()) >= shed * (1 - 1e-9) - 1e-9
+    else:  # infeasible: every GPU at its minimum (or below it already, left where it is)
+        assert sum(cuts.values()) == pytest.approx(headroom)
+    for g in gpus:
+        assert cuts[g.key] >= 0
+        assert limits[g.key] >= g.min_w
+        assert cuts[g.key] <= max(g.power_w - g.min_w, 0.0) + 1e-9
+
+
+@given(node(), st.floats(0.0, 5000.0))
+def test_a_hotter_gpu_is_never_cut_less_than_a_cooler_one_unless_at_its_minimum(gpus, shed):
+    cuts = plan_cuts(gpus, shed, SUPPLY)
+    for hot in gpus:
+        at_min = cuts[hot.key] >= max(hot.power_w - hot.min_w, 0.0) - 1e-9
+        if at_min:
+            continue
+        for cool in gpus:
+            if cool.temp_c < hot.temp_c:
+                assert cuts[hot.key] >= cuts[cool.key] - 1e-6, (hot, cool, cuts)
+
+
+def test_no_shed_no_cut():
+    gpus = [GpuMargin("0", 600.0, 70.0, 200.0), GpuMargin("1", 600.0, 50.0, 200.0)]
+    assert plan_cuts(gpus, 0.0, SUPPLY) == {"0": 0.0, "1": 0.0}
+
+
+def test_the_hotter_gpu_takes_the_larger_share_in_proportion_to_its_rise():
+    gpus = [GpuMargin("hot", 600.0, 70.0, 200.0), GpuMargin("cool", 600.0, 50.0, 200.0)]
+    cuts = plan_cuts(gpus, 300.0, SUPPLY)
+    assert cuts["hot"] == pytest.approx(200.0, rel=1e-6)  # rise 40 K against 20 K: two thirds of the shed
+    assert cuts["cool"] == pytest.approx(100.0, rel=1e-6)
+
+
+def test_the_loop_capacity_is_flow_rho_cp_times_the_allowed_rise():
+    # 8.4 L/min of PG25 (1025 kg/m^3, 3900 J/(kg K)) rising 17.4 K carries 9.75 kW; within 10 K, 5.6 kW
+    flow = 8.4 / 60000
+    cap = loop_capacity(flow, 25.0, 42.4, max_delta_t_c=10.0, max_return_c=50.0)
+    assert cap is not None
+    assert cap.load_w == pytest.approx(flow * 1025 * 3900 * 17.4)
+    assert cap.capacity_w == pytest.approx(flow * 1025 * 3900 * 10.0)
+    assert cap.shed_fraction == pytest.approx(1 - 10.0 / 17.4)
+    hot = loop_capacity(flow, 45.0, 52.0, max_delta_t_c=10.0, max_return_c=50.0)  # supply hot: 5 K left
+    assert hot is not None and hot.delta_t_allowed_c == pytest.approx(5.0)
+    assert loop_capacity(flow, 25.0, 30.0).shed_fraction == 0.0  # within the rise: nothing to shed
+    assert loop_capacity(0.0, 25.0, 30.0) is None  # no flow: the load is unknown, not zero
+    assert loop_capacity(flow, 25.0, 25.0) is None
+
+
+def test_missing_loop_inputs_say_which():
+    assert loop_inputs({"flow_cubic_meters_per_second": 1e-4, "supply_celsius": 25.0}) == (
+        "the incident carries no return_celsius (the CDU did not report it)")
+    assert loop_inputs({"flow_cubic_meters_per_second": 1e-4, "supply_celsius": 25.0, "return_celsius": 35.0}) == (
+        1e-4, 25.0, 35.0)
