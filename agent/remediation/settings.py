@@ -239,8 +239,20 @@ class GpuRecoverySettings(_Strict):
         "After a reset or reboot: how long the health read may take to show the GPU healthy."))
 
 
+class DerateSettings(_Strict):
+    """The derate by margin (issue 35, derate_watch.py): when a coolant incident's cap is planned again."""
+
+    replan_shed_change: float = Field(default=0.05, gt=0, le=1, description=(
+        "Re-plan an applied derate once the share of power to shed differs from the applied one by at least "
+        "this (0-1): the loop's capacity moved (flow, supply), not one poll's noise."))
+    replan_min_interval_seconds: float = Field(default=30.0, ge=0, description=(
+        "At least this long between two plans of one incident's derate (the GPUs' power and the loop settle "
+        "within seconds of a new limit)."))
+
+
 class RemediationSettings(_Strict):
     detectors: DetectorSettings = DetectorSettings()
+    derate: DerateSettings = DerateSettings()
     guardrails: Guardrails = Guardrails()
     journal_retention: JournalRetentionSettings = JournalRetentionSettings()
     playbook_dir: Path | None = Field(default=None, description="Replaces the shipped playbooks when set.")

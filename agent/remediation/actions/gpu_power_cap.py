@@ -83,7 +83,11 @@ class GpuPowerCapAction(GpuActionBase):
             raise
         except Exception as exc:  # NVMLError and friends
             raise ActionError(f"NVML: {type(exc).__name__}: {exc}") from exc
-        out = {"before": {"limit_watts": info["current"], "owned": want < info["current"]}, "want_watts": want, **info}
+        # a re-plan of a derate may raise a limit of ours again (the loop recovered part of its capacity): the
+        # plan never goes above the GPU's power before the first cap, and the undo restores the limit before it
+        owned = want < info["current"] or (derate is not None and bool(ctx.get("attempt"))
+                                           and abs(want - info["current"]) > 1.0)
+        out = {"before": {"limit_watts": info["current"], "owned": owned}, "want_watts": want, **info}
         if derate is not None:  # the decision this limit comes from, journaled with the step's intent
             out["derate"] = derate
         return out

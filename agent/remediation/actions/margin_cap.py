@@ -44,6 +44,19 @@ def _gpu_facts(lib: Any, index: int) -> tuple[float, float, float, float]:
             lib.nvmlDeviceGetPowerManagementLimit(h) / 1000.0)
 
 
+def capacity_params(params: Mapping[str, Any]) -> dict[str, float]:
+    """The loop capacity's parameters from the step's (checked, with their defaults)."""
+    return {"max_delta_t_c": _param(params, "max_delta_t_celsius", DEFAULT_MAX_DELTA_T_C, 0.0, 100.0),
+            "max_return_c": _param(params, "max_return_celsius", DEFAULT_MAX_RETURN_C, 0.0, 150.0),
+            "density_kg_m3": _param(params, "density_kg_m3", 1025.0, 500.0, 2000.0),
+            "heat_capacity_j_kgk": _param(params, "heat_capacity_j_kgk", 3900.0, 1000.0, 5000.0)}
+
+
+def shed_of(capacity_w: float, load_w: float) -> float:
+    """The share of the load to shed so that it fits the capacity (0 when it does)."""
+    return max(0.0, 1.0 - capacity_w / load_w) if load_w > 0 else 0.0
+
+
 class MarginPlanner:
     """Plans for the cap action's thermal_margin mode, remembered per (incident, node)."""
 
@@ -53,7 +66,26 @@ class MarginPlanner:
         # node -> each GPU's (power, temperature) when the first live derate of the node was planned: a second
         # coolant incident of the same loop (its other CDU, its supply) plans from the power before any of our
         # caps, never cutting a cut GPU again; forgotten when the caps are undone
-        self.base: dict[str, dict[str, tuple[float, float]]] = {}
+        self.base: dict[str, dict[str, Any]] = {}
+        self.stale: set[tuple[str, str]] = set()  # plans to make again at the next step (derate_watch.py)
+
+    def plan_of(self, incident_id: str) -> dict[str, Any] | None:
+        """The plan this agent applied for an incident (its node's), if any."""
+        return next((p for (i, _), p in self.plans.items() if i == incident_id), None)
+
+    def shed_now(self, node: str, loop: tuple[float, float, float], params: Mapping[str, Any]) -> float | None:
+        """The share to shed for the loop as it is now, against the node's load before any of our caps (our caps
+        lowered the load the loop reads now; the capacity depends on flow and supply alone)."""
+        base = self.base.get(node)
+        cap = loop_capacity(*loop, **capacity_params(params))
+        if base is None or cap is None:
+            return None
+        return shed_of(cap.capacity_w, base["load_w"])
+
+    def replan(self, incident_id: str) -> None:
+        """An incident's next step plans again (from the same base); until then `plan_of` is the applied plan
+        (a re-run a guardrail refuses is tried again later, against it)."""
+        self.stale.update(k for k in self.plans if k[0] == incident_id)
 
     def forget(self, node: str) -> None:
         """The node's caps are undone: its next derate plans afresh."""
@@ -61,6 +93,7 @@ class MarginPlanner:
         for key in [k for k in self.plans if k[1] == node]:
             self.plans.pop(key, None)
             self.locks.pop(key, None)
+            self.stale.discard(key)
 
     async def node_plan(self, node: str, lib: Any, indices: list[int], params: Mapping[str, Any],
                         ctx: Mapping[str, Any], call: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
@@ -70,7 +103,8 @@ class MarginPlanner:
         key = (str(ctx.get("incident_id", "")), node)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
-            if key not in self.plans:
+            if key not in self.plans or key in self.stale:
+                self.stale.discard(key)
                 self.plans[key] = await self._plan(node, lib, indices, params, ctx, call)
                 while len(self.plans) > KEEP:
                     old, _ = self.plans.popitem(last=False)
@@ -87,32 +121,34 @@ class MarginPlanner:
         got = loop_inputs(ctx)
         if isinstance(got, str):
             return flat(got)
-        flow, supply, ret = got
-        cap = loop_capacity(flow, supply, ret,
-                            max_delta_t_c=_param(params, "max_delta_t_celsius", DEFAULT_MAX_DELTA_T_C, 0.0, 100.0),
-                            max_return_c=_param(params, "max_return_celsius", DEFAULT_MAX_RETURN_C, 0.0, 150.0),
-                            density_kg_m3=_param(params, "density_kg_m3", 1025.0, 500.0, 2000.0),
-                            heat_capacity_j_kgk=_param(params, "heat_capacity_j_kgk", 3900.0, 1000.0, 5000.0))
+        cap = loop_capacity(*got, **capacity_params(params))
         if cap is None:
+            flow, supply, ret = got
             return flat(f"the loop's load is unknown (flow {flow:g} m^3/s, return - supply {ret - supply:g} K)")
+        supply = got[1]
         facts: dict[str, tuple[float, float, float, float]] = {}
         for i in indices:
             try:
                 facts[str(i)] = await call(_gpu_facts, lib, i)
             except Exception as exc:  # NVMLError, a timeout: this GPU's margin is unknown
                 return flat(f"gpu {i}: NVML: {type(exc).__name__}: {exc}")
-        base = self.base.setdefault(node, {k: (p, t) for k, (p, t, _, _) in facts.items()})
-        facts = {k: (*base.get(k, (p, t)), lo, limit) for k, (p, t, lo, limit) in facts.items()}
+        base = self.base.setdefault(node, {"load_w": cap.load_w,
+                                           "gpus": {k: (p, t) for k, (p, t, _, _) in facts.items()}})
+        facts = {k: (*base["gpus"].get(k, (p, t)), lo, limit) for k, (p, t, lo, limit) in facts.items()}
         gpus = [GpuMargin(k, p, t, lo) for k, (p, t, lo, _) in facts.items()]
-        shed_w = cap.shed_fraction * sum(g.power_w for g in gpus)
+        shed = shed_of(cap.capacity_w, base["load_w"])
+        shed_w = shed * sum(g.power_w for g in gpus)
         cuts = plan_cuts(gpus, shed_w, supply)
-        # A GPU whose cut is nil keeps its limit (no cap at its draw of the moment); the others go to power - cut.
-        limits = {k: (facts[k][3] if cuts[k] <= 0 else max(facts[k][0] - cuts[k], facts[k][2])) for k in facts}
+        # A GPU whose cut is nil keeps its limit at a first plan (no cap at its draw of the moment); the others,
+        # and every GPU of a re-plan (ours to raise again), go to their power before our caps less their cut.
+        keep = not ctx.get("attempt")
+        limits = {k: (facts[k][3] if cuts[k] <= 0 and keep else max(facts[k][0] - cuts[k], facts[k][2]))
+                  for k in facts}
         return {"method": "thermal_margin",
-                "why": f"loop carries {cap.load_w:.0f} W, can carry {cap.capacity_w:.0f} W within "
-                       f"{cap.delta_t_allowed_c:.1f} K: shed {cap.shed_fraction:.1%} of this node's GPU power",
-                "capacity_watts": round(cap.capacity_w, 1), "load_watts": round(cap.load_w, 1),
-                "shed_fraction": round(cap.shed_fraction, 4), "shed_watts": round(shed_w, 1),
+                "why": f"the uncapped load is {base['load_w']:.0f} W, the loop can carry {cap.capacity_w:.0f} W "
+                       f"within {cap.delta_t_allowed_c:.1f} K: shed {shed:.1%} of this node's GPU power",
+                "capacity_watts": round(cap.capacity_w, 1), "load_watts": round(base["load_w"], 1),
+                "shed_fraction": round(shed, 4), "shed_watts": round(shed_w, 1),
                 "gpus": {k: {"power_watts": round(p, 1), "temp_celsius": t, "min_watts": lo,
                              "cut_watts": round(cuts[k], 1), "limit_watts": round(limits[k], 1)}
                          for k, (p, t, lo, _) in facts.items()}}
