@@ -64,6 +64,8 @@ DETECTOR_CLASS: Mapping[str, str] = {
 NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
                 # a pump short of its spare: the failure is counted once, by coolant_flow_low's pump evidence
                 "pump_redundancy_lost",
+                # the loop's maintenance: a strainer to change, coolant to top up, a part due for service
+                "filter_clogging", "reservoir_low", "coolant_service_due",
                 "tray_leak_rack",  # trays leaking at once: each tray is already its own node's leak
                 "gpu_app_fault",  # the catalogue's RESTART_APP: the application's fault, not the GPU's
                 "gpu_straggler",  # an effect: its cause (link, clock slowdown, thermal) is its own detector's

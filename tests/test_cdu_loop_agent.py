@@ -164,3 +164,25 @@ def test_a_missing_loop_input_falls_back_to_the_flat_cap_and_journals_why(tmp_pa
             for plan in plans.values():
                 assert plan["derate"] == {"method": "flat", "fraction": 0.6,
                                           "why": "the incident carries no return_celsius (the CDU did not report it)"}
+
+
+def test_a_clogging_filter_raises_its_pressure_drop_lowers_the_flow_and_opens_filter_clogging(tmp_path):
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path, filter_clogging={"fire_seconds": 0.0, "clear_seconds": 1.0})
+        c = rack.sim.model.coolant
+        with rack.sim.model.lock:
+            flow0, ret0, dp0 = c.flow_lpm, c.secondary_return_c, c.filter_dp_pa
+            hot0 = max(g.temp_c for g in rack.sim.model.nodes["node01"].gpus)
+        with running_agent(cfg, tmp_path) as agent:
+            _after_two_polls(agent)
+            assert not [i for i in _incidents(agent)["open"] if i["detector"] == "filter_clogging"]
+            rack.inject("filter-clogging", cdu="cdu1", rate=5000)
+            inc = wait_for(lambda: next((i for i in _incidents(agent)["open"] if i["detector"] == "filter_clogging"),
+                                        None), 60, what="filter_clogging from cdu1")
+            assert inc["targets"] == {"cdu": "cdu1"} and inc["detail"]["filter_dp_pascals"] >= 50_000
+            with rack.sim.model.lock:  # the physics behind it: the head spent across the strainer
+                assert c.filter_dp_pa > dp0 and c.flow_lpm < flow0 and c.secondary_return_c > ret0
+                assert max(g.temp_c for g in rack.sim.model.nodes["node01"].gpus) > hot0
+            rack.clear()
+            wait_for(lambda: not [i for i in _incidents(agent)["open"] if i["detector"] == "filter_clogging"], 60,
+                     what="filter_clogging closed after the strainer was changed (sim clear)")

@@ -274,7 +274,8 @@ def test_each_detector_declares_exactly_the_families_it_reads():
                 found |= families(functions[name], seen)
         return found
 
-    assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_pump_health", "_gpu_thermal", "_gpu_faults", "_gpu_lost", "_nvlink",
+    assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_pump_health", "_filter", "_reservoir", "_service_hours",
+                                     "_gpu_thermal", "_gpu_faults", "_gpu_lost", "_nvlink",
                                      "_nvlink_switch",
                                      "_optic", "_rack_power", "_outlets", "_tray_rack",
                                      "_gpu_pcie", "_gpu_clock_slowdown", "_gpu_straggler", "_gpu_fabric"}

@@ -72,3 +72,43 @@ def test_a_pump_the_agent_cannot_read_is_unknown_not_fine():
     unread = _modbus(2.0, (True, True), (0.7, 0.7))
     unread[3] = Reading(mm.PUMP_RUNNING, 0.0, {"cdu": "cdu1", "pump": "2"}, Quality.SENSOR_FAULT, 2.0)
     assert _events(d, 2.0, unread) == []  # neither clears nor fires while pump 2 cannot be read
+
+
+def _kinds(d: Detectors, t: float, readings: list[Reading], detector: str) -> list[tuple[str, dict]]:
+    return [(e.kind, e.targets) for e in d.evaluate(Snapshot(t, tuple(readings), (), monotonic=t))
+            if e.detector == detector]
+
+
+def test_a_filter_pressure_drop_rising_past_its_limit_fires_and_clears_below_the_clear_level():
+    d = Detectors(DetectorSettings(filter_clogging=FAST), Context("n1", "r01"))
+
+    def dp(t: float, pa: float) -> list[Reading]:
+        return [Reading(mm.PRESSURE, pa, {"cdu": "cdu1", "loop": "secondary", "point": "filter_differential"},
+                        Quality.OK, t)]
+    assert _kinds(d, 1.0, dp(1.0, 20_000.0), "filter_clogging") == []
+    assert _kinds(d, 2.0, dp(2.0, 55_000.0), "filter_clogging") == [("fire", {"cdu": "cdu1"})]
+    assert _kinds(d, 3.0, dp(3.0, 45_000.0), "filter_clogging") == []  # between clear and set: held
+    assert _kinds(d, 4.0, dp(4.0, 30_000.0), "filter_clogging") == [("clear", {"cdu": "cdu1"})]
+
+
+def test_a_low_reservoir_fires_from_a_modbus_level_or_a_redfish_reservoir_health():
+    d = Detectors(DetectorSettings(reservoir_low=FAST), Context("n1", "r01"))
+    modbus = [Reading(mm.RESERVOIR, 0.2, {"cdu": "cdu1"}, Quality.OK, 1.0)]
+    redfish = _redfish(1.0, {}) + [Reading(rm.HEALTH, 1.0, {"bmc": "rfcdu1", "equipment": "1", "kind": "reservoir",
+                                                             "resource": "1"}, Quality.OK, 1.0)]
+    assert sorted(t["cdu"] for k, t in _kinds(d, 1.0, modbus + redfish, "reservoir_low") if k == "fire") == [
+        "cdu1", "rfcdu1"]
+
+
+def test_a_filter_at_its_rated_service_hours_is_due_and_one_without_a_rating_is_not_judged():
+    d = Detectors(DetectorSettings(coolant_service_due=FAST), Context("n1", "r01"))
+
+    def hours(resource: str, served: float, rated: float | None) -> list[Reading]:
+        labels = {"bmc": "rfcdu1", "equipment": "1", "kind": "filter", "resource": resource}
+        out = [Reading(rm.SERVICE_TIME, served * 3600, labels, Quality.OK, 1.0)]
+        if rated is not None:
+            out.append(Reading(rm.RATED_SERVICE_TIME, rated * 3600, labels, Quality.OK, 1.0))
+        return out
+    rs = hours("1", 9500, 10000) + hours("2", 5791, 10000) + hours("3", 99999, None)
+    assert _kinds(d, 1.0, rs, "coolant_service_due") == [
+        ("fire", {"cdu": "rfcdu1", "kind": "filter", "resource": "1"})]

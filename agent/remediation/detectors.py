@@ -52,6 +52,10 @@ class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDe
                                    "supernode_cdu_pump_speed_setpoint_ratio", "supernode_coolant_pump_speed_ratio",
                                    "supernode_coolant_pump_speed_setpoint_ratio", "supernode_redfish_health",
                                    "supernode_redfish_service_info"}),
+        "_filter": frozenset({"supernode_cdu_pressure_pascals"}),
+        "_reservoir": frozenset({"supernode_cdu_reservoir_level_ratio", "supernode_coolant_reservoir_level_ratio",
+                                 "supernode_redfish_health", "supernode_redfish_service_info"}),
+        "_service_hours": frozenset({"supernode_coolant_service_seconds", "supernode_coolant_rated_service_seconds"}),
         "_gpu_thermal": frozenset({"supernode_gpu_temperature_celsius", "supernode_gpu_temperature_threshold_celsius",
                                    "supernode_gpu_clock_event_active"}),
         "_gpu_faults": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action",
@@ -106,7 +110,7 @@ class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDe
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_faults, self._gpu_lost, self._nvlink,
-                   self._nvlink_switch, self._pump_health,
+                   self._nvlink_switch, self._pump_health, self._filter, self._reservoir, self._service_hours,
                    self._optic, self._rack_power, self._outlets, self._tray_rack,
                    self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler, self._gpu_fabric):
             if families is None or self.INPUTS[fn.__name__] & families:

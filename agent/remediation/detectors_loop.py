@@ -20,7 +20,7 @@ from .detectors_base import Context, DetectorBase
 from .hysteresis import Observation, Tracker, targets_of
 from .settings import DetectorSettings
 
-LOOP_HEALTH = ("pump_redundancy_lost",)
+LOOP_HEALTH = ("pump_redundancy_lost", "filter_clogging", "reservoir_low", "coolant_service_due")
 
 
 class LoopHealthDetectors(DetectorBase):
@@ -59,3 +59,54 @@ class LoopHealthDetectors(DetectorBase):
             if ref:
                 detail["reference_speed_ratio"] = round(ref, 3)
             yield Observation("pump_redundancy_lost", targets_of(cdu=cdu), "warning", cond, detail=detail)
+
+    def _filter(self, snap: Snapshot) -> Iterator[Observation]:
+        """The strainer's pressure drop (a Modbus CDU's filter differential point; DMTF's Filter carries no
+        pressure) at or above `filter_dp_high_pascals`: it clogs, and the flow falls with it. The rise per
+        second since the last sample goes with it (how soon it chokes the loop)."""
+        s = self.s
+        for item in self._ok_or_fault(snap.select("supernode_cdu_pressure_pascals", point="filter_differential")):
+            if isinstance(item, Observation):
+                yield item
+                continue
+            v = item.value
+            cond = True if v >= s.filter_dp_high_pascals else False if v < s.filter_dp_clear_pascals else None
+            rise = self.rates.rate(item)
+            detail = {"filter_dp_pascals": v, **({"rise_pascals_per_second": round(rise, 1)} if rise else {})}
+            yield Observation("filter_clogging", targets_of(cdu=item.label("cdu")), "warning", cond, detail=detail)
+
+    def _reservoir(self, snap: Snapshot) -> Iterator[Observation]:
+        """The reservoir low: a Modbus CDU's level below `reservoir_low_ratio` (clear at reservoir_clear_ratio);
+        a Redfish CDU's Reservoir, whose FluidLevelStatus a CDU reports as its Status.Health, Warning or worse
+        (its FluidLevelPercent, where served, against the same ratios)."""
+        s = self.s
+        levels = list(self._ok_or_fault(snap.select("supernode_cdu_reservoir_level_ratio")))
+        levels += self._ok_or_fault(snap.select("supernode_coolant_reservoir_level_ratio"))
+        seen: set[str] = set()
+        for item in levels:
+            if isinstance(item, Observation):
+                yield item
+                continue
+            cdu = item.label("cdu") or item.label("bmc")
+            seen.add(cdu)
+            v = item.value
+            cond = True if v < s.reservoir_low_ratio else False if v >= s.reservoir_clear_ratio else None
+            yield Observation("reservoir_low", targets_of(cdu=cdu), "warning", cond, detail={"level_ratio": v})
+        for r in snap.select("supernode_redfish_health", kind="reservoir"):
+            if r.ok and r.label("bmc") not in seen and r.label("bmc") in redfish_cdus(snap):
+                yield Observation("reservoir_low", targets_of(cdu=r.label("bmc")), "warning", r.value >= 1,
+                                  detail={"reservoir": r.label("resource"), "health": r.value})
+
+    def _service_hours(self, snap: Snapshot) -> Iterator[Observation]:
+        """A Redfish filter (or pump) with a rated service life, in service for `service_due_fraction` of it or
+        more: due for service (DMTF Filter ServiceHours against RatedServiceHours)."""
+        s = self.s
+        rated = {(r.label("bmc"), r.label("kind"), r.label("resource")): r.value
+                 for r in snap.select("supernode_coolant_rated_service_seconds") if r.ok and r.value > 0}
+        for r in snap.select("supernode_coolant_service_seconds"):
+            key = (r.label("bmc"), r.label("kind"), r.label("resource"))
+            if key not in rated:
+                continue  # no rated life: nothing to judge against
+            cond = (r.value / rated[key] >= s.service_due_fraction) if r.ok else None
+            yield Observation("coolant_service_due", targets_of(cdu=key[0], kind=key[1], resource=key[2]), "warning",
+                              cond, detail={"service_seconds": r.value, "rated_service_seconds": rated[key]})

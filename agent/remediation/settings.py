@@ -74,6 +74,19 @@ class DetectorSettings(_Strict):
     pump_speed_clear_fraction: float = Field(default=0.9, gt=0, le=1, description=(
         "pump_redundancy_lost clears once every pump runs at or above this share of the set point."))
     pump_redundancy_lost: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
+    filter_dp_high_pascals: float = Field(default=50_000.0, gt=0, description=(
+        "A CDU strainer's pressure drop at or above this fires filter_clogging (a clean one reads ~20 kPa at "
+        "nominal flow; replace at two to three times its clean drop, as CDU manuals put it)."))
+    filter_dp_clear_pascals: float = Field(default=40_000.0, gt=0, description="filter_clogging clears below this.")
+    filter_clogging: Hold = Hold(fire_seconds=30.0, clear_seconds=60.0)
+    reservoir_low_ratio: float = Field(default=0.3, gt=0, lt=1, description=(
+        "A CDU's reservoir below this fill level (0-1) fires reservoir_low (the reference CDU's own alarm level)."))
+    reservoir_clear_ratio: float = Field(default=0.4, gt=0, le=1, description="reservoir_low clears at this level.")
+    reservoir_low: Hold = Hold(fire_seconds=30.0, clear_seconds=60.0)
+    service_due_fraction: float = Field(default=0.9, gt=0, le=1, description=(
+        "A filter in service for this share of its rated service life (Redfish ServiceHours / RatedServiceHours) "
+        "fires coolant_service_due."))
+    coolant_service_due: Hold = Hold(fire_seconds=0.0, clear_seconds=60.0)
     gpu_thermal_margin_celsius: float = Field(default=3.0, ge=0, description="Fires within this of the slowdown threshold.")
     gpu_thermal_clear_margin_celsius: float = Field(default=6.0, ge=0)
     gpu_thermal_clock_events: list[str] = Field(

@@ -113,6 +113,10 @@ def resource_readings(bmc: str, found: Found, res: dict[str, Any], profile: Prof
         value = _number(res[fname], rule.key)
         q = q_state if q_state is not Quality.OK else (Quality.OK if value is not None else Quality.SENSOR_FAULT)
         base = rule.to_base(value) if value is not None else NAN
-        out.append(make_reading(rm.ALL[rule.metric], base, {**own, **rule.labels}, q, now))
+        spec = rm.ALL[rule.metric]
+        labels = {**own, **rule.labels}
+        if "resource" in spec.labels:  # a family over resource kinds (service time): kind and id, not the kind's label
+            labels = {"bmc": bmc, "equipment": found.equipment, "kind": found.kind, "resource": found.rid}
+        out.append(make_reading(spec, base, labels, q, now))
     return out
 
