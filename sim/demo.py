@@ -278,7 +278,9 @@ try this (another shell, `. .venv/bin/activate` first):
   supernode-agent --config {workdir}/{node}/agent.yaml journal
   {sinfo}
   supernode-sim clear                                    # a leak never resumes a node without `approve`
-  supernode-sim inject flow-drop --percent 40            # every GPU of the rack capped to 60 %
+  supernode-sim inject flow-drop --percent 40            # the rack capped by thermal margin to what the loop carries
+  supernode-sim inject pump-fail --cdu cdu1 --pump 2     # pump_redundancy_lost; the flow halves: caps by margin
+  supernode-sim inject filter-clogging --cdu cdu1        # strainer dP rises, flow falls: filter_clogging
   supernode-sim inject thermal --node {node} --gpu 0
   supernode-sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
   supernode-sim inject xid --node {node} --gpu 0 --code 13   # RESTART_APP: the job is told (squeue -o "%N %k"), node stays
