@@ -87,3 +87,24 @@ def test_missing_loop_inputs_say_which():
         "the incident carries no return_celsius (the CDU did not report it)")
     assert loop_inputs({"flow_cubic_meters_per_second": 1e-4, "supply_celsius": 25.0, "return_celsius": 35.0}) == (
         1e-4, 25.0, 35.0)
+
+
+def test_a_re_planned_cap_is_one_effect_after_a_restart_and_its_undo_ends_every_re_run():
+    """The journal after a crash: the first apply's `before` (the limit before any cap), the last re-run's value,
+    held by the first apply's id (what the recovery's undo looks for); an undo of the first ends them all."""
+    from agent.remediation.journal_file import Entry
+    from agent.remediation.ownership import rebuild_effects
+
+    def result(seq: int, aid: str, detail: dict, result: str = "done") -> Entry:
+        return Entry(seq, float(seq), "result", aid, "inc1", "coolant-degraded", "gpu_power_cap", "gpu=2,node=node01",
+                     result, detail)
+    first = result(1, "A", {"phase": "apply", "before": {"limit_watts": 700.0, "owned": True},
+                            "after": {"limit_watts": 348.0}})
+    rerun = result(2, "R", {"phase": "apply", "before": {"limit_watts": 348.0, "owned": True},
+                            "after": {"limit_watts": 300.0}, "rerun_of": "A"})
+    effects = rebuild_effects([first, rerun])
+    eff = effects[("gpu_power_cap", "gpu=2,node=node01")]
+    assert eff["before"]["limit_watts"] == 700.0 and eff["after"]["limit_watts"] == 300.0
+    assert eff["holders"] == {"inc1": "A"}
+    undo = result(3, "U", {"phase": "undo", "apply_action_id": "A"}, "undone")
+    assert rebuild_effects([first, rerun, undo]) == {}

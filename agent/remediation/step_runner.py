@@ -214,9 +214,10 @@ class StepRunner:
         if isinstance(res, ActionResult):
             if not res.skipped or res.before.get("owned") is False:
                 self._hold(step.action, tgt, inc.id, aid, res, step.params)
+            rerun = {"rerun_of": action_id(inc.id, idx, tgt)} if ctx.get("attempt") else {}  # ownership.py
             return self._result(inc, book, step, aid, tgt, "done",
                                 {"phase": "apply", "message": res.message, "before": res.before, "after": res.after,
-                                 "skipped": res.skipped, "params": step.params, "intent_on_disk": on_disk})
+                                 "skipped": res.skipped, "params": step.params, "intent_on_disk": on_disk, **rerun})
         return self._result(inc, book, step, aid, tgt, "failed", {"phase": "apply", "error": res, "escalated": True,
                                                                   "intent_on_disk": on_disk})
 
