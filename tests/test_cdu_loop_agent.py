@@ -138,9 +138,14 @@ def test_a_pump_loss_caps_each_gpu_by_its_margin_within_the_shed_follows_the_loo
             assert deeper[2] < min(deeper[0], deeper[1], deeper[3]), deeper  # still by margin
             assert min(deeper) >= 200.0  # none below the H100's minimum limit
 
-            with rack.sim.model.lock:  # both pumps run again at their set speed: the loop recovers
-                rack.sim.model.coolant.pump_running[1] = True
+            with rack.sim.model.lock:  # the worn pump is serviced: the loop carries more, the derate eases again
                 rack.sim.model.coolant.pump_wear[0] = 1.0
+            wait_for(lambda: (lambda now: now if all(w > d + 5 for w, d in zip(now, deeper)) else None)(
+                _limits_w(rack)), 60, what="the derate re-planned back up")
+            assert all(w < b for w, b in zip(_limits_w(rack), before))  # still capped: one pump runs
+
+            with rack.sim.model.lock:  # both pumps run again: the loop recovers
+                rack.sim.model.coolant.pump_running[1] = True
             wait_for(lambda: _limits_w(rack) == before, 90, what="the limits restored after the loop recovered")
             wait_for(lambda: not [i for i in _incidents(agent)["open"]
                                   if i["detector"] in ("coolant_flow_low", "pump_redundancy_lost")], 60,

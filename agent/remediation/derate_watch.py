@@ -61,7 +61,13 @@ class DerateWatch:
             replans[inc.id] = (snap.monotonic, n + 1)
             log.info("derate re-planned", extra={"incident": inc.id, "shed_before": plan["shed_fraction"],
                                                  "shed_now": round(shed, 4)})
-            inc.detail = {**inc.detail, **evidence}
+            # A re-plan may raise our own limits again, but never past another kind of incident's cap on the same
+            # GPU (the PDU budget's, a hot GPU's): the lower limit keeps winning
+            others = {h for (kind, _), eff in self.effects.items() if kind == "gpu_power_cap"
+                      and inc.id in eff["holders"] for h in eff["holders"] if h != inc.id}
+            foreign = sorted(h for h in others if getattr(self.incidents.get(h), "detector", None)
+                             not in DERATE_DETECTORS)
+            inc.detail = {**inc.detail, **evidence, "derate_raise_ok": not foreign}
             planner.replan(inc.id)
             self._spawn(self._replan(inc, book, idx, step, f"replan-{n + 1}"))
 

@@ -85,8 +85,9 @@ class GpuPowerCapAction(GpuActionBase):
             raise ActionError(f"NVML: {type(exc).__name__}: {exc}") from exc
         # a re-plan of a derate may raise a limit of ours again (the loop recovered part of its capacity): the
         # plan never goes above the GPU's power before the first cap, and the undo restores the limit before it
+        # (derate_watch.py says whether another kind of incident holds a cap here: then never raised)
         owned = want < info["current"] or (derate is not None and bool(ctx.get("attempt"))
-                                           and abs(want - info["current"]) > 1.0)
+                                           and ctx.get("derate_raise_ok") is True and abs(want - info["current"]) > 1.0)
         out = {"before": {"limit_watts": info["current"], "owned": owned}, "want_watts": want, **info}
         if derate is not None:  # the decision this limit comes from, journaled with the step's intent
             out["derate"] = derate
