@@ -7,6 +7,8 @@ minimum. And the loop's capacity against hand-computed figures.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -108,3 +110,17 @@ def test_a_re_planned_cap_is_one_effect_after_a_restart_and_its_undo_ends_every_
     assert eff["holders"] == {"inc1": "A"}
     undo = result(3, "U", {"phase": "undo", "apply_action_id": "A"}, "undone")
     assert rebuild_effects([first, rerun, undo]) == {}
+
+
+@pytest.mark.parametrize("params, named", [({"max_delta_t_celsius": -3}, "max_delta_t_celsius"),
+                                           ({"fallback_fraction": 1.5}, "fallback_fraction"),
+                                           ({"max_delta": 3}, "unknown parameter(s) max_delta")])
+def test_a_bad_thermal_margin_parameter_is_refused_at_playbook_load_naming_it(params, named):
+    from pydantic import ValidationError
+
+    from agent.remediation.playbooks import Playbook
+
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        Playbook.model_validate({"name": "x", "trigger": {"detector": "coolant_flow_low"},
+                                 "steps": [{"action": "gpu_power_cap", "targets": "rack_gpus",
+                                            "params": {"mode": "thermal_margin", **params}}]})

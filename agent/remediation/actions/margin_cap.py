@@ -52,6 +52,15 @@ def capacity_params(params: Mapping[str, Any]) -> dict[str, float]:
             "heat_capacity_j_kgk": _param(params, "heat_capacity_j_kgk", 3900.0, 1000.0, 5000.0)}
 
 
+def check_params(params: Mapping[str, Any]) -> None:
+    """Every parameter of a thermal_margin step known and in range (playbook load and each plan)."""
+    unknown = sorted(set(params) - PARAMS)
+    if unknown:
+        raise ActionError(f"gpu_power_cap thermal_margin: unknown parameter(s) {', '.join(unknown)}", permanent=True)
+    _param(params, "fallback_fraction", 0.6, 0.0, 1.0)
+    capacity_params(params)
+
+
 def shed_of(capacity_w: float, load_w: float) -> float:
     """The share of the load to shed so that it fits the capacity (0 when it does)."""
     return max(0.0, 1.0 - capacity_w / load_w) if load_w > 0 else 0.0
@@ -97,9 +106,7 @@ class MarginPlanner:
 
     async def node_plan(self, node: str, lib: Any, indices: list[int], params: Mapping[str, Any],
                         ctx: Mapping[str, Any], call: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
-        unknown = sorted(set(params) - PARAMS)
-        if unknown:
-            raise ActionError(f"gpu_power_cap thermal_margin: unknown parameter(s) {', '.join(unknown)}", permanent=True)
+        check_params(params)
         key = (str(ctx.get("incident_id", "")), node)
         lock = self.locks.setdefault(key, asyncio.Lock())
         async with lock:
