@@ -150,7 +150,9 @@ def test_xid48_drains_resets_the_gpu_once_idle_and_resumes(clean, tmp_path):
         checks = _journal(agent, kind="health_check")
         assert checks and checks[-1]["result"] == "passed"
         drained, reset_at = _done(agent, "drain")[0]["ts"], reset[0]["ts"]
-        resumed = _journal(agent, kind="result", action="drain", result="undone")
+        # Slurm reads the node idle as soon as the resume's scontrol returns; its journal row follows
+        resumed = wait_for(lambda: _journal(agent, kind="result", action="drain", result="undone"), 30,
+                           what="the drain's undo journaled")
         assert drained < reset_at < resumed[0]["ts"]
         assert not _journal(agent, action="node_reboot")
 
