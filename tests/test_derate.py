@@ -124,3 +124,58 @@ def test_a_bad_thermal_margin_parameter_is_refused_at_playbook_load_naming_it(pa
         Playbook.model_validate({"name": "x", "trigger": {"detector": "coolant_flow_low"},
                                  "steps": [{"action": "gpu_power_cap", "targets": "rack_gpus",
                                             "params": {"mode": "thermal_margin", **params}}]})
+
+
+def test_a_re_plan_never_raises_a_limit_another_kind_of_incident_holds_and_does_once_it_is_gone(tmp_path):
+    """The engine with the NVML twin over HTTP: a hot GPU's cap (gpu_thermal) holds GPU 1 when the loop's derate
+    is re-planned for a loop that recovered in part: nothing is raised; once that incident is gone, it is."""
+    import asyncio
+
+    from agent.remediation.engine import Executors
+    from agent.snapshot import Snapshot
+    from exporters.cooling import modbus_metrics as mm
+    from exporters.model import Quality, Reading
+    from sim.nvml_twin import NvmlTwin
+    from sim.rack import RackModel
+    from tests.helpers import await_for
+    from tests.remediation_support import engine, inventory, nvml_twin_server, results
+
+    def loop(flow: float, at: float) -> Snapshot:
+        rs = [Reading(mm.FLOW, flow, {"cdu": "cdu1", "loop": "secondary"}, Quality.OK, at),
+              Reading(mm.TEMPERATURE, 25.0, {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, Quality.OK, at),
+              Reading(mm.TEMPERATURE, 42.0, {"cdu": "cdu1", "loop": "secondary", "point": "return"}, Quality.OK, at)]
+        return Snapshot(at, tuple(rs), (), monotonic=at)
+
+    def limits(model) -> list[int]:
+        return [g.power_limit_mw for g in model.nodes["node01"].gpus]
+
+    async def main():
+        model = RackModel(nodes=2, gpus_per_node=2)
+        runner, url = await nvml_twin_server(model)
+        lib = NvmlTwin(url, "node01")
+        await asyncio.to_thread(lib.nvmlInit)
+        eng = engine(tmp_path, executors=Executors(gpu_libs={"node01": lib}), inv=inventory(gpus=2))
+        await eng.start()
+        hot = eng.fire("gpu_thermal", {"node": "node01", "gpu": "1"}, "warning")
+        await await_for(lambda: hot.state == "mitigated")
+        assert limits(model)[1] == 525_000
+        # half the flow the load needs within 10 K: about 41 % to shed, both GPUs below the hot cap
+        flow = 5e-5
+        inc = eng.fire("coolant_flow_low", {"cdu": "cdu1"}, "critical",
+                       detail={"flow_cubic_meters_per_second": flow, "supply_celsius": 25.0, "return_celsius": 42.0})
+        await await_for(lambda: inc.state == "mitigated", what="the derate applied")
+        first = limits(model)
+        assert first[0] < 525_000 and first[1] < 525_000
+        eng.watch_derates(loop(flow * 1.3, 0.0))  # the loop carries more: the share to shed falls
+        eng.watch_derates(loop(flow * 1.3, 100.0))
+        await await_for(lambda: len(results(eng, kind="result", action="gpu_power_cap", incident_id=inc.id)) >= 4,
+                        what="the re-plan ran on both GPUs")
+        assert limits(model) == first  # GPU 1 is also gpu_thermal's: the re-plan raises nothing
+        eng.clear("gpu_thermal", {"node": "node01", "gpu": "1"})
+        await await_for(lambda: all(hot.id not in e["holders"] for e in eng.effects.values()),
+                        what="the hot GPU's incident let go of its cap (kept: the derate holds it)")
+        eng.watch_derates(loop(flow * 1.6, 200.0))
+        await await_for(lambda: all(w > f for w, f in zip(limits(model), first)), what="raised once it is ours alone")
+        await eng.stop()
+        await runner.cleanup()
+    asyncio.run(main())
