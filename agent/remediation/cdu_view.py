@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from exporters.cooling import modbus_metrics as mm
+import exporters.cooling.modbus_metrics as mm
 from exporters.model import MetricSpec, Quality, Reading, make_reading
 
 from agent.snapshot import Snapshot
