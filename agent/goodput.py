@@ -44,6 +44,9 @@ DETECTOR_CAUSE: Mapping[str, str] = {
     "leak_tray": "leak", "leak_loop": "leak",  # a tray's own leak, a leak with loss on the loop (leak scope)
     "coolant_flow_low": "cooling", "coolant_supply_hot": "cooling", "condensation_risk": "cooling",
     "gpu_thermal": "cooling",  # a GPU at its slowdown threshold: its cold plate, the loop's heat
+    # the loop's own health (issue 35): a pump short of its spare, a clogging strainer, a low reservoir, a part due
+    "pump_redundancy_lost": "cooling", "filter_clogging": "cooling", "reservoir_low": "cooling",
+    "coolant_service_due": "cooling",
     # The GPU recovery ladder's classes (exporters/profiles/nvml/xid-recovery.yaml: app, reset, reboot, service).
     "gpu_app_fault": "gpu_app", "gpu_reset_required": "gpu_reset", "gpu_reboot_required": "gpu_reboot",
     "gpu_service_required": "gpu_service",

@@ -63,6 +63,10 @@ DETECTOR_CLASS: Mapping[str, str] = {
     "pdu_outlet_off": "pdu_outlet",
 }
 NOT_FAILURES = ("condensation_risk", "rack_power_over_budget",  # the room's dew point; the load
+                # a pump short of its spare: the failure is counted once, by coolant_flow_low's pump evidence
+                "pump_redundancy_lost",
+                # the loop's maintenance: a strainer to change, coolant to top up, a part due for service
+                "filter_clogging", "reservoir_low", "coolant_service_due",
                 "tray_leak_rack",  # trays leaking at once: each tray is already its own node's leak
                 "leak_loop",  # a leak's wider scope (the loop losing coolant): the leak is already counted
                 "gpu_app_fault",  # the catalogue's RESTART_APP: the application's fault, not the GPU's

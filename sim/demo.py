@@ -293,13 +293,17 @@ try this (another shell, `. .venv/bin/activate` first):
   supernode-agent --config {workdir}/{node}/agent.yaml journal
   {sinfo}
   supernode-sim clear                                    # a leak never resumes a node without `approve`
-  supernode-sim inject flow-drop --percent 40            # every GPU of the rack capped to 60 %
+  supernode-sim inject flow-drop --percent 40            # the rack capped by thermal margin to what the loop carries
+  supernode-sim inject pump-fail --cdu cdu1 --pump 2     # pump_redundancy_lost; the flow halves: caps by margin
+  supernode-sim inject filter-clogging --cdu cdu1        # strainer dP rises, flow falls: filter_clogging
   supernode-sim inject thermal --node {node} --gpu 0
   supernode-sim inject nvlink-errors --node {node} --gpu 2 --link 3 --rate 500
   supernode-sim inject xid --node {node} --gpu 0 --code 13   # RESTART_APP: the job is told (squeue -o "%N %k"), node stays
   supernode-sim inject xid --node {node} --gpu 1 --code 48 --sticky true   # drain, job checkpoints, GPU reset, resume
   supernode-sim inject xid --node {node} --gpu 1 --code 79 --sticky true   # Slurm reboots the node once approved
   supernode-sim inject tray-leak --node {node} --detector 0   # {node}'s BMC: a cold-plate detector Critical
+  supernode-sim inject nvswitch-down --switch 5          # NVSwitch chip 5: one nvlink_switch_fault on the leader, no tray drained
+  supernode-sim inject nvlink-down --node {node} --gpu 2 --link 9   # one tray's own link: that tray drained
   supernode-sim state | grep -A3 '"redfish"'             # each tray BMC's URL, the CA file, the account
   supernode-sim faults                                   # every fault kind and its parameters
 Ctrl-C stops the simulator, Slurm and every agent."""

@@ -379,14 +379,52 @@ def _cable(sim: "Simulator", p: dict[str, Any]) -> str:
     return f"cable break in {p['zone']}"
 
 
-@fault("pump-fail", "A CDU pump stops.", Param("pump", int, False, 1, "pump number (1-based)"))
+CDU = Param("cdu", str, False, None, "simulated CDU (Modbus cdu1 or Redfish rfcdu1: both show the rack's one loop)")
+
+
+def _cdu(sim: "Simulator", p: dict[str, Any]) -> str:
+    """The CDU named (default: the first): every simulated CDU shows the rack model's one secondary loop."""
+    from sim.modbus_devices import SimModbusDevice
+    from sim.redfish.cdu import RedfishCdu
+
+    cdus = sorted(n for n, d in sim.devices.items()
+                  if isinstance(d, RedfishCdu) or (isinstance(d, SimModbusDevice) and not n.startswith("leak")))
+    name = p.get("cdu") or (cdus[0] if cdus else "")
+    if cdus and name not in cdus:
+        raise FaultError(f"cdu: {name!r} is not a simulated CDU ({', '.join(cdus)})")
+    return name
+
+
+@fault("pump-fail", "A CDU pump stops, or (--speed) runs at only that share of its set speed.",
+       CDU, Param("pump", int, False, 1, "pump number (1-based)"),
+       Param("speed", float, False, 0.0, "share of its set speed the pump still reaches, 0..1 (0: stopped)"))
 def _pump(sim: "Simulator", p: dict[str, Any]) -> str:
     c = sim.model.coolant
+    cdu = _cdu(sim, p)
+    if not 0 <= p["speed"] < 1:
+        raise FaultError(f"speed: {p['speed']} out of range 0..1 (1 is a healthy pump)")
     with sim.model.lock:
         if not 1 <= p["pump"] <= len(c.pump_running):
             raise FaultError(f"pump: {p['pump']} out of range 1..{len(c.pump_running)}")
-        c.pump_running[p["pump"] - 1] = False
-    return f"pump {p['pump']} failed"
+        if p["speed"] == 0:
+            c.pump_running[p["pump"] - 1] = False
+        else:
+            c.pump_wear[p["pump"] - 1] = p["speed"]
+    if p["speed"] == 0:
+        return f"{cdu} pump {p['pump']} failed"
+    return f"{cdu} pump {p['pump']} at {p['speed']:.0%} of its set speed"
+
+
+@fault("filter-clogging", "The CDU's strainer clogs: its pressure drop rises by RATE Pa/s, the loop's flow falls "
+       "(the pump's head is spent across it), return temperature and GPU temperatures rise.", CDU,
+       Param("rate", float, False, 2000.0, "rise of the filter pressure drop, Pa per second"))
+def _filter(sim: "Simulator", p: dict[str, Any]) -> str:
+    cdu = _cdu(sim, p)
+    if p["rate"] <= 0:
+        raise FaultError(f"rate: {p['rate']} must be above 0 Pa/s")
+    with sim.model.lock:
+        sim.model.coolant.filter_clog_rate_pa_s = p["rate"]
+    return f"{cdu} filter clogging at {p['rate']:g} Pa/s"
 
 
 @fault("flow-drop", "Secondary coolant flow drops by PERCENT.", Param("percent", float, True, None, "0..100"))

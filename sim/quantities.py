@@ -44,7 +44,7 @@ READERS: dict[str, Callable[[RackModel, str, str | None], float]] = {
     "delta_pressure": lambda m, a, z: m.coolant.supply_pressure_pa - m.coolant.return_pressure_pa,
     "filter_dp": lambda m, a, z: m.coolant.filter_dp_pa,
     "heat": lambda m, a, z: m.heat_w(),  # W the loop carries away (the GPUs' power)
-    "pump_speed": lambda m, a, z: m.coolant.pump_speed[_pump(a)] if m.coolant.pump_running[_pump(a)] else 0.0,
+    "pump_speed": lambda m, a, z: m.coolant.pump_actual_speed(_pump(a)),
     "pump_running": lambda m, a, z: float(m.coolant.pump_running[_pump(a)]),
     "pump_setpoint": lambda m, a, z: sum(m.coolant.pump_speed) / len(m.coolant.pump_speed),
     "reservoir": lambda m, a, z: m.coolant.reservoir_level,

@@ -22,6 +22,9 @@ from sim.nvml_personality import apply as apply_personality
 
 PG25_DENSITY = 1020.0  # kg/m^3 at ~30 C
 PG25_HEAT_CAPACITY = 3900.0  # J/(kg K)
+FILTER_CLEAN_DP_PA = 20_000.0  # a clean strainer's pressure drop at nominal flow
+LOOP_DP_NOMINAL_PA = 100_000.0  # the secondary loop's supply - return at nominal flow (the pump head it spends)
+FILTER_DP_MAX_PA = 400_000.0  # a strainer blocked solid: past this no more head is lost across it
 IDLE_WORKLOAD = 0.05  # below this workload no job runs on the GPU (no compute process, the GpuIdle reason)
 
 
@@ -137,26 +140,41 @@ class CoolantState:
     flow_factor: float = 1.0  # injected flow drop (0.6 = 40 % drop)
     pump_speed: list[float] = field(default_factory=lambda: [0.7, 0.7])  # ratio per pump
     pump_running: list[bool] = field(default_factory=lambda: [True, True])
+    # injected (pump-fail --speed): the share of its set speed each pump reaches (a worn impeller, a failing drive)
+    pump_wear: list[float] = field(default_factory=lambda: [1.0, 1.0])
+    # injected (filter-clogging): how fast the strainer's pressure drop rises, Pa/s of simulated time
+    filter_clog_rate_pa_s: float = 0.0
     supply_hot_extra_c: float = 0.0
     reservoir_level: float = 0.82
     ambient_c: float = 24.0
     humidity_pct: float = 45.0
     supply_pressure_pa: float = 250_000.0
     return_pressure_pa: float = 150_000.0
-    filter_dp_pa: float = 20_000.0
+    filter_dp_pa: float = FILTER_CLEAN_DP_PA
     leak_zones: dict[str, str] = field(default_factory=dict)  # zone -> "dry" | "wet" | "cable_break" | "contamination"
     valve_open: dict[str, bool] = field(default_factory=dict)  # zone -> valve open
     # The Redfish CDU's own leak detectors (in its cabinet): detector id -> "critical" | "warning" | "sensor_fault".
     cdu_leaks: dict[str, str] = field(default_factory=dict)
 
+    def pump_actual_speed(self, i: int) -> float:
+        """What pump i really turns at: its set speed times its wear, 0 when stopped."""
+        return self.pump_speed[i] * self.pump_wear[i] if self.pump_running[i] else 0.0
+
+    @property
+    def clog_factor(self) -> float:
+        """Flow left by a clogging strainer: the pump's head is fixed, the strainer's extra drop is taken from
+        the loop's, and flow goes with the square root of the head (turbulent flow, dp ~ flow^2)."""
+        extra = max(self.filter_dp_pa - FILTER_CLEAN_DP_PA, 0.0)
+        return 1.0 / math.sqrt(1.0 + extra / LOOP_DP_NOMINAL_PA)
+
     @property
     def flow_lpm(self) -> float:
-        running = [s for s, on in zip(self.pump_speed, self.pump_running) if on]
+        running = [self.pump_actual_speed(i) for i, on in enumerate(self.pump_running) if on]
         if not running:
             return 0.0
         # Flow grows with the mean running pump speed; one pump can carry ~60 % of the load.
         share = sum(running) / len(self.pump_speed) / 0.7
-        return self.nominal_flow_lpm * min(share, 1.6) * self.flow_factor
+        return self.nominal_flow_lpm * min(share, 1.6) * self.flow_factor * self.clog_factor
 
 
 @dataclass
@@ -278,6 +296,8 @@ class RackModel:
         with self.lock:
             self.time += dt
             c = self.coolant
+            if c.filter_clog_rate_pa_s > 0:
+                c.filter_dp_pa = min(c.filter_dp_pa + c.filter_clog_rate_pa_s * dt, FILTER_DP_MAX_PA)
             flow_m3s = c.flow_lpm / 60000.0
             c.secondary_supply_c = c.secondary_supply_setpoint_c + c.supply_hot_extra_c
             heat = self.heat_w()

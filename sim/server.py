@@ -21,7 +21,7 @@ from aiohttp import web
 from sim import faults
 from sim.devices import SimDevice
 from sim.nvml_faults import clear_gpu_faults
-from sim.rack import RackModel
+from sim.rack import FILTER_CLEAN_DP_PA, RackModel
 
 log = logging.getLogger("supernode.sim")
 
@@ -195,6 +195,9 @@ class Simulator:
             c.flow_factor = 1.0
             c.supply_hot_extra_c = 0.0
             c.pump_running = [True] * len(c.pump_running)
+            c.pump_wear = [1.0] * len(c.pump_wear)
+            c.filter_clog_rate_pa_s = 0.0
+            c.filter_dp_pa = FILTER_CLEAN_DP_PA
             for z in c.leak_zones:
                 c.leak_zones[z] = "dry"
             c.cdu_leaks.clear()

@@ -31,7 +31,8 @@ DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low"
              "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack",
              "gpu_pcie_degraded", "gpu_clock_slowdown", "gpu_straggler",
              "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required", "gpu_service_required",
-             "gpu_fabric_degraded", "nvlink_switch_fault"}
+             "gpu_fabric_degraded", "nvlink_switch_fault", "pump_redundancy_lost", "filter_clogging", "reservoir_low",
+             "coolant_service_due"}
 
 
 def _rules(kind: str) -> list[dict]:

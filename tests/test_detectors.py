@@ -258,6 +258,7 @@ def test_each_detector_declares_exactly_the_families_it_reads():
 
     # The detectors are defined by domain, one module each (the classes Detectors combines): read them all.
     modules = {sys.modules[c.__module__] for c in Detectors.__mro__ if c is not object}
+    modules.add(sys.modules["agent.remediation.cdu_view"])  # the CDU view the coolant detectors read through
     functions = {n.name: n for m in modules for n in ast.walk(ast.parse(inspect.getsource(m)))
                  if isinstance(n, ast.FunctionDef)}
 
@@ -273,7 +274,8 @@ def test_each_detector_declares_exactly_the_families_it_reads():
                 found |= families(functions[name], seen)
         return found
 
-    assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_gpu_thermal", "_gpu_faults", "_gpu_lost", "_nvlink",
+    assert set(Detectors.INPUTS) == {"_leak", "_coolant", "_pump_health", "_filter", "_reservoir", "_service_hours",
+                                     "_gpu_thermal", "_gpu_faults", "_gpu_lost", "_nvlink",
                                      "_nvlink_switch",
                                      "_optic", "_rack_power", "_outlets", "_tray_rack", "_leak_loop",
                                      "_gpu_pcie", "_gpu_clock_slowdown", "_gpu_straggler", "_gpu_fabric"}

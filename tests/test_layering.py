@@ -12,7 +12,10 @@ from tests.helpers import REPO
 # control primitives it acts through, NVIDIA's XID catalogue (data the GPU fault judge reads, no collector), and the
 # fabric registration read (one reader for the metrics and the resume gate, no collector state).
 REMEDIATION_MAY_IMPORT = {"exporters.model", "exporters.validation", "exporters.safe_yaml", "exporters.gpu.nvml_control",
-                          "exporters.errors", "exporters.gpu.xid_catalogue", "exporters.gpu.nvml_fabric"}
+                          "exporters.errors", "exporters.gpu.xid_catalogue", "exporters.gpu.nvml_fabric",
+                          # pure data, no device I/O: the coolant's physical properties (the derate's heat balance) and
+                          # the Modbus CDU's metric specs (the families the CDU view translates a Redfish CDU into)
+                          "exporters.cooling.coolant", "exporters.cooling.modbus_metrics"}
 
 
 def imports(path: Path, module_level_only: bool = False) -> set[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.remediation.actions import ActionError
 from agent.remediation.actions.job_notify import JobNotifyAction
@@ -324,6 +325,14 @@ def test_the_engine_reboots_through_slurm_and_tells_jobs_with_its_registered_act
         (told,) = results(eng, kind="result", action="job_notify")
         assert told.result == "done" and told.detail["skipped"] and "no running job" in told.detail["message"]
         assert app is not None and (await sched.state("node01")).state == "idle"
+        # each recovery and its outcome counted per action
+        reg = CollectorRegistry()
+        reg.register(eng.collector())
+        for book, action in (("gpu-reboot", "node_reboot"), ("gpu-app-fault", "job_notify")):
+            assert reg.get_sample_value("supernode_remediation_actions_total",
+                                        {"playbook": book, "action": action, "result": "done"}) == 1.0, action
+            assert reg.get_sample_value("supernode_remediation_actions_total",
+                                        {"playbook": book, "action": action, "result": "failed"}) == 0.0, action
         await eng.stop()
     try:
         asyncio.run(main())

@@ -21,10 +21,12 @@ from typing import Iterator
 
 from agent.snapshot import Snapshot
 
+from .cdu_view import REDFISH_FAMILIES
 from .detectors_base import Context
 from .detectors_cooling import CoolingDetectors
 from .detectors_gpu import GpuDetectors
 from .detectors_gpu_health import GpuHealthDetectors
+from .detectors_loop import LoopHealthDetectors
 from .detectors_optics import OpticDetectors
 from .detectors_power import PowerDetectors
 from .hysteresis import Event, Observation
@@ -32,7 +34,8 @@ from .hysteresis import Event, Observation
 __all__ = ["Context", "Detectors", "Event", "Observation"]
 
 
-class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetectors, PowerDetectors):
+class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDetectors, OpticDetectors,
+                PowerDetectors):
     """The default detector table of PLAYBOOKS.md, evaluated on every snapshot."""
 
     # -- entry point -------------------------------------------------------------
@@ -43,7 +46,16 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
         "_leak": frozenset({"supernode_leak_detected", "supernode_leak_sensor_fault"}),
         "_coolant": frozenset({"supernode_cdu_flow_cubic_meters_per_second", "supernode_cdu_temperature_celsius",
                                "supernode_cdu_dew_point_margin_celsius", "supernode_cdu_pump_speed_setpoint_ratio",
-                               "supernode_cdu_pump_running", "supernode_cdu_alarm_active"}),
+                               "supernode_cdu_pump_running", "supernode_cdu_alarm_active",
+                               "supernode_cdu_pump_speed_ratio", "supernode_cdu_pressure_pascals"}) | REDFISH_FAMILIES,
+        "_pump_health": frozenset({"supernode_cdu_pump_running", "supernode_cdu_pump_speed_ratio",
+                                   "supernode_cdu_pump_speed_setpoint_ratio", "supernode_coolant_pump_speed_ratio",
+                                   "supernode_coolant_pump_speed_setpoint_ratio", "supernode_redfish_health",
+                                   "supernode_redfish_service_info"}),
+        "_filter": frozenset({"supernode_cdu_pressure_pascals"}),
+        "_reservoir": frozenset({"supernode_cdu_reservoir_level_ratio", "supernode_coolant_reservoir_level_ratio",
+                                 "supernode_redfish_health", "supernode_redfish_service_info"}),
+        "_service_hours": frozenset({"supernode_coolant_service_seconds", "supernode_coolant_rated_service_seconds"}),
         "_gpu_thermal": frozenset({"supernode_gpu_temperature_celsius", "supernode_gpu_temperature_threshold_celsius",
                                    "supernode_gpu_clock_event_active"}),
         "_gpu_faults": frozenset({"supernode_gpu_xid_errors_total", "supernode_gpu_recovery_action",
@@ -100,7 +112,7 @@ class Detectors(CoolingDetectors, GpuDetectors, GpuHealthDetectors, OpticDetecto
 
     def observe(self, snap: Snapshot, families: frozenset[str] | None = None) -> Iterator[Observation]:
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_faults, self._gpu_lost, self._nvlink,
-                   self._nvlink_switch,
+                   self._nvlink_switch, self._pump_health, self._filter, self._reservoir, self._service_hours,
                    self._optic, self._rack_power, self._outlets, self._tray_rack, self._leak_loop,
                    self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler, self._gpu_fabric):
             if families is None or self.INPUTS[fn.__name__] & families:

@@ -15,6 +15,7 @@ from exporters.model import Reading
 
 from agent.snapshot import Snapshot
 
+from .cdu_view import loop_readings, loop_value, pump_setpoint, pumps
 from .detectors_base import DetectorBase
 from .dry_hold import DRY, UNREADABLE, WET
 from .hysteresis import Observation, Targets, targets_of
@@ -139,22 +140,25 @@ class CoolingDetectors(DetectorBase):
     # -- coolant -----------------------------------------------------------------
 
     def _coolant(self, snap: Snapshot) -> Iterator[Observation]:
+        """Flow, supply and dew point of every CDU, Modbus or Redfish alike (cdu_view.py translates)."""
         s = self.s
-        for item in self._ok_or_fault(snap.select("supernode_cdu_flow_cubic_meters_per_second", loop="secondary")):
+        flows = loop_readings(snap, "supernode_cdu_flow_cubic_meters_per_second", loop="secondary")
+        for item in self._ok_or_fault(flows):
             if isinstance(item, Observation):
                 yield item
                 continue
             obs = self._flow_low(snap, item)
             if obs is not None:
                 yield obs
-        for item in self._ok_or_fault(snap.select("supernode_cdu_temperature_celsius", loop="secondary", point="supply")):
+        supplies = loop_readings(snap, "supernode_cdu_temperature_celsius", loop="secondary", point="supply")
+        for item in self._ok_or_fault(supplies):
             if isinstance(item, Observation):
                 yield item
                 continue
             v = item.value
             cond = True if v > s.supply_hot_celsius else False if v <= s.supply_hot_clear_celsius else None
             yield Observation("coolant_supply_hot", targets_of(cdu=item.label("cdu")), "critical", cond,
-                              detail={"supply_celsius": v})
+                              detail={"supply_celsius": v, **loop_evidence(snap, item.label("cdu"))})
         for item in self._ok_or_fault(snap.select("supernode_cdu_dew_point_margin_celsius")):
             if isinstance(item, Observation):
                 yield item
@@ -173,14 +177,14 @@ class CoolingDetectors(DetectorBase):
         """
         s, base, now = self.s, self.flow_baselines, snap.monotonic
         cdu = flow.label("cdu")
-        setpoint = snap.value("supernode_cdu_pump_speed_setpoint_ratio", cdu=cdu)
+        setpoint = pump_setpoint(snap, cdu)
         if setpoint is not None:
             base.setpoint(cdu, setpoint, now)
         if base.settling(cdu, now):
             return Observation("coolant_flow_low", targets_of(cdu=cdu), "critical", None,
                                detail={"settling_after_setpoint": setpoint})
-        sup = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="supply")
-        ret = snap.value("supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="return")
+        sup = loop_value(snap, "supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="supply")
+        ret = loop_value(snap, "supernode_cdu_temperature_celsius", cdu=cdu, loop="secondary", point="return")
         delta_t = ret - sup if sup is not None and ret is not None else None
         nominal = s.nominal_flow_cubic_meters_per_second or base.flow(cdu, now)
         if nominal is None:  # the first sample starts the baseline
@@ -193,6 +197,7 @@ class CoolingDetectors(DetectorBase):
         detail: dict[str, Any] = {"flow_ratio": round(ratio, 3), "baseline_cubic_meters_per_second": nominal}
         if cond:  # which part of the loop failed: the reliability report counts a pump or the CDU
             detail.update(_pump_evidence(snap, cdu))
+            detail.update(loop_evidence(snap, cdu))
         mean_dt = base.delta_t(cdu, now)
         if cond and s.flow_confirm_delta_t and delta_t is not None and mean_dt is not None:
             detail.update(delta_t_celsius=round(delta_t, 2), baseline_delta_t_celsius=round(mean_dt, 2))
@@ -205,11 +210,21 @@ class CoolingDetectors(DetectorBase):
 
 def _pump_evidence(snap: Snapshot, cdu: str) -> dict[str, Any]:
     """The CDU's own word on its pumps while flow is low: pumps reading stopped, pump alarms active."""
-    stopped = sorted(r.label("pump") for r in snap.select("supernode_cdu_pump_running", cdu=cdu)
-                     if r.ok and r.value < 0.5)
+    stopped = sorted(p.pump for p in pumps(snap, cdu) if p.running is False)
     alarms = sorted(r.label("alarm") for r in snap.select("supernode_cdu_alarm_active", cdu=cdu)
                     if r.ok and r.value >= 0.5 and "pump" in r.label("alarm"))
     return {k: v for k, v in (("pumps_stopped", stopped), ("pump_alarms", alarms)) if v}
+
+
+def loop_evidence(snap: Snapshot, cdu: str) -> dict[str, float]:
+    """What the derate by margin needs of the loop (agent/remediation/derate.py), as the incident's detail:
+    secondary flow, supply and return. A missing one is left out (the derate then falls back to flat)."""
+    temp = "supernode_cdu_temperature_celsius"
+    out = {"flow_cubic_meters_per_second": loop_value(snap, "supernode_cdu_flow_cubic_meters_per_second", cdu=cdu,
+                                                      loop="secondary"),
+           "supply_celsius": loop_value(snap, temp, cdu=cdu, loop="secondary", point="supply"),
+           "return_celsius": loop_value(snap, temp, cdu=cdu, loop="secondary", point="return")}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _zone_sensor_from_id(reading_id: str) -> dict[str, str]:

@@ -30,6 +30,7 @@ from agent.goodput_metrics import OutOfServiceTracker
 
 from .approvals import AmbiguousApproval, ApprovalDesk, Pending  # noqa: F401  (re-exported)
 from .decisions import LoggedJournal
+from .derate_watch import DerateWatch
 from .detectors import Context, Detectors
 from .executors import Executors  # noqa: F401  (re-exported: the runtime builds it)
 from .guardrails import MONOTONIC, Guardrails
@@ -54,8 +55,8 @@ UNKNOWN_RECHECK_SECONDS = 5.0  # how often an action reconciled as `unknown` is 
 MODES = ("observe", "dry-run", "enforce")
 
 
-class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler, TargetResolver, LeakResumeGate,
-                        LeakWatch):
+class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler, TargetResolver,
+                        DerateWatch, LeakResumeGate, LeakWatch):
     def __init__(self, settings: RemediationSettings, mode: str, identity: Any, inventory: Any,
                  journal_path: Path | str, executors: Executors | None = None, clock=time.time,
                  monotonic: Callable[[], float] = MONOTONIC):

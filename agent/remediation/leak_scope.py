@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from pydantic import BaseModel, ConfigDict, Field
+
 SCOPES = ("tray", "below", "zone", "rack", "loop")
 # The detector of each scope's incident, and the scope of each leak playbook's incident.
 SCOPE_OF_DETECTOR = {"leak_tray": "tray", "leak": "zone", "tray_leak_rack": "rack", "leak_loop": "loop"}
@@ -52,3 +54,23 @@ def zone_evidence(wet_sensors: list[str], tray_bmcs: Mapping[str, str], zone_lea
     if len(trays) >= zone_leak_trays:
         return f"{len(trays)} trays wet at once: {', '.join(trays)}"
     return None
+
+
+class LeakScopeSettings(BaseModel):
+    """Leak containment by scope (this module): what a tray leak watches, when a leak's
+    actions may be undone (`remediation.leak_scope`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    watch_below_trays: int = Field(default=1, ge=0, le=20, description=(
+        "Trays directly below a leaking compute tray (inventory.rack_units) that are watched: drained (step "
+        "approval leak_watch_below, automatic by default) and flagged; 0: none. Default 1, the tray a drip reaches "
+        "first, which fits the default blast radius (2 drained) with the leaking tray itself."))
+    watch_poll_seconds: float = Field(default=0.5, gt=0, description=(
+        "While a tray leaks, the BMCs of the trays watched below it are asked for a poll this often (the leak "
+        "rope's interval), not at sources.redfish's; by the agent that reads them (the rack leader, with "
+        "sources.redfish.watch_rack_trays)."))
+    dry_hold_seconds: float = Field(default=900.0, ge=0, description=(
+        "Nothing a leak did is undone (resume, power on, valve open, caps) until every detector of its scope has "
+        "read dry for this long; then a person approves, shown each detector's dry history. A detector that "
+        "cannot be read (a fault, its source down, no reading) is not dry."))

@@ -15,6 +15,7 @@ from agent.reliability import classify
 from agent.snapshot import Snapshot
 
 from .actions import target_str
+from .detectors import Detectors
 from .incidents import Incident
 from .playbooks import find_playbook
 from .steps import action_id
@@ -22,6 +23,7 @@ from .steps import action_id
 log = logging.getLogger("supernode.remediation")
 
 LEAK_SOURCES = ("leak", "redfish")  # source kinds whose first wet reading is re-read at once
+COOLANT_FAMILIES = Detectors.INPUTS["_coolant"]  # what a derate's loop reads
 
 
 class IncidentLifecycle:
@@ -43,11 +45,14 @@ class IncidentLifecycle:
 
     def _evaluate(self, snap: Snapshot, origin: str = "") -> None:
         # Only the detectors this source feeds: a leak poll twice a second does not re-run the NVLink rates.
-        for ev in self.detectors.evaluate(snap, snap.families_of(origin) if origin else None):
+        families = snap.families_of(origin) if origin else None
+        for ev in self.detectors.evaluate(snap, families):
             if ev.kind == "fire":
                 self.fire(ev.detector, ev.targets, ev.severity, "local", ev.detail)
             else:
                 self.clear(ev.detector, ev.targets)
+        if families is None or families & COOLANT_FAMILIES:
+            self.watch_derates(snap)  # an applied derate by margin follows the loop (derate_watch.py)
         # A first wet reading is confirmed by an immediate re-read of the same source rather than
         # a whole poll interval later: two consecutive polls, within one interval plus a few ms.
         # Any source of leak inputs (a Modbus leak controller, a Redfish tray BMC) is confirmed the same way.

@@ -59,22 +59,32 @@ def rebuild_effects(entries: Iterable[Any]) -> dict[tuple[str, str], dict[str, A
     a failed or interrupted undo leaves it to be undone again.
     """
     applied: dict[str, Any] = {}
+    reruns: dict[str, list[str]] = {}  # an apply -> its re-runs (a derate re-planned: derate_watch.py)
     for e in entries:
         if e.kind != "result" or not e.action_id:
             continue
         phase = e.detail.get("phase", "apply")
         if phase == "apply" and e.result in ("done", "unknown"):
             applied[e.action_id] = e
+            if e.detail.get("rerun_of"):
+                reruns.setdefault(e.detail["rerun_of"], []).append(e.action_id)
         elif phase == "apply" and e.result == "failed":
             applied.pop(e.action_id, None)
         elif phase == "undo" and e.result in ("undone", "kept", "released"):  # released: a person took it over
-            applied.pop(e.detail.get("apply_action_id", ""), None)
+            first = e.detail.get("apply_action_id", "")
+            for aid in [first, *reruns.pop(first, [])]:  # the undo ends the apply and every re-run of it
+                applied.pop(aid, None)
     effects: dict[tuple[str, str], dict[str, Any]] = {}
     for aid, e in applied.items():
         key = (e.action or "", e.target or "")
         before = e.detail.get("before", {})
         after = e.detail.get("after") or planned_after(e.detail.get("plan", {}))
         eff = effects.get(key)
+        first = e.detail.get("rerun_of")
+        if first and eff is not None and eff["holders"].get(e.incident_id) == first:
+            if not e.detail.get("skipped"):
+                eff["after"] = after  # a re-run of this incident's apply: its value now, the first one's `before`
+            continue
         if eff is None or (before.get("owned") and not eff["before"].get("owned")):
             holders = eff["holders"] if eff else {}
             eff = effects[key] = {"before": before, "after": after, "params": e.detail.get("params", {}),

@@ -66,6 +66,19 @@ class Step(_Strict):
     resume_check: bool = Field(default=False, description=(
         "Undo (resume) only after remediation.resume_health_check passes, else a person approves."))
 
+    @model_validator(mode="after")
+    def _derate_params(self) -> "Step":
+        """A cap by thermal margin's parameters are checked at load (names and ranges), not at the first incident."""
+        if self.action == "gpu_power_cap" and self.params.get("mode") == "thermal_margin":
+            from .actions import ActionError
+            from .actions.margin_cap import check_params
+
+            try:
+                check_params(self.params)
+            except ActionError as exc:
+                raise ValueError(f"params: {exc}") from None
+        return self
+
 
 class Playbook(_Strict):
     name: str

@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .leak_scope import LeakScopeSettings
+
 ActionKind = Literal["gpu_power_cap", "drain", "resume", "isolate_link", "cdu_write", "pdu_outlet", "tray_power",
                      "notify", "exec", "job_notify", "gpu_reset", "node_reboot"]
 
@@ -76,6 +78,26 @@ class DetectorSettings(_Strict):
     condensation_margin_celsius: float = Field(default=2.0, description="Supply - dew point below this fires.")
     condensation_clear_margin_celsius: float = Field(default=3.0)
     condensation_risk: Hold = Hold(fire_seconds=10.0, clear_seconds=30.0)
+    # Pump and loop health (issue 35, detectors_loop.py): warnings that notify, each from any CDU protocol.
+    pump_speed_low_fraction: float = Field(default=0.8, gt=0, lt=1, description=(
+        "A running pump below this share of its set point (the CDU's pump speed set point, else its fastest "
+        "pump's speed) has lost its part of the redundancy: pump_redundancy_lost fires."))
+    pump_speed_clear_fraction: float = Field(default=0.9, gt=0, le=1, description=(
+        "pump_redundancy_lost clears once every pump runs at or above this share of the set point."))
+    pump_redundancy_lost: Hold = Hold(fire_seconds=5.0, clear_seconds=30.0)
+    filter_dp_high_pascals: float = Field(default=50_000.0, gt=0, description=(
+        "A CDU strainer's pressure drop at or above this fires filter_clogging (a clean one reads ~20 kPa at "
+        "nominal flow; replace at two to three times its clean drop, as CDU manuals put it)."))
+    filter_dp_clear_pascals: float = Field(default=40_000.0, gt=0, description="filter_clogging clears below this.")
+    filter_clogging: Hold = Hold(fire_seconds=30.0, clear_seconds=60.0)
+    reservoir_low_ratio: float = Field(default=0.3, gt=0, lt=1, description=(
+        "A CDU's reservoir below this fill level (0-1) fires reservoir_low (the reference CDU's own alarm level)."))
+    reservoir_clear_ratio: float = Field(default=0.4, gt=0, le=1, description="reservoir_low clears at this level.")
+    reservoir_low: Hold = Hold(fire_seconds=30.0, clear_seconds=60.0)
+    service_due_fraction: float = Field(default=0.9, gt=0, le=1, description=(
+        "A filter in service for this share of its rated service life (Redfish ServiceHours / RatedServiceHours) "
+        "fires coolant_service_due."))
+    coolant_service_due: Hold = Hold(fire_seconds=0.0, clear_seconds=60.0)
     gpu_thermal_margin_celsius: float = Field(default=3.0, ge=0, description="Fires within this of the slowdown threshold.")
     gpu_thermal_clear_margin_celsius: float = Field(default=6.0, ge=0)
     gpu_thermal_clock_events: list[str] = Field(
@@ -105,7 +127,8 @@ class DetectorSettings(_Strict):
         "its tray count, never below 2."))
     nvlink_switch_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=30.0)
     nvlink_switch_attribution: bool | None = Field(default=None, description=(
-        "Publish this tray's NVLink state vector and attribute the rack's NVLink failures (etcd coordination). "
+        "Publish this tray's NVLink state vector and attribute the rack's NVLink failures (etcd coordination, or "
+        "static with inventory.agent_urls: each agent follows its peers' feeds). "
         "Default: on when inventory.switch_trays lists the rack's NVSwitch trays (a rack-scale NVLink domain, "
         "GB200 NVL72, where link k of every GPU reaches switch chip k); an HGX rack's links stay each tray's own."))
     nvlink_switch_fault_drain_partition: bool = Field(default=False, description=(
@@ -168,24 +191,6 @@ class Guardrails(_Strict):
         "leaking tray: their running jobs go on, no new one lands where the water may fall)."))
     scheduler_retry_max_seconds: float = Field(default=60.0, gt=0, description=(
         "A step blocked by scheduler_unreachable is retried with doubling delays up to this one."))
-
-
-class LeakScopeSettings(_Strict):
-    """Leak containment by scope (agent/remediation/leak_scope.py): what a tray leak watches, when a leak's
-    actions may be undone."""
-
-    watch_below_trays: int = Field(default=1, ge=0, le=20, description=(
-        "Trays directly below a leaking compute tray (inventory.rack_units) that are watched: drained (step "
-        "approval leak_watch_below, automatic by default) and flagged; 0: none. Default 1, the tray a drip reaches "
-        "first, which fits the default blast radius (2 drained) with the leaking tray itself."))
-    watch_poll_seconds: float = Field(default=0.5, gt=0, description=(
-        "While a tray leaks, the BMCs of the trays watched below it are asked for a poll this often (the leak "
-        "rope's interval), not at sources.redfish's; by the agent that reads them (the rack leader, with "
-        "sources.redfish.watch_rack_trays)."))
-    dry_hold_seconds: float = Field(default=900.0, ge=0, description=(
-        "Nothing a leak did is undone (resume, power on, valve open, caps) until every detector of its scope has "
-        "read dry for this long; then a person approves, shown each detector's dry history. A detector that "
-        "cannot be read (a fault, its source down, no reading) is not dry."))
 
 
 class SlurmSettings(_Strict):
@@ -261,8 +266,20 @@ class GpuRecoverySettings(_Strict):
         "After a reset or reboot: how long the health read may take to show the GPU healthy."))
 
 
+class DerateSettings(_Strict):
+    """The derate by margin (issue 35, derate_watch.py): when a coolant incident's cap is planned again."""
+
+    replan_shed_change: float = Field(default=0.05, gt=0, le=1, description=(
+        "Re-plan an applied derate once the share of power to shed differs from the applied one by at least "
+        "this (0-1): the loop's capacity moved (flow, supply), not one poll's noise."))
+    replan_min_interval_seconds: float = Field(default=30.0, ge=0, description=(
+        "At least this long between two plans of one incident's derate (the GPUs' power and the loop settle "
+        "within seconds of a new limit)."))
+
+
 class RemediationSettings(_Strict):
     detectors: DetectorSettings = DetectorSettings()
+    derate: DerateSettings = DerateSettings()
     guardrails: Guardrails = Guardrails()
     leak_scope: LeakScopeSettings = LeakScopeSettings()
     journal_retention: JournalRetentionSettings = JournalRetentionSettings()

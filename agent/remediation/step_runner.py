@@ -126,9 +126,13 @@ class StepRunner:
         self._spawn(again())
         return delay
 
-    async def run_step(self, inc: Incident, book: Playbook, idx: int, step: Step, target: Mapping[str, str]) -> str:
+    async def run_step(self, inc: Incident, book: Playbook, idx: int, step: Step, target: Mapping[str, str],
+                       attempt: str = "") -> str:
+        """`attempt` names a re-run of an applied step with new inputs (derate_watch.py: "replan-N"): its own
+        action id, the same guardrails, and the effect stays the first apply's (its undo restores the limit
+        found before the first)."""
         tgt = target_str(target)
-        aid = action_id(inc.id, idx, tgt)
+        aid = action_id(inc.id, idx, tgt, attempt) if attempt else action_id(inc.id, idx, tgt)
         last = self.journal.last_result(aid)
         if last is not None and last.result == "unknown":
             # reconciled as unknown (device unreadable at start): acting again blind could take over an
@@ -142,6 +146,8 @@ class StepRunner:
         mode = book.effective_mode(self.mode)
         ctx = {"incident_id": inc.id, "detector": inc.detector, **inc.targets,
                **{k: v for k, v in inc.detail.items() if isinstance(v, (int, float, str))}}
+        if attempt:
+            ctx["attempt"] = attempt
         if act is None and step.action == "notify":  # nobody to tell is a configuration fact, not a guardrail
             return self._result(inc, book, step, aid, tgt, "not_configured",
                                 {"phase": "apply", "why": "no remediation.notify_url configured"})
@@ -208,9 +214,10 @@ class StepRunner:
         if isinstance(res, ActionResult):
             if not res.skipped or res.before.get("owned") is False:
                 self._hold(step.action, tgt, inc.id, aid, res, step.params)
+            rerun = {"rerun_of": action_id(inc.id, idx, tgt)} if ctx.get("attempt") else {}  # ownership.py
             return self._result(inc, book, step, aid, tgt, "done",
                                 {"phase": "apply", "message": res.message, "before": res.before, "after": res.after,
-                                 "skipped": res.skipped, "params": step.params, "intent_on_disk": on_disk})
+                                 "skipped": res.skipped, "params": step.params, "intent_on_disk": on_disk, **rerun})
         return self._result(inc, book, step, aid, tgt, "failed", {"phase": "apply", "error": res, "escalated": True,
                                                                   "intent_on_disk": on_disk})
 
@@ -235,6 +242,10 @@ class StepRunner:
 
     def _hold(self, kind: str, tgt: str, incident_id: str, aid: str, res: ActionResult, params: Mapping) -> None:
         eff = self.effects.get((kind, tgt))
+        if eff is not None and incident_id in eff["holders"]:  # a re-run of this incident's step: its new value
+            if not res.skipped:
+                eff["after"] = res.after
+            return
         if eff is None:
             if not res.before.get("owned"):
                 return  # not ours and nobody of ours holds it: nothing to undo later

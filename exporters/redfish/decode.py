@@ -52,9 +52,9 @@ def health_value(res: dict[str, Any], profile: Profile) -> int | None:
     return profile.status.health.get(health) if isinstance(health, str) else None
 
 
-def _number(value: Any) -> float | None:
+def _number(value: Any, key: str = "Reading") -> float | None:
     if isinstance(value, dict):
-        value = value.get("Reading")
+        value = value.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     value = float(value)
@@ -110,9 +110,13 @@ def resource_readings(bmc: str, found: Found, res: dict[str, Any], profile: Prof
     for fname, rule in profile.fields.get(found.kind, {}).items():  # type: ignore[call-overload]
         if fname not in res:
             continue  # this device has no such sensor
-        value = _number(res[fname])
+        value = _number(res[fname], rule.key)
         q = q_state if q_state is not Quality.OK else (Quality.OK if value is not None else Quality.SENSOR_FAULT)
         base = rule.to_base(value) if value is not None else NAN
-        out.append(make_reading(rm.ALL[rule.metric], base, {**own, **rule.labels}, q, now))
+        spec = rm.ALL[rule.metric]
+        labels = {**own, **rule.labels}
+        if "resource" in spec.labels:  # a family over resource kinds (service time): kind and id, not the kind's label
+            labels = {"bmc": bmc, "equipment": found.equipment, "kind": found.kind, "resource": found.rid}
+        out.append(make_reading(spec, base, labels, q, now))
     return out
 

@@ -39,6 +39,21 @@ PUMP_SPEED = gauge(
     "supernode_coolant_pump_speed_ratio",
     "Speed of a Redfish pump as a ratio of full speed (0-1), polled.",
     ["bmc", "equipment", "pump"], "ratio")
+PUMP_SETPOINT = gauge(
+    "supernode_coolant_pump_speed_setpoint_ratio",
+    "Speed set point of a Redfish pump (SpeedControlPercent.SetPoint) as a ratio of full speed (0-1), polled: a "
+    "change is a set point change, not a flow fault.",
+    ["bmc", "equipment", "pump"], "ratio")
+SERVICE_TIME = gauge(
+    "supernode_coolant_service_seconds",
+    "Time in service of a Redfish pump or filter (its ServiceHours, since installed or last serviced) in seconds, "
+    "polled; kind is pump or filter.",
+    ["bmc", "equipment", "kind", "resource"], "seconds")
+RATED_SERVICE_TIME = gauge(
+    "supernode_coolant_rated_service_seconds",
+    "Rated service life of a Redfish filter (its RatedServiceHours) in seconds, polled: due for service once "
+    "supernode_coolant_service_seconds reaches it.",
+    ["bmc", "equipment", "kind", "resource"], "seconds")
 RESERVOIR_LEVEL = gauge(
     "supernode_coolant_reservoir_level_ratio",
     "Fluid level of a Redfish reservoir as a ratio (0-1), polled.",
@@ -84,7 +99,9 @@ EVENT_POLLS_COALESCED = counter(
 
 ALL: dict[str, MetricSpec] = {m.name: m for m in (
     DETECTOR_STATE, CONNECTOR_TEMPERATURE, CONNECTOR_PRESSURE, CONNECTOR_FLOW, CONNECTOR_HEAT, CONNECTOR_VALVE,
-    PUMP_SPEED, RESERVOIR_LEVEL, SENSOR_TEMPERATURE, HEALTH, SERVICE_INFO, REQUESTS, LOGINS, DISCOVERIES, EVENTS, EVENT_STREAM_UP,
+    PUMP_SPEED, PUMP_SETPOINT, SERVICE_TIME, RATED_SERVICE_TIME, RESERVOIR_LEVEL, SENSOR_TEMPERATURE, HEALTH,
+    SERVICE_INFO, REQUESTS, LOGINS,
+    DISCOVERIES, EVENTS, EVENT_STREAM_UP,
     EVENT_STREAM_ERRORS, EVENT_POLLS_COALESCED)}
 # Labels the collector fills itself; a profile field names only the others (point).
-AUTO_LABELS = {"bmc", "equipment", "connector", "loop", "pump", "reservoir", "sensor"}
+AUTO_LABELS = {"bmc", "equipment", "connector", "loop", "pump", "reservoir", "sensor", "kind", "resource"}

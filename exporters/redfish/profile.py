@@ -108,6 +108,8 @@ class DetectorRules(_Strict):
 class FieldRule(_Strict):
     metric: str
     unit: str = "none"
+    # the member of an excerpt that holds the value: Reading for a sensor excerpt, SetPoint for a control's
+    key: Literal["Reading", "SetPoint"] = "Reading"
     labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("unit")

@@ -1,4 +1,8 @@
-"""gpu_power_cap: set an NVML power limit (watts, fraction of default, `min`, or a rack budget share).
+"""gpu_power_cap: set an NVML power limit (watts, fraction of default, `min`, a rack budget share, or by margin).
+
+`mode: thermal_margin` (the coolant playbooks): the node's limits from the
+loop's capacity and each GPU's thermal margin (margin_cap.py, derate.py),
+the flat `fallback_fraction` where an input is missing.
 
 The limit is clamped to the GPU's own constraints, read back, and the limit
 found before is recorded so undo restores exactly that, and only if the
@@ -13,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import ActionError, ActionResult
+from .margin_cap import MarginPlanner
 from .nvml_gpu import GpuActionBase
 
 try:  # the shared NVML control helpers, when present
@@ -43,6 +48,7 @@ class GpuPowerCapAction(GpuActionBase):
     def __init__(self, libs: Mapping[str, Any], lock_timeout: float = 5.0):
         self.libs = dict(libs)
         self.timeout = lock_timeout
+        self.margins = MarginPlanner()
 
     def _wanted(self, lib: Any, index: int, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> tuple[float, dict]:
         lo, hi, default = _constraints(lib, index)
@@ -65,13 +71,27 @@ class GpuPowerCapAction(GpuActionBase):
     async def plan(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
         """Read the current limit and work out the clamped one; recorded in the intent."""
         lib, index = self._lib(target["node"]), int(target["gpu"])
+        derate = None
         try:
+            if params.get("mode") == "thermal_margin":
+                count = int(await self._call(lambda lib_, _: lib_.nvmlDeviceGetCount(), lib, index))
+                derate = await self.margins.node_plan(target["node"], lib, list(range(count)), params, ctx,
+                                                      self._call)
+                params = MarginPlanner.step_params(derate, index)
             want, info = await self._call(self._wanted, lib, index, params, ctx)
         except ActionError:
             raise
         except Exception as exc:  # NVMLError and friends
             raise ActionError(f"NVML: {type(exc).__name__}: {exc}") from exc
-        return {"before": {"limit_watts": info["current"], "owned": want < info["current"]}, "want_watts": want, **info}
+        # a re-plan of a derate may raise a limit of ours again (the loop recovered part of its capacity): the
+        # plan never goes above the GPU's power before the first cap, and the undo restores the limit before it
+        # (derate_watch.py says whether another kind of incident holds a cap here: then never raised)
+        owned = want < info["current"] or (derate is not None and bool(ctx.get("attempt"))
+                                           and ctx.get("derate_raise_ok") is True and abs(want - info["current"]) > 1.0)
+        out = {"before": {"limit_watts": info["current"], "owned": owned}, "want_watts": want, **info}
+        if derate is not None:  # the decision this limit comes from, journaled with the step's intent
+            out["derate"] = derate
+        return out
 
     async def apply(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any],
                     plan: Mapping[str, Any]) -> ActionResult:
@@ -93,6 +113,7 @@ class GpuPowerCapAction(GpuActionBase):
     async def undo(self, target: Mapping[str, str], before: Mapping[str, Any], after: Mapping[str, Any],
                    params: Mapping[str, Any]) -> ActionResult:
         lib, index = self._lib(target["node"]), int(target["gpu"])
+        self.margins.forget(target["node"])  # the node's derate ends with its caps
         if not before.get("owned"):
             return ActionResult(True, "limit was not changed by us", skipped=True)
         try:

@@ -1,0 +1,181 @@
+"""Derate by margin (issue 35): the pure plan of agent/remediation/derate.py.
+
+Properties, with hypothesis: the cuts sum to at least the shed whenever the GPUs can give it; no GPU goes
+below its minimum limit; a hotter GPU is never cut less than a cooler one unless it already sits at its
+minimum. And the loop's capacity against hand-computed figures.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.remediation.derate import GpuMargin, loop_capacity, loop_inputs, plan_cuts, plan_limits
+
+SUPPLY = 30.0
+
+
+@st.composite
+def node(draw) -> list[GpuMargin]:
+    n = draw(st.integers(1, 8))
+    out = []
+    for i in range(n):
+        lo = draw(st.floats(100.0, 400.0))
+        power = draw(st.floats(0.0, 1000.0))
+        temp = draw(st.floats(SUPPLY - 5.0, 95.0))
+        out.append(GpuMargin(str(i), power, temp, lo))
+    return out
+
+
+@given(node(), st.floats(0.0, 5000.0))
+def test_the_cuts_reach_the_shed_when_feasible_and_no_gpu_goes_below_its_minimum(gpus, shed):
+    cuts = plan_cuts(gpus, shed, SUPPLY)
+    limits = plan_limits(gpus, shed, SUPPLY)
+    headroom = sum(max(g.power_w - g.min_w, 0.0) for g in gpus)
+    if headroom >= shed:
+        assert sum(cuts.values()) >= shed * (1 - 1e-9) - 1e-9
+    else:  # infeasible: every GPU at its minimum (or below it already, left where it is)
+        assert sum(cuts.values()) == pytest.approx(headroom)
+    for g in gpus:
+        assert cuts[g.key] >= 0
+        assert limits[g.key] >= g.min_w
+        assert cuts[g.key] <= max(g.power_w - g.min_w, 0.0) + 1e-9
+
+
+@given(node(), st.floats(0.0, 5000.0))
+def test_a_hotter_gpu_is_never_cut_less_than_a_cooler_one_unless_at_its_minimum(gpus, shed):
+    cuts = plan_cuts(gpus, shed, SUPPLY)
+    for hot in gpus:
+        at_min = cuts[hot.key] >= max(hot.power_w - hot.min_w, 0.0) - 1e-9
+        if at_min:
+            continue
+        for cool in gpus:
+            if cool.temp_c < hot.temp_c:
+                assert cuts[hot.key] >= cuts[cool.key] - 1e-6, (hot, cool, cuts)
+
+
+def test_no_shed_no_cut():
+    gpus = [GpuMargin("0", 600.0, 70.0, 200.0), GpuMargin("1", 600.0, 50.0, 200.0)]
+    assert plan_cuts(gpus, 0.0, SUPPLY) == {"0": 0.0, "1": 0.0}
+
+
+def test_the_hotter_gpu_takes_the_larger_share_in_proportion_to_its_rise():
+    gpus = [GpuMargin("hot", 600.0, 70.0, 200.0), GpuMargin("cool", 600.0, 50.0, 200.0)]
+    cuts = plan_cuts(gpus, 300.0, SUPPLY)
+    assert cuts["hot"] == pytest.approx(200.0, rel=1e-6)  # rise 40 K against 20 K: two thirds of the shed
+    assert cuts["cool"] == pytest.approx(100.0, rel=1e-6)
+
+
+def test_the_loop_capacity_is_flow_rho_cp_times_the_allowed_rise():
+    # 8.4 L/min of PG25 (1025 kg/m^3, 3900 J/(kg K)) rising 17.4 K carries 9.75 kW; within 10 K, 5.6 kW
+    flow = 8.4 / 60000
+    cap = loop_capacity(flow, 25.0, 42.4, max_delta_t_c=10.0, max_return_c=50.0)
+    assert cap is not None
+    assert cap.load_w == pytest.approx(flow * 1025 * 3900 * 17.4)
+    assert cap.capacity_w == pytest.approx(flow * 1025 * 3900 * 10.0)
+    assert cap.shed_fraction == pytest.approx(1 - 10.0 / 17.4)
+    hot = loop_capacity(flow, 45.0, 52.0, max_delta_t_c=10.0, max_return_c=50.0)  # supply hot: 5 K left
+    assert hot is not None and hot.delta_t_allowed_c == pytest.approx(5.0)
+    assert loop_capacity(flow, 25.0, 30.0).shed_fraction == 0.0  # within the rise: nothing to shed
+    assert loop_capacity(0.0, 25.0, 30.0) is None  # no flow: the load is unknown, not zero
+    assert loop_capacity(flow, 25.0, 25.0) is None
+
+
+def test_missing_loop_inputs_say_which():
+    assert loop_inputs({"flow_cubic_meters_per_second": 1e-4, "supply_celsius": 25.0}) == (
+        "the incident carries no return_celsius (the CDU did not report it)")
+    assert loop_inputs({"flow_cubic_meters_per_second": 1e-4, "supply_celsius": 25.0, "return_celsius": 35.0}) == (
+        1e-4, 25.0, 35.0)
+
+
+def test_a_re_planned_cap_is_one_effect_after_a_restart_and_its_undo_ends_every_re_run():
+    """The journal after a crash: the first apply's `before` (the limit before any cap), the last re-run's value,
+    held by the first apply's id (what the recovery's undo looks for); an undo of the first ends them all."""
+    from agent.remediation.journal_file import Entry
+    from agent.remediation.ownership import rebuild_effects
+
+    def result(seq: int, aid: str, detail: dict, result: str = "done") -> Entry:
+        return Entry(seq, float(seq), "result", aid, "inc1", "coolant-degraded", "gpu_power_cap", "gpu=2,node=node01",
+                     result, detail)
+    first = result(1, "A", {"phase": "apply", "before": {"limit_watts": 700.0, "owned": True},
+                            "after": {"limit_watts": 348.0}})
+    rerun = result(2, "R", {"phase": "apply", "before": {"limit_watts": 348.0, "owned": True},
+                            "after": {"limit_watts": 300.0}, "rerun_of": "A"})
+    effects = rebuild_effects([first, rerun])
+    eff = effects[("gpu_power_cap", "gpu=2,node=node01")]
+    assert eff["before"]["limit_watts"] == 700.0 and eff["after"]["limit_watts"] == 300.0
+    assert eff["holders"] == {"inc1": "A"}
+    undo = result(3, "U", {"phase": "undo", "apply_action_id": "A"}, "undone")
+    assert rebuild_effects([first, rerun, undo]) == {}
+
+
+@pytest.mark.parametrize("params, named", [({"max_delta_t_celsius": -3}, "max_delta_t_celsius"),
+                                           ({"fallback_fraction": 1.5}, "fallback_fraction"),
+                                           ({"max_delta": 3}, "unknown parameter(s) max_delta")])
+def test_a_bad_thermal_margin_parameter_is_refused_at_playbook_load_naming_it(params, named):
+    from pydantic import ValidationError
+
+    from agent.remediation.playbooks import Playbook
+
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        Playbook.model_validate({"name": "x", "trigger": {"detector": "coolant_flow_low"},
+                                 "steps": [{"action": "gpu_power_cap", "targets": "rack_gpus",
+                                            "params": {"mode": "thermal_margin", **params}}]})
+
+
+def test_a_re_plan_never_raises_a_limit_another_kind_of_incident_holds_and_does_once_it_is_gone(tmp_path):
+    """The engine with the NVML twin over HTTP: a hot GPU's cap (gpu_thermal) holds GPU 1 when the loop's derate
+    is re-planned for a loop that recovered in part: nothing is raised; once that incident is gone, it is."""
+    import asyncio
+
+    from agent.remediation.engine import Executors
+    from agent.snapshot import Snapshot
+    from exporters.cooling import modbus_metrics as mm
+    from exporters.model import Quality, Reading
+    from sim.nvml_twin import NvmlTwin
+    from sim.rack import RackModel
+    from tests.helpers import await_for
+    from tests.remediation_support import engine, inventory, nvml_twin_server, results
+
+    def loop(flow: float, at: float) -> Snapshot:
+        rs = [Reading(mm.FLOW, flow, {"cdu": "cdu1", "loop": "secondary"}, Quality.OK, at),
+              Reading(mm.TEMPERATURE, 25.0, {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, Quality.OK, at),
+              Reading(mm.TEMPERATURE, 42.0, {"cdu": "cdu1", "loop": "secondary", "point": "return"}, Quality.OK, at)]
+        return Snapshot(at, tuple(rs), (), monotonic=at)
+
+    def limits(model) -> list[int]:
+        return [g.power_limit_mw for g in model.nodes["node01"].gpus]
+
+    async def main():
+        model = RackModel(nodes=2, gpus_per_node=2)
+        runner, url = await nvml_twin_server(model)
+        lib = NvmlTwin(url, "node01")
+        await asyncio.to_thread(lib.nvmlInit)
+        eng = engine(tmp_path, executors=Executors(gpu_libs={"node01": lib}), inv=inventory(gpus=2))
+        await eng.start()
+        hot = eng.fire("gpu_thermal", {"node": "node01", "gpu": "1"}, "warning")
+        await await_for(lambda: hot.state == "mitigated")
+        assert limits(model)[1] == 525_000
+        # half the flow the load needs within 10 K: about 41 % to shed, both GPUs below the hot cap
+        flow = 5e-5
+        inc = eng.fire("coolant_flow_low", {"cdu": "cdu1"}, "critical",
+                       detail={"flow_cubic_meters_per_second": flow, "supply_celsius": 25.0, "return_celsius": 42.0})
+        await await_for(lambda: inc.state == "mitigated", what="the derate applied")
+        first = limits(model)
+        assert first[0] < 525_000 and first[1] < 525_000
+        eng.watch_derates(loop(flow * 1.3, 0.0))  # the loop carries more: the share to shed falls
+        eng.watch_derates(loop(flow * 1.3, 100.0))
+        await await_for(lambda: len(results(eng, kind="result", action="gpu_power_cap", incident_id=inc.id)) >= 4,
+                        what="the re-plan ran on both GPUs")
+        assert limits(model) == first  # GPU 1 is also gpu_thermal's: the re-plan raises nothing
+        eng.clear("gpu_thermal", {"node": "node01", "gpu": "1"})
+        await await_for(lambda: all(hot.id not in e["holders"] for e in eng.effects.values()),
+                        what="the hot GPU's incident let go of its cap (kept: the derate holds it)")
+        eng.watch_derates(loop(flow * 1.6, 200.0))
+        await await_for(lambda: all(w > f for w, f in zip(limits(model), first)), what="raised once it is ours alone")
+        await eng.stop()
+        await runner.cleanup()
+    asyncio.run(main())
