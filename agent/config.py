@@ -427,6 +427,11 @@ class RedfishSourceSettings(SafetySourceSettings):
         "The window of the limit on polls forced by events (SSE or push) per service: up to 3 start at once in "
         "it (a leak's event is never held back behind a warning's), the others share one poll at its end (a "
         "burst of pushes cannot turn into a burst of BMC reads; the last event is always followed by a read)."))
+    unconfirmed_interval: float | None = Field(default=None, ge=0, le=3600, description=(
+        "Seconds between polls while a service's event subscription is not confirmed (at start, after it is "
+        "lost, or where the service offers none): default the leak source's interval (sources.leak.interval, "
+        "0.5 s), so a tray leak is read as fast as a Modbus one from the first second; 0: `interval` throughout. "
+        "Not used with events off."))
     login_retry_seconds: float = Field(default=5.0, gt=0, le=300, description=(
         "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
     watch_rack_trays: bool = Field(default=False, description=(

@@ -125,7 +125,9 @@ def render_section(c: dict[str, Any]) -> str:
              "polls), one poll of every source, its agent's whole `/metrics`. `quiet`: nothing wrong; `faulted`: one",
              "NVLink erroring and one transceiver below its receive-power alarm; `all detail`: `metrics.detail` with",
              "every group. tests/test_series_budget.py pins the default counts: a family that grows is a decision.",
-             "Families of 8 series or fewer are summed in the last row but one.", "",
+             "Families of 8 series or fewer are summed in the last row but one. Redfish events are off for the",
+             "count (whether the SSE stream is open yet during the one poll is a race): with them, each of the 3",
+             "Redfish services adds its event stream's few series (up, events, errors by reason, coalesced polls).", "",
              "| family | quiet | faulted | all detail |", "| --- | ---: | ---: | ---: |"]
     small = [0, 0, 0]
     for n in names:
