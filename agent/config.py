@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from pydantic_core import PydanticCustomError
+
 from agent.config_refs import deprecation_warnings, exposure_warnings, reference_errors, secret_warnings
 from agent.coordination.settings import Coordination
 from agent.rack_file import RackFileError, with_rack_file
@@ -450,6 +452,11 @@ class RedfishSourceSettings(SafetySourceSettings):
         "The window of the limit on polls forced by events (SSE or push) per service: up to 3 start at once in "
         "it (a leak's event is never held back behind a warning's), the others share one poll at its end (a "
         "burst of pushes cannot turn into a burst of BMC reads; the last event is always followed by a read)."))
+    unconfirmed_interval: float | None = Field(default=None, ge=0, le=3600, description=(
+        "Seconds between polls while a service's event subscription is not confirmed (at start, after it is "
+        "lost, or where the service offers none): default the leak source's interval (sources.leak.interval, "
+        "0.5 s), so a tray leak is read as fast as a Modbus one from the first second; 0: `interval` throughout. "
+        "Not used with events off."))
     login_retry_seconds: float = Field(default=5.0, gt=0, le=300, description=(
         "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
     watch_rack_trays: bool = Field(default=False, description=(
@@ -554,6 +561,26 @@ class PeerTls(Strict):
         return self
 
 
+class MetricsSettings(Strict):
+    """What /metrics exports beyond the series budget (agent/series_budget.py, README "Series budget")."""
+
+    detail: list[str] = Field(default_factory=list, description=(
+        "Family groups exported in full instead of where they inform: nvlink_link_errors (every link's error "
+        "counters), nvlink_link_ber (every link's BER), nvlink_link_traffic (bytes per link), nvlink_link_remote "
+        "(what each link reaches), optic_alarms (every transceiver flag, 0 or 1)."))
+
+    @field_validator("detail")
+    @classmethod
+    def _known_groups(cls, value: list[str]) -> list[str]:
+        from agent.series_budget import DETAIL_GROUPS
+
+        unknown = [g for g in value if g not in DETAIL_GROUPS]
+        if unknown:
+            raise PydanticCustomError("detail_group", "unknown group {group}; groups: {groups}",
+                                      {"group": short_repr(unknown[0]), "groups": ", ".join(DETAIL_GROUPS)})
+        return value
+
+
 class StatusPage(Strict):
     """The status page at `/`: one HTML page, its script and style, and a stream of the rack's state."""
 
@@ -591,6 +618,8 @@ class Config(Strict):
     secrets: dict[str, SecretRef] = Field(default_factory=dict)
     auth: Auth = Auth()
     status: StatusPage = StatusPage()
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description=(
+        "The series budget's detail switches (metrics.detail)."))
     remediation: RemediationSettings = Field(default_factory=RemediationSettings,
                                              description="Detectors, playbooks and guardrails.")
     coordination: Coordination | None = Field(default=None, description=(

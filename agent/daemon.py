@@ -19,6 +19,7 @@ from agent.config import ConfigError, LoadedConfig, load_config
 from agent.coordination import CoordinationCollector, build_coordinator
 from agent.exposition import build_registry, inventory_readings, render_metrics
 from agent.self_metrics import ReloadStats, self_collectors
+from agent.series_budget import SeriesBudget
 from agent.http import RouteMount, build_app, start_server
 from agent.memory import return_free_heap
 from agent.runtime import ScheduledSource, SourceScheduler
@@ -58,6 +59,7 @@ class Agent:
         from agent import redfish_events
 
         self.route_mounts.append(redfish_events.mount(self))
+        self.series_budget = SeriesBudget()  # kept across reloads: a link shown once stays shown
         self.reloads = ReloadStats()
         self.registry = build_registry(self.store, self.identity,
                                        [*self.extra_collectors, RemediationHealth(self.remediation_degraded),
@@ -81,8 +83,9 @@ class Agent:
 
     def render_metrics(self) -> bytes:
         """What /metrics serves: memory only, never a device."""
+        detail = self.loaded.config.metrics.detail
         return render_metrics(self.registry, self.store, inventory_readings(self.loaded.config.inventory),
-                              self.coordination.hidden())
+                              self.coordination.hidden(), lambda rs: self.series_budget.apply(rs, detail))
 
     def rack_power_w(self) -> float | None:
         """The rack power the PDUs reported last (None until they have): feeds the CDU's flow per kW."""

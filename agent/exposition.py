@@ -107,14 +107,18 @@ def inventory_readings(inventory: "Inventory") -> list[Reading]:
 
 
 def render_metrics(registry: CollectorRegistry, store: SnapshotStore, static: Iterable[Reading] = (),
-                   hidden: frozenset[tuple[str, str]] = frozenset()) -> bytes:
+                   hidden: frozenset[tuple[str, str]] = frozenset(),
+                   budget: Callable[[list[Reading]], list[Reading]] | None = None) -> bytes:
     """The whole /metrics body: the registry's families, then every fresh reading and the static facts.
 
     `hidden`: shared sources whose readings here are another agent's polls (rack coordination): the
-    agent that polled the device exports them, so a rack's dashboards see each device once per poller."""
+    agent that polled the device exports them, so a rack's dashboards see each device once per poller.
+    `budget`: the series budget (agent/series_budget.py), applied here only: the snapshot keeps every reading."""
     snap = store.snapshot()
     readings = list(snap.readings)
     if hidden:
         readings = [r for st in snap.sources if (st.source, st.device) not in hidden and st.fresh(snap.taken_at)
                     for r in st.readings]
+    if budget is not None:
+        readings = budget(readings)
     return generate_latest(registry) + render_text(readings + list(static)).encode()

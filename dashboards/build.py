@@ -236,14 +236,20 @@ def links() -> Dashboard:
             "One row per GPU (72 on an NVL72 rack); which link is down: the NVLinks-down panel and its labels."),
         ts("NVLinks down by GPU", "short", [
             (f"sum by (node, gpu) (1 - supernode_nvlink_up{{{NODE}}})", "{{node}} gpu{{gpu}}")]),
+        # Per GPU always (the roll-ups); per link the links that have shown errors (the series budget).
         ts("NVLink error rate", "cps", [
+            (f"sum by (node, gpu, type) (rate(supernode_gpu_nvlink_errors_total{{{NODE}}}[{RATE}]))",
+             "{{node}} gpu{{gpu}} {{type}}"),
             (f"sum by (node, gpu, link, type) (rate(supernode_nvlink_errors_total{{{NODE}}}[{RATE}]))",
              lnk + " {{type}}")]),
         ts("NVLink bit error rate", "sci", [
-            (f"supernode_nvlink_bit_error_rate{{{NODE}}}", lnk + " {{kind}}")]),
+            (f"supernode_gpu_nvlink_bit_error_rate_max{{{NODE}}}", "{{node}} gpu{{gpu}} worst link {{kind}}")],
+           "Which link: supernode_nvlink_bit_error_rate, exported for the links whose BER has been above 0."),
         ts("NVLink throughput", "Bps", [
-            (f"sum by (node, gpu) (rate(supernode_nvlink_transmit_bytes_total{{{NODE}}}[{RATE}]))", "{{node}} gpu{{gpu}} tx"),
-            (f"sum by (node, gpu) (rate(supernode_nvlink_receive_bytes_total{{{NODE}}}[{RATE}]))", "{{node}} gpu{{gpu}} rx")]),
+            (f"sum by (node, gpu) (rate(supernode_gpu_nvlink_transmit_bytes_total{{{NODE}}}[{RATE}]))",
+             "{{node}} gpu{{gpu}} tx"),
+            (f"sum by (node, gpu) (rate(supernode_gpu_nvlink_receive_bytes_total{{{NODE}}}[{RATE}]))",
+             "{{node}} gpu{{gpu}} rx")]),
         states("Network link state", "bool_on_off", [(f"supernode_link_up{{{NODE}}}", "{{node}} {{port}}")]),
         ts("Network link error rate", "cps", [
             (f"sum by (node, port, counter) (rate(supernode_link_errors_total{{{NODE}}}[{RATE}]))",

@@ -610,6 +610,15 @@ def _bmc_auth(sim: "Simulator", p: dict[str, Any]) -> str:
     return f"{dev.name} refuses credentials"
 
 
+@fault("bmc-events-held", "The Redfish service's EventService is not ready (as on a BMC still starting it): an SSE "
+       "request gets no answer and a push subscription a 503, until --held 0 or `sim clear`; polling still answers.",
+       BMC, Param("held", int, False, 1, "1: hold events back, 0: release them"))
+def _bmc_events_held(sim: "Simulator", p: dict[str, Any]) -> str:
+    dev = _bmc(sim, p)
+    dev.set_events_held(bool(p["held"]))
+    return f"{dev.name} events {'held back' if p['held'] else 'released'}"
+
+
 @fault("bmc-sessions-expire", "The Redfish service drops every session now (their tokens answer 401; login works).", BMC)
 def _bmc_expire(sim: "Simulator", p: dict[str, Any]) -> str:
     dev = _bmc(sim, p)

@@ -151,8 +151,9 @@ def test_template_names_only_existing_settings(tmp_path):
 
 def test_nvlink_recording_rule_counts_the_agent_error_types():
     """The dashboard's per-link rate counts the same error types as the agent and the alert."""
-    rule = next(r for r in _rules("record") if r["record"] == "node_gpu_link:supernode_nvlink_errors:rate5m")
-    assert f'type=~"{"|".join(DetectorSettings().nvlink_error_types)}"' in rule["expr"]
+    for name in ("node_gpu_link:supernode_nvlink_errors:rate5m", "node_gpu:supernode_gpu_nvlink_errors:rate5m"):
+        rule = next(r for r in _rules("record") if r["record"] == name)
+        assert f'type=~"{"|".join(DetectorSettings().nvlink_error_types)}"' in rule["expr"], name
 
 
 def test_promtool_unit_tests_can_fail(tmp_path):

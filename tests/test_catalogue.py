@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from agent.catalogue import CATALOGUE, declared, render
+from agent.catalogue import CATALOGUE, declared, render, table
 from tests.helpers import REPO
 
 
 def test_the_committed_catalogue_is_current():
-    assert CATALOGUE.read_text() == render(), "docs/metrics.md is stale: run python -m agent.catalogue"
+    assert table(CATALOGUE.read_text()) == render(), "docs/metrics.md is stale: run python -m agent.catalogue"
 
 
 def test_every_family_of_the_golden_exposition_is_declared():
@@ -34,7 +34,15 @@ def test_remediation_counters_of_known_labels_start_at_zero(tmp_path):
         step = book.steps[0]
         assert f'supernode_remediation_actions_total{{action="{step.action}",playbook="{book.name}",result="failed"}} 0.0' \
             in text, book.name
-        assert f'supernode_remediation_blocked_total{{guardrail="blast_radius",playbook="{book.name}"}} 0.0' in text
+        assert f'supernode_remediation_blocked_total{{guardrail="cooldown",playbook="{book.name}"}} 0.0' in text
+        drains = any(s.action == "drain" for s in book.steps)
+        blast = f'supernode_remediation_blocked_total{{guardrail="blast_radius",playbook="{book.name}"}} 0.0'
+        assert (blast in text) == drains, (book.name, drains)  # only a drain can meet the blast radius
+        asks = any(s.approval or s.undo_approval for s in book.steps)
+        approval = f'supernode_remediation_blocked_total{{guardrail="approval",playbook="{book.name}"}} 0.0'
+        assert (approval in text) == asks, (book.name, asks)
+    assert any(any(s.action == "drain" for s in b.steps) for b in eng.playbooks)  # both sides of the check ran
+    assert not all(any(s.action == "drain" for s in b.steps) for b in eng.playbooks)
     assert 'supernode_incidents_total{detector="leak",severity="critical"} 0.0' in text
     assert 'supernode_incident_duration_seconds_count{detector="leak"} 0.0' in text
     assert 'supernode_incident_outcomes_total{detector="leak",outcome="failed"} 0.0' in text

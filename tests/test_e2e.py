@@ -120,7 +120,7 @@ def test_a_quiet_rack_shows_zero_not_no_data_on_the_remediation_dashboard(stack)
 def test_nvlink_storm_drains_through_alertmanager_webhook_and_resumes(stack):
     s = stack
     wait_for(lambda: len(s.prom.query('up{job="supernode-agent"} == 1')) == 2
-             and s.prom.query('node_gpu_link:supernode_nvlink_errors:rate5m{node="node02"}'),
+             and s.prom.query('node_gpu:supernode_gpu_nvlink_errors:rate5m{node="node02"}'),
              timeout=20, interval=0.2, what="both agents scraped and the NVLink recording rule evaluated")
     assert s.alerts(ALERT) == []
     assert s.node_state("node02")[0] == "idle"

@@ -20,8 +20,9 @@ import pytest
 
 from agent.config import parse_config
 from sim.demo import agent_config
-from agent.derived import derived_sources
 from agent.exposition import build_registry, inventory_readings, render_metrics
+from agent.series_budget import SeriesBudget
+from sim.reference_tray import poll_all, tray_config
 from sim.server import Simulator
 from agent.snapshot import SnapshotStore
 from agent.sources import build_sources
@@ -40,28 +41,17 @@ async def frozen_readings(tmp_path: Path) -> list:
 async def frozen_exposition(tmp_path: Path) -> bytes:
     store, loaded = await frozen_store(tmp_path)
     ident = {"rack": "r01", "node": "node01", "role": "compute", "version": "golden", "mode": "observe"}
-    return render_metrics(build_registry(store, lambda: ident), store, inventory_readings(loaded.config.inventory))
+    return render_metrics(build_registry(store, lambda: ident), store, inventory_readings(loaded.config.inventory),
+                          budget=SeriesBudget().apply)  # what /metrics serves by default
 
 
 async def frozen_store(tmp_path: Path):
     sim = Simulator(nodes=2, gpus=4, tick=3600.0, workdir=tmp_path / "sim", advertise=False)
     await sim.start()
     try:
-        (tmp_path / "admin.token").write_text("t")
-        (tmp_path / "webhook.token").write_text("t")
-        cfg = agent_config(sim, "node01", 0, tmp_path, mode="observe")
-        cfg["sources"]["dom"]["module_timeout"] = 2.0
-        # One poll each: the Redfish SSE stream would open (or not yet) during it, a race in a golden file.
-        cfg["sources"]["redfish"]["events"] = "off"
-        loaded = parse_config(cfg)
+        loaded = parse_config(tray_config(sim, tmp_path))
         store = SnapshotStore(clock=lambda: FROZEN_TIME)
-        sources = build_sources(loaded)
-        sources += derived_sources(store, loaded, sources)
-        for s in sources:  # derived last: rack power reads the PDUs' inlets, the leak watch the leak sources
-            store.register(s.source.name, s.source.device, s.settings.interval, 2.0)
-            result = await s.source.poll()
-            store.publish(s.source.name, s.source.device, result.readings, 0.0125, result.partial_errors)
-            await s.source.close()
+        await poll_all(store, loaded)
         return store, loaded
     finally:
         await sim.stop()
@@ -74,7 +64,7 @@ def test_exposition_matches_golden_file(tmp_path):
         GOLDEN.write_text(text)
     expected = GOLDEN.read_text()
     assert text == expected, "exposition differs from tests/golden/metrics.txt (UPDATE_GOLDEN=1 to accept)"
-    for family in ("supernode_gpu_power_watts", "supernode_nvlink_errors_total", "supernode_link_up",
+    for family in ("supernode_gpu_power_watts", "supernode_gpu_nvlink_errors_total", "supernode_link_up",
                    "supernode_optic_rx_power_dbm", "supernode_cdu_temperature_celsius", "supernode_leak_detected",
                    "supernode_pdu_inlet_power_watts", "supernode_rack_power_watts", "supernode_source_up"):
         assert f"# TYPE {family.removesuffix('_total')}" in text, family

@@ -32,6 +32,7 @@ def test_gb200_agent_exports_ber_and_nvlink5_counters_without_an_error_storm(tmp
         cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="observe")
         cfg["sources"]["nvml"].update(timeout=3.0, gpu_timeout=2.0)
         rack.inject("nvlink-errors", node="node01", gpu=2, link=3, rate=500)
+        cfg["metrics"] = {"detail": ["nvlink_link_errors", "nvlink_link_ber"]}  # every link's series, not the budget's
         with running_agent(cfg, tmp_path) as agent:
             def ber() -> float:
                 found = _series(agent.metrics(), "supernode_nvlink_bit_error_rate", gpu="2", link="3", kind="effective")

@@ -230,6 +230,34 @@ def test_an_event_brings_a_tray_leak_to_the_detector_long_before_any_poll(tmp_pa
         assert 1 <= rack.sim.devices[BMC].peak_connections <= 2
 
 
+def test_until_its_events_are_confirmed_a_tray_bmc_is_polled_at_the_leak_interval(tmp_path):
+    """The timer is 600 s apart, and the BMC's EventService holds its SSE stream back (as one still starting):
+    every read of its detectors after the first comes from the leak-interval polling, so a tray leak in the
+    first seconds is read by polling; once the stream opens, the source says it is back on its timer and the
+    next leak arrives by the event (issue 38)."""
+    with sim_rack(tmp_path) as rack:
+        rack.inject("bmc-events-held", node="node01")
+        device = rack.sim.devices[BMC]
+
+        def detector_reads() -> int:
+            return max((n for p, n in device.reads.items() if "/LeakDetectors/" in p), default=0)
+        with running_agent(_config(rack, tmp_path, mode="observe", interval=600, timeout=2.0), tmp_path) as agent:
+            _ready(agent)
+            assert _value(agent, "supernode_redfish_unconfirmed_polling", bmc=BMC) == 1.0
+            first = detector_reads()
+            wait_for(lambda: detector_reads() >= first + 4, 30, what="four more polls while the events are held")
+            rack.inject("tray-leak", node="node01", detector="1")
+            wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="the leak read by the fast polling")
+            assert not _metric(agent, "supernode_redfish_events_total", bmc=BMC, triggered="true")  # no event yet
+            rack.inject("bmc-events-held", node="node01", held=0)
+            _stream_up(agent, timeout=90, what="the stream opened once released")
+            wait_for(lambda: _metric(agent, "supernode_redfish_unconfirmed_polling", bmc=BMC) == 0.0, 20,
+                     what="back on the 600 s timer")
+            rack.inject("tray-leak", node="node01", detector="2")
+            wait_for(lambda: (_metric(agent, "supernode_redfish_events_total", bmc=BMC, triggered="true") or 0) >= 1,
+                     30, what="the next leak's event")
+
+
 def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp_path):
     with sim_rack(tmp_path) as rack, running_agent(
             _config(rack, tmp_path, mode="observe", interval=1.0, timeout=1.0, event_retry_seconds=12), tmp_path) \

@@ -12,6 +12,8 @@ detector and outcome the agent can produce is exported from the start.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from agent.reliability import CLASSES
@@ -26,6 +28,27 @@ SEVERITIES = ("warning", "critical")
 ACTION_RESULTS = ("done", "failed")  # the others (dry_run, undone, blocked...) appear with their first event
 GUARDRAILS = ("circuit_breaker", "rate_limit", "cooldown", "blast_radius", "approval", "mode", "maintenance",
               SCHEDULER_UNREACHABLE)
+# Every step passes these (step_runner.py: the mode, then breaker, rate, cooldown and maintenance in _reserve).
+_EVERY_STEP = ("circuit_breaker", "rate_limit", "cooldown", "mode", "maintenance")
+# Only a drain counts the rack's drained nodes (blast.check_drain), so only a drain meets these two.
+_DRAIN_ONLY = ("blast_radius", SCHEDULER_UNREACHABLE)
+
+
+def guardrails_of(book: Any) -> tuple[str, ...]:
+    """The guardrails that can stop one of this playbook's steps, in GUARDRAILS' order.
+
+    Why not every guardrail for every playbook: a (playbook, guardrail) series that can never leave zero is
+    noise in the series budget (issue 38: 8 guardrails x 24 playbooks was 192 series a tray, most of them
+    impossible, such as blast_radius on a notify-only playbook). A guardrail a step can meet is exported from
+    the start as before; one outside this list still appears with its first block (the counter is kept for
+    every key the engine records)."""
+    steps = list(getattr(book, "steps", ()))
+    can = set(_EVERY_STEP) if steps else set()
+    if any(s.action == "drain" for s in steps):
+        can.update(_DRAIN_ONLY)
+    if any(getattr(s, "approval", None) or getattr(s, "undo_approval", None) for s in steps):
+        can.add("approval")
+    return tuple(g for g in GUARDRAILS if g in can)
 WEBHOOK_RESULTS = ("accepted", "unauthorized", "invalid", "duplicate")
 IGNORED_REASONS = ("unknown_alertname", "incident_cap")
 
@@ -133,7 +156,7 @@ class RemediationCollector:
             acts.add_metric(list(key), n)
         yield acts
         blocked = _family(BLOCKED)
-        for key, n in _zeroed(e.blocked_total, [(b.name, g) for b in e.playbooks for g in GUARDRAILS]).items():
+        for key, n in _zeroed(e.blocked_total, [(b.name, g) for b in e.playbooks for g in guardrails_of(b)]).items():
             blocked.add_metric(list(key), n)
         yield blocked
         yield _family(PENDING, len(e.pending))

@@ -45,6 +45,7 @@ from exporters.gpu.nvml_fabric import HEALTH_FALSE, HEALTH_TRUE, FabricReader
 from exporters.gpu.nvml_lanes import GpuLanes
 from exporters.gpu.nvml_profile import LinkField, NvmlProfile, decode_ber, load_profile
 from exporters.gpu.xid_actions import immediate_actions
+from exporters.gpu.nvlink_rollup import gpu_rollups
 
 log = logging.getLogger("exporters.gpu.nvml")
 
@@ -285,6 +286,7 @@ class NvmlSource:
         if self._xid_events and self._events is None:
             self._events = threading.Thread(target=self._event_loop, name="nvml-events", daemon=True)
             self._events.start()
+        readings += gpu_rollups(readings)  # the per-GPU NVLink families, always exported (per link: where it informs)
         return PollResult(readings, dict(partial))  # a copy: a hung GPU's late return may still count into it
 
     def _hung_readings(self, i: int, ts: float) -> list[Reading]:

@@ -71,6 +71,24 @@ NVLINK_BER = gauge("supernode_nvlink_bit_error_rate", "NVLink5 bit error rate pe
 NVLINK_TX = counter("supernode_nvlink_transmit_bytes_total", "NVLink data bytes transmitted per link.", L, "bytes")
 NVLINK_RX = counter("supernode_nvlink_receive_bytes_total", "NVLink data bytes received per link.", L, "bytes")
 
+# Per-GPU roll-ups of the per-link families (exporters/gpu/nvlink_rollup.py), always exported: the per-link series
+# are exported only where they carry information (agent/series_budget.py), and these keep the whole GPU's count,
+# traffic and worst BER visible (and rate()-able from the first error) on a quiet tray.
+GPU_NVLINK_ERRORS = counter("supernode_gpu_nvlink_errors_total",
+                            "NVLink errors of the GPU by type, summed over its links (per link: supernode_nvlink_errors_total).",
+                            G + ("type",))
+GPU_NVLINK_BER_MAX = gauge("supernode_gpu_nvlink_bit_error_rate_max",
+                           "Worst NVLink5 bit error rate over the GPU's links, by kind (errors per bit; per link: "
+                           "supernode_nvlink_bit_error_rate).", G + ("kind",), "ratio")
+GPU_NVLINK_TX = counter("supernode_gpu_nvlink_transmit_bytes_total",
+                        "NVLink data bytes the GPU transmitted, summed over its links.", G, "bytes")
+GPU_NVLINK_REMOTE = gauge("supernode_gpu_nvlink_remote_links",
+                          "The GPU's NVLinks by what they reach (remote_type switch, gpu, ibmnpu, unknown), a count; "
+                          "which link reaches what: supernode_nvlink_remote_info (metrics.detail: nvlink_link_remote).",
+                          G + ("remote_type",))
+GPU_NVLINK_RX = counter("supernode_gpu_nvlink_receive_bytes_total",
+                        "NVLink data bytes the GPU received, summed over its links.", G, "bytes")
+
 NVLINK_REMOTE = info("supernode_nvlink_remote_info",
                      "What each NVLink reaches (value 1): remote device type (switch, gpu, ibmnpu, unknown) and its PCI "
                      "bus id where the driver gives one (empty otherwise).", L + ("remote_type", "remote_pci_bus_id"))
@@ -81,4 +99,5 @@ NVLINK_BY_METRIC = {"errors": NVLINK_ERRORS, "bit_error_rate": NVLINK_BER,
 ALL = (GPU_INFO, GPU_UP, GPU_HUNG, TEMPERATURE, THRESHOLD, POWER, ENERGY, POWER_LIMIT, UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
        CLOCK, CLOCK_EVENT, ECC, REMAPPED, REMAP_PENDING, REMAP_FAILURE, PERSISTENCE, PCIE_REPLAYS, XID, LAST_XID, RECOVERY,
        C2C_ERRORS, NVLINK_UP, NVLINK_ERRORS, NVLINK_BER, NVLINK_TX, NVLINK_RX,
+       GPU_NVLINK_ERRORS, GPU_NVLINK_BER_MAX, GPU_NVLINK_TX, GPU_NVLINK_RX, GPU_NVLINK_REMOTE,
        PCIE_WIDTH, PCIE_GENERATION, FABRIC_STATE, FABRIC_STATUS, FABRIC_HEALTH, FABRIC_CLIQUE, NVLINK_REMOTE)

@@ -44,6 +44,11 @@ OPTIC_VOLT = gauge("supernode_optic_voltage_volts", "Transceiver module supply v
 OPTIC_ALARM = gauge("supernode_optic_alarm_active",
                     "Transceiver alarm/warning flag raised (1) or not (0); alarm=<quantity>_<high|low>_<alarm|warning>, "
                     "lane empty for module-wide flags.", ("port", "alarm", "lane"))
+OPTIC_ALARMS_READ = gauge("supernode_optic_alarms_read",
+                          "1 when this poll read the module's alarm and warning flags, 0 when the module gave none: with "
+                          "supernode_optic_alarm_active exported only for raised flags by default (metrics.detail: "
+                          "optic_alarms for every flag), 1 and no alarm series means no alarm, 0 or no series means unknown.",
+                          ("port",))
 OPTIC_THRESHOLD_DBM = gauge("supernode_optic_threshold_dbm",
                             "Transceiver's own optical power threshold, dBm; kind=<rx|tx>_<low|high>_<alarm|warning>.",
                             ("port", "kind"), unit="dbm")
@@ -62,7 +67,7 @@ OPTIC_DOM = gauge("supernode_optic_dom_supported",
 OPTIC_INFO = info("supernode_optic_info", "Transceiver identity from its EEPROM (value 1).",
                   ("port", "identifier", "vendor", "part_number", "serial", "connector", "transceiver"))
 
-METRICS = (OPTIC_RX, OPTIC_TX, OPTIC_BIAS, OPTIC_TEMP, OPTIC_VOLT, OPTIC_ALARM, OPTIC_THRESHOLD_DBM,
+METRICS = (OPTIC_RX, OPTIC_TX, OPTIC_BIAS, OPTIC_TEMP, OPTIC_VOLT, OPTIC_ALARM, OPTIC_ALARMS_READ, OPTIC_THRESHOLD_DBM,
            OPTIC_THRESHOLD_C, OPTIC_THRESHOLD_V, OPTIC_THRESHOLD_A, OPTIC_DOM, OPTIC_INFO)
 
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")  # fullmatch on one short token: no backtracking to speak of
@@ -259,6 +264,7 @@ def module_readings(port: str, dom: ModuleDom) -> list[Reading]:
                 "voltage": OPTIC_VOLT}[quantity]
         labels = {"port": port, "lane": lane} if lane else {"port": port}
         out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT))
+    out.append(Reading(OPTIC_ALARMS_READ, 1.0 if dom.flags else 0.0, {"port": port}))
     for flag in dom.flags:
         out.append(Reading(OPTIC_ALARM, 1.0 if flag.on else 0.0, {"port": port, "alarm": flag.alarm, "lane": flag.lane}))
     for (quantity, level, severity), value in sorted(dom.thresholds.items()):

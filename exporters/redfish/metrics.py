@@ -96,12 +96,17 @@ EVENT_POLLS_COALESCED = counter(
     "supernode_redfish_event_polls_coalesced_total",
     "Events (SSE or push) whose immediate re-read was folded into a poll already due: at most one forced poll per "
     "sources.redfish.event_min_poll_seconds per service, the last event always followed by one.", ["bmc"])
+UNCONFIRMED_POLLING = gauge(
+    "supernode_redfish_unconfirmed_polling",
+    "1 while the service is polled every sources.redfish.unconfirmed_interval (default the leak interval) because "
+    "its event subscription is not confirmed yet, or was lost: a leak is read as fast as a Modbus one; 0 while "
+    "events arrive and polling is back at sources.redfish.interval.", ["bmc"])
 
 ALL: dict[str, MetricSpec] = {m.name: m for m in (
     DETECTOR_STATE, CONNECTOR_TEMPERATURE, CONNECTOR_PRESSURE, CONNECTOR_FLOW, CONNECTOR_HEAT, CONNECTOR_VALVE,
     PUMP_SPEED, PUMP_SETPOINT, SERVICE_TIME, RATED_SERVICE_TIME, RESERVOIR_LEVEL, SENSOR_TEMPERATURE, HEALTH,
     SERVICE_INFO, REQUESTS, LOGINS,
     DISCOVERIES, EVENTS, EVENT_STREAM_UP,
-    EVENT_STREAM_ERRORS, EVENT_POLLS_COALESCED)}
+    EVENT_STREAM_ERRORS, EVENT_POLLS_COALESCED, UNCONFIRMED_POLLING)}
 # Labels the collector fills itself; a profile field names only the others (point).
 AUTO_LABELS = {"bmc", "equipment", "connector", "loop", "pump", "reservoir", "sensor", "kind", "resource"}

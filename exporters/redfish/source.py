@@ -9,6 +9,12 @@ Tray detectors feed `supernode_leak_detected{zone, sensor}` in the tray's
 zone (the same series as a Modbus leak input); the leak detectors tell a
 tray's own leak from its zone's by the sensor's BMC (agent/remediation/leak_scope.py). Events (SSE or push) ask for
 an immediate poll through `poll_trigger`; polling stays the fallback.
+
+Until the event subscription is confirmed (the SSE stream opened, the push subscription made) and whenever it is
+lost, the source asks for a poll every `unconfirmed_poll_s` (the leak interval), from a task of its own so that a
+failed poll does not end it (the runtime's backoff still spaces the polls of a failing service): before, a tray
+leak in the first seconds after a start waited for the 2 s poll, three to six times a Modbus leak's time to a
+drain, because the event path that makes the slow interval safe was not there yet.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ class RedfishSource:
     def __init__(self, device: str, client: RedfishClient, *, kind: str = "tray", profile: Profile | str = "dmtf",
                  zone: str | None = None, rediscover_s: float = 600.0, events: str = "auto",
                  push_destination: str | None = None, push_token: str | None = None, event_retry_s: float = 0.5,
-                 event_min_poll_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 event_min_poll_s: float = 1.0, unconfirmed_poll_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.device = device
         self.kind = kind
         self.client = client
@@ -58,14 +65,18 @@ class RedfishSource:
         self.discoveries: Counter[str] = Counter()
         self._walk_lock = asyncio.Lock()
         self._released = False  # let go of the service (another agent polls it): re-subscribe at the next poll
+        self.unconfirmed_poll_s = unconfirmed_poll_s  # 0: the timer alone, events or not
+        self._fast: asyncio.Task | None = None  # asks for polls while events are not confirmed
 
     # -- Source protocol ------------------------------------------------------------
 
     async def poll(self) -> PollResult:
+        self._ensure_fast()
         partial: Counter[str] = Counter()
         tree = await self._tree(partial)
         if self._released:  # polling again after a release: the event subscription was closed with it
             self._released = False
+            self._ensure_fast()
             if self.events is not None:
                 await self.events.update(tree)
         now = time.time()
@@ -77,7 +88,32 @@ class RedfishSource:
         readings.extend(self._meta(tree, now))
         return PollResult(readings, dict(partial))
 
+    @property
+    def unconfirmed_polling(self) -> bool:
+        """Whether the source polls itself every `unconfirmed_poll_s`: events on, not confirmed, not released."""
+        return bool(self.unconfirmed_poll_s) and self.events is not None and not self.events.up \
+            and not self._released
+
+    def _ensure_fast(self) -> None:
+        """At each poll: while events are not confirmed, a task asks for a poll every `unconfirmed_poll_s`; it
+        ends once the stream is up (the timer alone from then on), and the next poll after events are lost
+        starts it again (the watch asks for one at once when its stream drops)."""
+        if self.unconfirmed_polling and (self._fast is None or self._fast.done()):
+            self._fast = asyncio.get_running_loop().create_task(self._fast_polls())
+
+    async def _fast_polls(self) -> None:
+        while self.unconfirmed_polling:
+            await asyncio.sleep(self.unconfirmed_poll_s)
+            if self.unconfirmed_polling:
+                self.poll_trigger.fire()
+
+    def _disarm_fast(self) -> None:
+        if self._fast is not None:
+            self._fast.cancel()  # not awaited: it only sleeps and fires the trigger
+            self._fast = None
+
     async def close(self) -> None:
+        self._disarm_fast()
         self.poll_trigger.detach()
         if self.events is not None:
             await self.events.close()
@@ -89,6 +125,7 @@ class RedfishSource:
         detectors stay known); the next poll logs in again and re-subscribes."""
         async with self._walk_lock:
             self._released = True
+            self._disarm_fast()
             if self.events is not None:
                 await self.events.close()
             await self.client.close()
@@ -169,6 +206,9 @@ class RedfishSource:
             out += [Reading(rm.EVENT_STREAM_ERRORS, float(n), {**bmc, "reason": reason}, timestamp=now)
                     for reason, n in sorted(ev.failures.items())]
             out.append(Reading(rm.EVENT_POLLS_COALESCED, float(ev.coalesced), bmc, timestamp=now))
+            if self.unconfirmed_poll_s:
+                out.append(Reading(rm.UNCONFIRMED_POLLING, 1.0 if self.unconfirmed_polling else 0.0, bmc,
+                                   timestamp=now))
         return out
 
     # -- for the agent ----------------------------------------------------------------------
@@ -182,7 +222,8 @@ class RedfishSource:
                     for rule in rules.values()}
         families.update((s.name, s) for s in (rm.DETECTOR_STATE, rm.HEALTH, mm.LEAK_DETECTED, mm.LEAK_FAULT,
                                               rm.SERVICE_INFO, rm.REQUESTS, rm.LOGINS, rm.DISCOVERIES, rm.EVENTS,
-                                              rm.EVENT_STREAM_UP, rm.EVENT_STREAM_ERRORS, rm.EVENT_POLLS_COALESCED))
+                                              rm.EVENT_STREAM_UP, rm.EVENT_STREAM_ERRORS, rm.EVENT_POLLS_COALESCED,
+                                              rm.UNCONFIRMED_POLLING))
         return families
 
     def pinned_labels(self) -> dict[str, frozenset[str]]:

@@ -147,6 +147,7 @@ class RedfishService:
         self.offline = False
         self.slow_s = 0.0
         self.auth_fail = False
+        self._events_open: asyncio.Event | None = None  # set: events flow; clear: held back (set_events_held)
         # what tests look at
         self.peak_connections = 0
         self.requests_total = 0
@@ -279,6 +280,18 @@ class RedfishService:
     def set_auth_fail(self, fail: bool) -> None:
         self.auth_fail = fail
 
+    def set_events_held(self, held: bool) -> None:
+        """Held: the EventService is not ready yet, as on a BMC still starting it: an SSE request waits without
+        an answer (no headers) and a push subscription is refused with 503, until released."""
+        if self._events_open is None:
+            self._events_open = asyncio.Event()
+            self._events_open.set()
+        (self._events_open.clear if held else self._events_open.set)()
+
+    @property
+    def events_held(self) -> bool:
+        return self._events_open is not None and not self._events_open.is_set()
+
     def expire_sessions(self) -> int:
         """Drop every session now (as a BMC reboot or a timeout does); their SSE streams end with them."""
         dropped = list(self.sessions.values())
@@ -300,6 +313,8 @@ class RedfishService:
     def clear_faults(self) -> None:
         self.set_slow(0)
         self.auth_fail = False
+        if self.events_held:
+            self.set_events_held(False)
         if self.offline:
             self.set_offline(False)
 
@@ -530,6 +545,8 @@ class RedfishService:
     # -- events ------------------------------------------------------------------------
 
     async def _subscribe(self, request: web.Request) -> web.Response:
+        if self.events_held:
+            return redfish_error(503, "ServiceTemporarilyUnavailable", "The EventService is not available yet.")
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
@@ -602,6 +619,8 @@ class RedfishService:
             last_id = int(request.headers.get("Last-Event-ID", "0") or 0)
         except ValueError:
             last_id = 0
+        if self._events_open is not None:
+            await self._events_open.wait()  # held back: the client waits for the stream's headers
         session = principal if isinstance(principal, Session) else None
         client = self.events.open_stream(match, session.id if session else None)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
