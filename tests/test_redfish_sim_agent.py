@@ -247,7 +247,7 @@ def test_until_its_events_are_confirmed_a_tray_bmc_is_polled_at_the_leak_interva
             first = detector_reads()
             wait_for(lambda: detector_reads() >= first + 4, 30, what="four more polls while the events are held")
             rack.inject("tray-leak", node="node01", detector="1")
-            wait_for(lambda: _open(agent, "leak"), 30, interval=0.05, what="the leak read by the fast polling")
+            wait_for(lambda: _open(agent, "leak_tray"), 30, interval=0.05, what="the leak read by the fast polling")
             assert not _metric(agent, "supernode_redfish_events_total", bmc=BMC, triggered="true")  # no event yet
             rack.inject("bmc-events-held", node="node01", held=0)
             _stream_up(agent, timeout=90, what="the stream opened once released")
