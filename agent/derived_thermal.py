@@ -17,9 +17,10 @@ the power by the plate's thermal time constant, so the instantaneous ratio swing
 job; an EWMA longer than that lag averages the swing out in O(1) state per GPU (a median would hold a window of
 samples per GPU, and a GPU sensor does not spike in a way a median would need to reject).
 
-Which coolant supply belongs to a GPU: the tray's CDU, found through the inventory's leak zones (a CDU's
-`channels` name the zones it serves, a zone lists its nodes); with no such mapping and exactly one CDU in the
-inventory, that one; else none (reason `no_supply_mapping`: a rack with several CDUs must map them).
+Which coolant supply belongs to a GPU: the tray's CDU, found through the inventory's leak zones that list its
+node: the CDU holding those zones' isolation valve (`valve: cdu1:zone_valve_1`), else the one CDU whose `channels`
+serve them (a rear-door heat exchanger's leak channels may serve the same zone: then the valve decides); with no
+mapping at all and exactly one CDU in the inventory, that one; else none (reason `no_supply_mapping`).
 """
 
 from __future__ import annotations
@@ -56,14 +57,19 @@ REASONS = ("no_temperature_reading", "no_power_reading", "no_supply_mapping", "n
 
 
 def supply_cdu(inv: "Inventory", node: str) -> str | None:
-    """The CDU whose coolant feeds `node`'s tray: the one whose channels serve a leak zone listing the node, else
-    the inventory's only CDU (Modbus or Redfish kind cdu), else None."""
-    zones = {z.name for z in inv.leak_zones if node in z.nodes}
-    mapped = sorted({c.name for c in inv.cdus if zones & set(c.channels.values())})
+    """The CDU whose coolant feeds `node`'s tray, from the leak zones listing the node: the CDU that holds their
+    isolation valve (`valve: cdu:point`: the valve that cuts a zone's coolant sits on the CDU feeding it), else
+    the one CDU whose channels serve them, else the inventory's only CDU (Modbus or Redfish kind cdu), else None."""
+    zones = [z for z in inv.leak_zones if node in z.nodes]
+    by_valve = sorted({z.valve.split(":", 1)[0] for z in zones if z.valve})
+    if len(by_valve) == 1:
+        return by_valve[0]
+    names = {z.name for z in zones}
+    mapped = sorted({c.name for c in inv.cdus if names & set(c.channels.values())})
     if len(mapped) == 1:
         return mapped[0]
     every = [c.name for c in inv.cdus] + [r.name for r in inv.redfish if r.kind == "cdu"]
-    return every[0] if len(every) == 1 and not mapped else None
+    return every[0] if len(every) == 1 and not mapped and not by_valve else None
 
 
 @dataclass

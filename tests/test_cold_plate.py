@@ -267,3 +267,18 @@ def test_the_twins_fouling_and_blocked_tray_follow_the_physics_and_clear_undoes_
     settle()
     assert r("node01", 1) == pytest.approx(clean, rel=1e-3)
     assert m.tray_flow_lpm("node02") == pytest.approx(m.tray_flow_lpm("node03"))
+
+
+def test_the_supply_of_a_tray_is_its_zones_valve_cdu_else_its_zones_cdu_else_the_only_cdu():
+    from agent.config import Inventory
+    from agent.derived_thermal import supply_cdu
+
+    cdu = {"profile": "reference-cdu", "channels": {1: "zone-a", 2: "zone-b"}}
+    zones = [{"name": "zone-a", "nodes": ["n1"], "valve": "cdu1:zone_valve_1"}, {"name": "zone-b", "nodes": ["n2"]}]
+    inv = Inventory(nodes=["n1", "n2", "n3"], cdus=[{"name": "cdu1", **cdu}, {"name": "rdhx1", **cdu}],
+                    leak_zones=zones)
+    assert supply_cdu(inv, "n1") == "cdu1"  # both serve zone-a's leak channels: the valve's CDU feeds it
+    assert supply_cdu(inv, "n2") is None  # two CDUs serve zone-b, no valve says which: not guessed
+    assert supply_cdu(inv, "n3") is None
+    one = Inventory(nodes=["n1"], cdus=[{"name": "cdu7", "profile": "reference-cdu"}])
+    assert supply_cdu(one, "n1") == "cdu7"

@@ -1,0 +1,72 @@
+"""Issue 35's fouled cold plate with the real daemon on the simulated rack (NVML twin, Modbus CDU).
+
+The agent learns each GPU's thermal resistance baseline under the twin's load; `inject cold-plate-fouling` at
+30 % on one GPU opens cold_plate_degraded on that GPU while it is still below its slowdown temperature, notify
+only. The agent is then restarted on the same state dir: the baselines it learnt are there at its first
+computation (not learnt again from the fouled plate), and the fouled plate's incident opens again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from sim.harness import sim_rack
+from tests.agentproc import running_agent
+from tests.helpers import wait_for
+from tests.test_detectors_agent import TOKEN, _config, _incidents
+
+
+def _series(text: str, metric: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(rf'^{metric}\{{gpu="(\d+)",uuid="[^"]*"\}} (\S+)$', text, re.M)}
+
+
+def _open(agent) -> dict[str, dict]:
+    return {i["targets"].get("gpu", "tray"): i for i in _incidents(agent)["open"]
+            if i["detector"] == "cold_plate_degraded"}
+
+
+R = "supernode_gpu_thermal_resistance_kelvin_per_watt"
+BASE = "supernode_gpu_thermal_resistance_baseline_kelvin_per_watt"
+
+
+def test_a_fouled_plate_opens_its_incident_below_slowdown_and_the_baseline_survives_a_restart(tmp_path):
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path, cold_plate_degraded={"fire_seconds": 5.0, "clear_seconds": 5.0})
+        cfg["sources"]["thermal_resistance"] = {"interval": 1.0, "timeout": 1.0, "settle_seconds": 2.0,
+                                                "smoothing_seconds": 2.0, "baseline_learn_seconds": 4.0,
+                                                "persist_seconds": 1.0}
+        gpus = rack.sim.model.nodes["node01"].gpus
+        limits = [g.power_limit_mw for g in gpus]
+        with running_agent(cfg, tmp_path) as agent:
+            learnt = wait_for(lambda: (b := _series(agent.metrics(), BASE)) and len(b) == len(gpus) and b, 90,
+                              what="a learnt baseline for every GPU")
+            assert not _open(agent)
+            rack.inject("cold-plate-fouling", node="node01", gpu=2, percent=30)
+            inc = wait_for(lambda: _open(agent).get("2"), 90, what="cold_plate_degraded on node01 gpu 2")
+            d = inc["detail"]
+            assert inc["severity"] == "warning" and d["scope"] == "gpu"
+            # The temperature the agent read when the incident opened: far from a throttle yet.
+            assert d["temperature_celsius"] < d["slowdown_celsius"]
+            assert d["thermal_resistance_kelvin_per_watt"] > d["baseline_kelvin_per_watt"] * 1.15
+            assert set(_open(agent)) == {"2"}  # its clean tray mates are not
+            status, body = agent.get("/api/v1/journal", token=TOKEN)
+            assert status == 200, body
+            acted = {e["action"] for e in json.loads(body)["entries"] if e.get("incident_id") == inc["id"]
+                     and e.get("action")}
+            assert acted == {"notify"}, acted
+        assert [g.power_limit_mw for g in gpus] == limits  # nothing was capped
+
+        # A new agent process on the same state dir: the baselines learnt on the clean plates are read back
+        # at its first computation (before any R of this run), so the fouled plate is judged against its past.
+        with running_agent(cfg, tmp_path) as agent:
+            def baselines_back() -> dict[str, float]:
+                text = agent.metrics()
+                b = _series(text, BASE)
+                return b if len(b) == len(gpus) else {}
+
+            back = wait_for(baselines_back, 60, what="the persisted baselines after the restart")
+            assert back["2"] < learnt["2"] * 1.05  # the fouled plate did not become its own normal
+            again = wait_for(lambda: _open(agent).get("2"), 90, what="cold_plate_degraded again after the restart")
+            assert "baseline" in again["detail"]["off"]
