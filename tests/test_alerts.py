@@ -31,7 +31,8 @@ DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low"
              "rack_power_over_budget", "pdu_outlet_off", "tray_leak_rack",
              "gpu_pcie_degraded", "gpu_clock_slowdown", "gpu_straggler",
              "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required", "gpu_service_required",
-             "gpu_fabric_degraded", "nvlink_switch_fault"}
+             "gpu_fabric_degraded", "nvlink_switch_fault",
+             "cold_plate_degraded", "tray_flow_low"}
 
 
 def _rules(kind: str) -> list[dict]:
@@ -114,6 +115,8 @@ SHARED_THRESHOLDS = {
     "SupernodeGpuClockSlowdown": {"gpu_clock_slowdown_reasons", "gpu_thermal_clock_events"},
     "SupernodeGpuStraggler": {"gpu_straggler_min_utilization_ratio", "gpu_straggler_min_gpus",
                               "gpu_straggler_clock_band_ratio", "gpu_straggler_power_band_ratio"},
+    "SupernodeColdPlateDegraded": {"cold_plate_degraded_ratio", "cold_plate_min_peers"},
+    "SupernodeTrayCoolantFlowLow": {"tray_flow_low_ratio", "tray_flow_min_peers"},
 }
 
 
