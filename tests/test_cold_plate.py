@@ -196,7 +196,7 @@ def _trays(flows: dict[str, float | None], t: float):
     rs = [Reading(RF.SERVICE_INFO, 1.0, {"bmc": b, "kind": "tray", "redfish_version": "1.17.0", "vendor": "",
                                          "model": "", "firmware": "", "profile": "dmtf"}, timestamp=t)
           for b in flows]
-    rs += [Reading(RF.CONNECTOR_FLOW, f, {"bmc": b, "equipment": "Chassis_0", "connector": "TrayInlet",
+    rs += [Reading(RF.CONNECTOR_FLOW, f, {"bmc": b, "equipment": "Chassis/Chassis_0", "connector": "TrayInlet",
                                           "loop": "chassis"}, timestamp=t) for b, f in flows.items() if f is not None]
     return Snapshot(t, tuple(rs), (), monotonic=t)
 

@@ -70,3 +70,32 @@ def test_a_fouled_plate_opens_its_incident_below_slowdown_and_the_baseline_survi
             assert back["2"] < learnt["2"] * 1.05  # the fouled plate did not become its own normal
             again = wait_for(lambda: _open(agent).get("2"), 90, what="cold_plate_degraded again after the restart")
             assert "baseline" in again["detail"]["off"]
+
+
+def _tray_flows(text: str) -> dict[str, float]:
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^supernode_coolant_connector_flow_cubic_meters_per_second\{bmc="([^"]+)",connector="TrayInlet",'
+        r'equipment="Chassis/Chassis_0",loop="chassis"\} (\S+)$', text, re.M)}
+
+
+def test_a_blocked_tray_reads_low_over_redfish_and_opens_tray_flow_low_on_the_leader(tmp_path):
+    """Three trays; node01 leads and reads every tray's BMC (watch_rack_trays). `inject tray-flow-blocked` on
+    node03: its BMC's coolant connector reads the flow the rack model gives it, and tray_flow_low opens for it."""
+    with sim_rack(tmp_path, nodes=3) as rack:
+        cfg = _config(rack, tmp_path, tray_flow_low={"fire_seconds": 2.0, "clear_seconds": 2.0})
+        cfg["sources"]["redfish"]["watch_rack_trays"] = True
+        model = rack.sim.model
+        with running_agent(cfg, tmp_path) as agent:
+            flows = wait_for(lambda: (f := _tray_flows(agent.metrics())) and len(f) == 3 and f, 90,
+                             what="the coolant connector flow of the three trays")
+            assert flows["bmc-node01"] * 60000 == __import__("pytest").approx(model.tray_flow_lpm("node01"), rel=1e-3)
+            rack.inject("tray-flow-blocked", node="node03", percent=60)
+
+            def opened() -> dict | None:
+                return next((i for i in _incidents(agent)["open"] if i["detector"] == "tray_flow_low"), None)
+
+            inc = wait_for(opened, 90, what="tray_flow_low for the blocked tray")
+            assert inc["targets"] == {"bmc": "bmc-node03"} and inc["severity"] == "warning"
+            assert inc["detail"]["share_of_peers"] < 0.7
+            rack.clear()
+            wait_for(lambda: opened() is None, 90, what="tray_flow_low cleared once the tray is unblocked")
