@@ -282,3 +282,21 @@ def test_the_supply_of_a_tray_is_its_zones_valve_cdu_else_its_zones_cdu_else_the
     assert supply_cdu(inv, "n3") is None
     one = Inventory(nodes=["n1"], cdus=[{"name": "cdu7", "profile": "reference-cdu"}])
     assert supply_cdu(one, "n1") == "cdu7"
+
+
+def test_check_config_names_a_bad_thermal_resistance_or_cold_plate_setting(tmp_path):
+    import pytest
+
+    from agent.config import ConfigError, parse_config
+    from tests.test_config import minimal
+
+    for section, key, value, named in (
+            ("sources", "thermal_resistance", {"min_power_ratio": 1.5}, "sources.thermal_resistance.min_power_ratio"),
+            ("sources", "thermal_resistance", {"smoothing_seconds": 0}, "sources.thermal_resistance.smoothing_seconds"),
+            ("sources", "thermal_resistance", {"gate": 1}, "sources.thermal_resistance.gate"),
+            ("remediation", "detectors", {"cold_plate_degraded_ratio": -0.1},
+             "remediation.detectors.cold_plate_degraded_ratio"),
+            ("remediation", "detectors", {"tray_flow_low_ratio": 1.2}, "remediation.detectors.tray_flow_low_ratio")):
+        with pytest.raises(ConfigError) as exc:
+            parse_config(minimal(tmp_path, **{section: {key: value}}), "agent.yaml")
+        assert named in str(exc.value), str(exc.value)

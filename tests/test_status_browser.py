@@ -216,6 +216,21 @@ def test_a_gpu_shows_its_last_xid_with_the_catalogue_text_and_the_recovery_recom
     assert p.js("return document.querySelector('[data-gpu=\"node01/0\"] .fault')") is None  # GPU 0: nothing
 
 
+def test_each_gpu_row_shows_its_cold_plate_r_or_why_not(page: Page):
+    """The cold plate column: R in K/W once computed under load, or the reason it is not, never blank."""
+    p = page
+    model = p.rs.rack.sim.model
+    states = p.wait("const cells = [...document.querySelectorAll('[data-gpu] [data-plate]')];"
+                    "return cells.length === arguments[0] && cells.every((c) => c.textContent.trim()) "
+                    "&& cells.map((c) => c.dataset.plate);", 20, "a cold plate cell in every GPU row",
+                    sum(len(n.gpus) for n in model.nodes.values()))
+    assert set(states) <= {"ok", "over", "settling", "below_load_gate", "no_supply_reading", "no_supply_mapping",
+                           "no_temperature_reading", "no_power_reading"}, states
+    p.wait("return document.querySelector('[data-gpu=\"node01/0\"] [data-plate=ok]')", 90,
+           "node01 GPU 0's R under load")
+    assert "K/W" in p.text('[data-gpu="node01/0"] [data-plate]')
+
+
 def _cell(p: Page, tray: str, chip: int) -> str:
     return p.js("const c = document.querySelector(`#nvlink [data-cell=\"${arguments[0]}/${arguments[1]}\"]`);"
                 "return c ? c.className : '';", tray, chip)

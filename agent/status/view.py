@@ -42,6 +42,21 @@ def _by(snap: Snapshot, metric: str, *keys: str) -> dict[tuple[str, ...], float]
     return out
 
 
+_NO_PLATE = {"thermal_resistance": None, "thermal_resistance_baseline": None, "thermal_resistance_unavailable": None}
+
+
+def _plates(snap: Snapshot) -> dict[str, dict[str, Any]]:
+    """GPU -> its cold plate's thermal resistance (K/W) now, its learnt baseline, and why R is missing (the reason
+    of supernode_gpu_thermal_resistance_unavailable), from the derived source (agent/derived_thermal.py)."""
+    r = _by(snap, "supernode_gpu_thermal_resistance_kelvin_per_watt", "gpu")
+    base = _by(snap, "supernode_gpu_thermal_resistance_baseline_kelvin_per_watt", "gpu")
+    why = {k[0]: k[1] for k, v in _by(snap, "supernode_gpu_thermal_resistance_unavailable", "gpu", "reason").items()
+           if v >= 0.5}
+    return {gpu: {"thermal_resistance": _num(r.get((gpu,)), 4), "thermal_resistance_baseline": _num(base.get((gpu,)), 4),
+                  "thermal_resistance_unavailable": why.get(gpu)}
+            for gpu in {k[0] for k in r} | {k[0] for k in base} | set(why)}
+
+
 def _fault(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The GPU fault judge's word on one GPU for the page: its last XID with NVIDIA's catalogue text, the recovery
     the ladder recommends (and the rule that chose it), and the last recovery it took; None when there is none."""
@@ -107,6 +122,7 @@ class ViewBuilder:
         power = _by(snap, "supernode_gpu_power_watts", "gpu")
         limits = _by(snap, "supernode_gpu_power_limit_watts", "gpu", "limit")
         last_xid = _by(snap, "supernode_gpu_last_xid", "gpu")
+        plates = _plates(snap)
         names = {r.label("gpu"): r.label("name") for r in snap.select("supernode_gpu_info") if r.ok}
         recovery = {k[0]: k[1] for k, v in _by(snap, "supernode_gpu_recovery_action", "gpu", "action").items()
                     if v >= 0.5 and k[1] not in ("none", "")}
@@ -158,12 +174,13 @@ class ViewBuilder:
                 # one state per link, in link order: ok | down | ber | errors | unknown (not reported)
                 "nvlink": [cells.get(i, "unknown") for i in range(width)],
                 "fault": _fault(gpu_faults.get(f"{node}/{gpu}")),
+                **plates.get(gpu, _NO_PLATE),
             })
         missing = max(0, inventory.gpus.count - len(out))
         for i in range(missing):
             out.append({"index": f"missing {i + 1}", "name": "", "temperature_celsius": None, "slowdown_celsius": None,
                         "power_watts": None, "limit_watts": None, "default_limit_watts": None, "capped": False,
-                        "marks": ["missing"], "nvlink": []})
+                        "marks": ["missing"], "nvlink": [], **_NO_PLATE})
         return out
 
     def _ports(self, snap: Snapshot, now: float) -> list[dict[str, Any]]:
