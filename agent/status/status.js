@@ -233,10 +233,10 @@
       const why = g.thermal_resistance_unavailable;
       return el("span", { class: "muted", "data-plate": why || "unknown" }, why ? why.replace(/_/g, " ") : "\u2013");
     }
-    const over = b ? (r / b - 1) * 100 : null;
-    return el("span", { "data-plate": over !== null && over > 15 ? "over" : "ok" }, fmt(r, "K/W", 3),
+    const over = g.thermal_resistance_over_baseline;
+    return el("span", { "data-plate": g.thermal_resistance_degraded ? "over" : "ok" }, fmt(r, "K/W", 3),
       b ? el("small", {}, " (baseline " + fmt(b, "", 3) + ")") : el("small", {}, " (baseline learning)"),
-      over !== null && over > 15 ? [" ", badge("warn", "+" + over.toFixed(0) + " %")] : null);
+      g.thermal_resistance_degraded ? [" ", badge("warn", "+" + (over * 100).toFixed(0) + " % over baseline")] : null);
   }
 
   // The NVLink domain as one matrix: a row per compute tray, a column per NVLink index = NVSwitch chip (GB200
