@@ -44,7 +44,7 @@ def main() -> int:
     warned, throttled, temps = [], [], []
     try:
         cfg = _config(rack, base)
-        demo_cold_plates(cfg, 2)
+        demo_cold_plates(cfg)
         agent = AgentProcess(cfg, base).start()
         try:
             model = rack.sim.model

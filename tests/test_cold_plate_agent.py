@@ -3,7 +3,8 @@
 The agent learns each GPU's thermal resistance baseline under the twin's load; `inject cold-plate-fouling` at
 30 % on one GPU opens cold_plate_degraded on that GPU while it is still below its slowdown temperature, notify
 only. The agent is then restarted on the same state dir: the baselines it learnt are there at its first
-computation (not learnt again from the fouled plate), and the fouled plate's incident opens again.
+computation (not learnt again from the fouled plate), and the fouled plate's incident opens again; a partly
+blocked tray path then raises every plate of the tray above its baseline: one incident for the tray.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ def test_a_fouled_plate_opens_its_incident_below_slowdown_and_the_baseline_survi
             assert back["2"] < learnt["2"] * 1.05  # the fouled plate did not become its own normal
             again = wait_for(lambda: _open(agent).get("2"), 90, what="cold_plate_degraded again after the restart")
             assert "baseline" in again["detail"]["off"]
+            # The tray's coolant path partly blocked: every plate of the tray above its baseline alike, which its
+            # peers cannot show: one incident for the tray (targets {node}), scope tray.
+            rack.inject("tray-flow-blocked", node="node01", percent=30)
+            tray = wait_for(lambda: _open(agent).get("tray"), 90, what="cold_plate_degraded for the whole tray")
+            assert tray["targets"] == {"node": "node01"} and tray["detail"]["scope"] == "tray"
+            assert sorted(tray["detail"]["gpus"]) == [str(g.index) for g in gpus]
 
 
 def _tray_flows(text: str) -> dict[str, float]:
