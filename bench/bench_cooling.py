@@ -49,13 +49,18 @@ def main() -> int:
         try:
             model = rack.sim.model
             gpus = model.nodes["node01"].gpus
-            wait_for(lambda: "supernode_gpu_thermal_resistance_kelvin_per_watt{" in agent.metrics(), 120,
-                     interval=0.5, what="R computed")
+            # Every GPU's baseline learnt on its clean plate before the first onset (the demo learns for 60 s).
+            wait_for(lambda: agent.metrics().count("supernode_gpu_thermal_resistance_baseline_kelvin_per_watt{")
+                     == len(gpus), 300, interval=0.5, what="every GPU's baseline learnt")
             for run in range(RUNS):
                 g = gpus[run % len(gpus)]
                 rack.clear()
-                wait_for(lambda: not _open(agent, "cold_plate_degraded") and not _open(agent, "gpu_thermal"), 300,
-                         interval=0.5, what="every incident closed before the run")
+                try:
+                    wait_for(lambda: not _open(agent, "cold_plate_degraded") and not _open(agent, "gpu_thermal"),
+                             300, interval=0.5, what="every incident closed before the run")
+                except AssertionError:
+                    print(f"still open: {_incidents(agent)['open']}\n{agent.metrics()}", file=sys.stderr)
+                    raise
                 wait_for(lambda: g.power_limit_mw == g.default_limit_mw, 120, interval=0.5, what="caps undone")
                 time.sleep(15)  # the smoothed R back at the clean plate's (smoothing 10 s) before the next onset
                 t0, warn, slow, temp = time.time(), None, None, None

@@ -231,7 +231,8 @@
     const r = g.thermal_resistance, b = g.thermal_resistance_baseline;
     if (r === null || r === undefined) {
       const why = g.thermal_resistance_unavailable;
-      return el("span", { class: "muted", "data-plate": why || "unknown" }, why ? why.replace(/_/g, " ") : "\u2013");
+      return el("span", { class: "muted", "data-plate": why || "unknown", title: why ? null : "not computed yet" },
+        why ? why.replace(/_/g, " ") : "\u2013");
     }
     const over = g.thermal_resistance_over_baseline;
     return el("span", { "data-plate": g.thermal_resistance_degraded ? "over" : "ok" }, fmt(r, "K/W", 3),
