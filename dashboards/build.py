@@ -68,6 +68,7 @@ def stat(title: str, unit: str, queries: list[tuple[str, str]], steps: list[tupl
 
 UP_STEPS = [(RED, None), (GREEN, 1)]     # 1 = up / running: green; 0: red
 ALARM_STEPS = [(GREEN, None), (RED, 1)]  # 1 = wet / open: red
+AVAILABILITY_STEPS = [(RED, None), (ORANGE, 0.9), (GREEN, 0.97)]  # 97 %: ByteRobust's effective training time
 HEALTH_STEPS = [(GREEN, None), (ORANGE, 1), (RED, 2)]  # Redfish Health / DetectorState: OK, Warning, Critical
 
 
@@ -151,6 +152,21 @@ def rack_overview() -> Dashboard:
             (f"supernode_source_up{{{NODE}}}", "{{node}} {{source}} {{device}}")]),
         ts("Seconds since last successful poll", "s", [
             (f"time() - supernode_source_last_success_timestamp_seconds{{{NODE}}}", "{{node}} {{source}} {{device}}")]),
+        # Goodput (issue 36): what the customer pays for. Rack-level rules sum the agents (each exports its own
+        # node); `supernode-agent report` prints the same from the journals, per incident with the jobs it hit.
+        stat("Availability (30 days)", "percentunit", [
+            (f"rack:supernode_node_availability:ratio30d{{{RACK}}}", "{{rack}}")], AVAILABILITY_STEPS,
+             "1 - out-of-service node time / observed node time over 30 days. Out of service: drained or "
+             "rebooting by the agent, or in maintenance; overlaps counted once (README, Goodput)."),
+        ts("GPU-hours lost by cause (30 days)", "short", [
+            (f"rack_cause:supernode_gpu_out_of_service_seconds:increase30d{{{RACK}}} / 3600", "{{rack}} {{cause}}")],
+           "Each node's out-of-service time x its GPUs, by the cause that took it out, over the trailing 30 days; "
+           "the rule records GPU-seconds (base unit), shown here in GPU-hours (/ 3600)."),
+        table("Availability by node (30 days)", "percentunit", [
+            (f"node:supernode_node_availability:ratio30d{{{NODE}}}", "")]),
+        stat("Nodes out of service now", "short", [
+            (f"sum by (rack) (1 - supernode_node_in_service{{{RACK}}})", "{{rack}}")], [(GREEN, None), (ORANGE, 1)],
+             "Nodes with an outage open now (drained or rebooting by the agent, or in maintenance)."),
     ])
 
 

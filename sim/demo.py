@@ -300,6 +300,8 @@ try this (another shell, `. .venv/bin/activate` first):
   supernode-sim inject xid --node {node} --gpu 1 --code 48 --sticky true   # drain, job checkpoints, GPU reset, resume
   supernode-sim inject xid --node {node} --gpu 1 --code 79 --sticky true   # Slurm reboots the node once approved
   supernode-sim inject tray-leak --node {node} --detector 0   # {node}'s BMC: a cold-plate detector Critical
+  supernode-sim inject nvswitch-down --switch 5          # NVSwitch chip 5: one nvlink_switch_fault on the leader, no tray drained
+  supernode-sim inject nvlink-down --node {node} --gpu 2 --link 9   # one tray's own link: that tray drained
   supernode-sim state | grep -A3 '"redfish"'             # each tray BMC's URL, the CA file, the account
   supernode-sim faults                                   # every fault kind and its parameters
 Ctrl-C stops the simulator, Slurm and every agent."""

@@ -32,6 +32,7 @@ from agent.coordination.etcd_auth import gateway_requests, rack_roles
 from sim.ports import free_port
 
 _START_ATTEMPTS = 3
+ADMIN_TIMEOUT = 15.0  # seconds for a user, role or auth call (see EtcdCluster._first)
 
 
 def etcd_binary() -> str | None:
@@ -195,14 +196,14 @@ class EtcdCluster:
             time.sleep(0.2)
         return None
 
-    def _open(self, member: EtcdMember, path: str, body: dict | None, token: str | None) -> Any:
+    def _open(self, member: EtcdMember, path: str, body: dict | None, token: str | None, timeout: float = 2.0) -> Any:
         """One request to one member (POST of `body`, or GET); its JSON answer. HTTPError (an etcd error,
-        whose body names it) or OSError (no answer)."""
+        whose body names it) or OSError (no answer within `timeout`)."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(f"{member.url}/{path}", data=data, method="POST" if body is not None else "GET")
         if token:
             req.add_header("Authorization", token)
-        with urllib.request.urlopen(req, timeout=2, context=self._ssl) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=self._ssl) as resp:
             return json.load(resp)
 
     def _root_token(self, fresh: bool = False) -> str | None:
@@ -214,11 +215,15 @@ class EtcdCluster:
         return self._token
 
     def _first(self, path: str, body: dict, token: str | None, members: list[EtcdMember] | None = None) -> dict:
-        """One call on the first member that answers; an etcd error is raised (OSError naming it)."""
+        """One call on the first member that answers; an etcd error is raised (OSError naming it).
+
+        Given ADMIN_TIMEOUT: a user's password is hashed with bcrypt by etcd on `user/add` and on `authenticate`,
+        which on a loaded 2-core machine (18 demo agents starting) took longer than the health probe's 2 s and
+        failed the demo's start with "The read operation timed out"."""
         errors = []
         for m in members or self.members:
             try:
-                return self._open(m, path, body, token)
+                return self._open(m, path, body, token, ADMIN_TIMEOUT)
             except urllib.error.HTTPError as exc:
                 raise OSError(f"{m.name}: etcd {exc.code}: {exc.read()[:200]!r}") from None
             except (OSError, ValueError) as exc:

@@ -116,6 +116,25 @@ def static_configs(sim: Any, base: Path, nodes: list[str], pollers: dict[str, li
     return cfgs
 
 
+def static_rack(base: Path, nodes: list[str], pollers: dict[str, list[str]],
+                configure: Callable[[dict[str, Any]], None] | None = None, personality: str | None = None
+                ) -> Iterator[tuple[SimRack, list[AgentProcess]]]:
+    """(simulated rack, started agents) of a `static` rack (static_configs) for a fixture (`yield from` it);
+    `configure(cfg)` adjusts each agent's config before it starts. Everything is stopped afterwards."""
+    sim = SimRack(base, nodes=len(nodes), gpus=2, **({"personality": personality} if personality else {})).start()
+    agents: list[AgentProcess] = []
+    try:
+        for cfg, work in static_configs(sim.sim, base, nodes, pollers):
+            if configure is not None:
+                configure(cfg)
+            agents.append(AgentProcess(cfg, work).start())
+        yield sim, agents
+    finally:
+        for a in agents:
+            a.stop()
+        sim.stop()
+
+
 def _answer(agent: AgentProcess, method: str, path: str, token: str | None = None) -> bytes:
     """The body of a 200 answer. Anything else fails the test: a refusal or an error is never "nothing there"
     (and no answer at all raises AgentUnreachable in AgentProcess.request)."""

@@ -74,7 +74,8 @@ def test_promtool_unit_tests_pass_fifty_times_in_a_row():
     its order anew either way, and the test takes half the time.
     """
     promtool = require_binary("promtool")
-    half = ["detectors_test.yml"] * 25 + ["health_test.yml"] * 5 + ["reliability_test.yml"] * 5
+    half = ["detectors_test.yml"] * 25 + ["health_test.yml"] * 5 + ["reliability_test.yml"] * 5 + ["imex_test.yml"] * 5 \
+        + ["goodput_test.yml"] * 5
     assert set(half) == {f.name for f in TEST_FILES}
     procs = [subprocess.Popen([promtool, "test", "rules", *half], cwd=ALERTS / "tests", text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]

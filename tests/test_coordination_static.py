@@ -11,27 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agentproc import AgentProcess
-from tests.coordination_rack import incidents, journal, metric, results, set_maintenance, static_configs, xid_alert
+from tests import coordination_rack
+from tests.coordination_rack import incidents, journal, metric, results, set_maintenance, xid_alert
 from tests.helpers import wait_for
-from sim.harness import SimRack
 
 SHARED = ("leak1", "cdu1", "rdhx1", "pdu-a", "rfcdu1")
 
 
 @pytest.fixture
 def static_rack(tmp_path):
-    sim = SimRack(tmp_path, nodes=2, gpus=2).start()
-    agents = []
-    try:
-        for cfg, work in static_configs(sim.sim, tmp_path, ["node01", "node02"], {d: ["node01"] for d in SHARED}):
-            cfg["coordination"]["maintenance_poll_seconds"] = 1.0
-            agents.append(AgentProcess(cfg, work).start())
-        yield sim, agents
-    finally:
-        for a in agents:
-            a.stop()
-        sim.stop()
+    yield from coordination_rack.static_rack(tmp_path, ["node01", "node02"], {d: ["node01"] for d in SHARED},
+                                             lambda cfg: cfg["coordination"].update(maintenance_poll_seconds=1.0))
 
 
 def test_a_node_that_polls_nothing_shared_still_drains_on_a_leak_in_its_zone(static_rack):

@@ -228,6 +228,10 @@ SERIES: list[tuple[str, dict, float, float]] = [
     ("supernode_component_observed_seconds_total", {"class": "gpu"}, 0, 4),
     ("supernode_component_repair_duration_seconds_sum", {"class": "gpu"}, 0, 6),
     ("supernode_component_repair_duration_seconds_count", {"class": "gpu"}, 0, 0.1),
+    ("supernode_component_observed_seconds_total", {"class": "node"}, 0, 1),
+    ("supernode_components", {"class": "gpu"}, 4, 0),
+    ("supernode_node_out_of_service_seconds_total", {"cause": "leak"}, 0, 0.1),
+    ("supernode_node_in_service", {}, 1, 0),
     ("supernode_coolant_connector_temperature_celsius", {**RF_CONN, "point": "supply"}, 30, 0),
     ("supernode_coolant_connector_flow_cubic_meters_per_second", RF_CONN, 0.0007, 0),
     ("supernode_coolant_connector_pressure_pascals", {**RF_CONN, "point": "supply"}, 827000, 0),
@@ -285,7 +289,8 @@ def test_every_query_returns_data_from_a_live_prometheus(tmp_path):
             # (each rule group evaluates on its own schedule: wait for the first and the last group)
             wait_for(lambda: prom.query("rate(supernode_nvlink_errors_total[10s]) > 0")
                      and prom.query("rack:supernode_rack_power_budget:ratio")
-                     and prom.query("rack_class:supernode_component_mttr_seconds:30d"),
+                     and prom.query("rack_class:supernode_component_mttr_seconds:30d")
+                     and prom.query("rack:supernode_gpu_out_of_service_seconds:increase30d"),
                      timeout=20, interval=0.2, what="two scrapes and a rule evaluation")
             empty = [f"{name}/{title}: {expr}" for name, title, expr in _queries()
                      if not prom.query(_concrete(expr))]

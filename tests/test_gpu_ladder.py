@@ -12,6 +12,7 @@ memory carries over.
   the node resumes.
 - XID 79 (off the bus, RESTART_BM): scontrol reboot through real slurmctld and its RebootProgram; the node comes
   back (BootTime later), resumed, the GPU back on the bus.
+- Row remap pending: reset at the next idle point (the remap applied), the node resumes.
 - Row remap failure: service, the node stays drained.
 - A reset that does not clear the fault (it recurs): the ladder escalates to a reboot, which clears it.
 """
@@ -150,7 +151,9 @@ def test_xid48_drains_resets_the_gpu_once_idle_and_resumes(clean, tmp_path):
         checks = _journal(agent, kind="health_check")
         assert checks and checks[-1]["result"] == "passed"
         drained, reset_at = _done(agent, "drain")[0]["ts"], reset[0]["ts"]
-        resumed = _journal(agent, kind="result", action="drain", result="undone")
+        # Slurm reads the node idle as soon as the resume's scontrol returns; its journal row follows
+        resumed = wait_for(lambda: _journal(agent, kind="result", action="drain", result="undone"), 30,
+                           what="the drain's undo journaled")
         assert drained < reset_at < resumed[0]["ts"]
         assert not _journal(agent, action="node_reboot")
 
@@ -171,6 +174,26 @@ def test_xid79_reboots_the_node_through_slurm_and_it_comes_back(clean, tmp_path)
         assert inc and inc[0]["targets"] == {"node": "node01"}
         wait_for(lambda: _incidents(agent, "gpu_reboot_required")[0]["state"] == "resolved", 60,
                  what="reboot incident resolved")
+
+
+def test_a_pending_row_remap_is_reset_once_idle_and_the_node_resumes(clean, tmp_path):
+    """Row remap pending: a reset at the next idle point applies it (NVIDIA: the remap takes effect at the next
+    GPU reset). The reset class: drain, the reset waits for the GPU's process, resets, verifies, resumes."""
+    rack, cluster = clean
+    with running_agent(_config(rack, cluster, tmp_path), tmp_path) as agent:
+        wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
+        rack.inject("row-remap", node="node01", gpu=1, state="pending")
+        wait_for(lambda: _done(agent, "drain"), 30, what="drained for the pending remap")
+        (inc,) = _incidents(agent, "gpu_reset_required")
+        assert inc["targets"] == {"node": "node01", "gpu": "1"} and inc["detail"]["rule"] == "row_remap_pending"
+        wait_for(lambda: _journal(agent, kind="intent", action="gpu_reset"), 30, what="reset planned")
+        assert rack.sim.model.gpu("node01", 1).remap_pending  # a process still runs: nothing reset yet
+        rack.inject("workload", node="node01", gpu=1, ratio=0)  # the job is gone: the idle point
+        reset = wait_for(lambda: _done(agent, "gpu_reset"), 60, what="GPU reset")
+        assert reset[0]["target"] == "gpu=1,node=node01"
+        assert not rack.sim.model.gpu("node01", 1).remap_pending  # applied at the reset
+        wait_for(lambda: node_states(cluster).get("node01") == "idle", 60, what="resumed after the reset")
+        assert not _journal(agent, action="node_reboot")
 
 
 def test_row_remap_failure_is_service_and_the_node_stays_drained(clean, tmp_path):

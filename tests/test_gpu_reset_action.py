@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.remediation.actions import ActionError, ActionResult
 from agent.remediation.actions.gpu_reset import GpuResetAction, reset_argv
@@ -256,6 +257,13 @@ def test_the_gpu_reset_playbook_resets_the_incidents_gpu_and_records_the_outcome
             await await_for(lambda: inc.state not in ("open", "mitigating"), timeout=60, what="the playbook's end")
             done = [e for e in eng.journal.entries() if e.kind == "result" and e.action == "gpu_reset"]
             assert sched.nodes[NODE].state == "drained"  # the reset ran after the drain
+            # the recovery and its outcome, counted per action (what the dashboards and alerts read)
+            reg = CollectorRegistry()
+            reg.register(eng.collector())
+            counted = {r: reg.get_sample_value("supernode_remediation_actions_total",
+                                               {"playbook": "gpu-reset", "action": "gpu_reset", "result": r})
+                       for r in ("done", "failed")}
+            assert counted == ({"done": 0.0, "failed": 1.0} if reboot_class else {"done": 1.0, "failed": 0.0})
             return done, eng.recoveries.since(NODE, "1", 0.0)
         finally:
             await eng.stop()

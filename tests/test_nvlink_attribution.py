@@ -169,6 +169,35 @@ def test_drain_partition_counts_switch_side_links_so_every_tray_drains_itself():
     assert _events(d, _snap(time.time(), {"5"}, {"5"})) == [("fire", "nvlink_errors", {"node": "node01", "gpu": "0"})]
 
 
+def test_a_verdict_that_stops_coming_ages_out_and_the_tray_judges_all_its_links_again():
+    """Coordination lost: the agent stops publishing its verdict; in the store it goes stale within seconds, and
+    the tray's nvlink_errors counts the link it had left to the switch (as without attribution)."""
+    from agent.coordination.link_share import LinkShare
+    from agent.snapshot import SnapshotStore
+
+    clock = {"t": NOW}
+    store = SnapshotStore(clock=lambda: clock["t"])
+    s = DetectorSettings(nvlink_errors=FAST, nvlink_switch_fault=FAST)
+    share = LinkShare("node01", RACK18, s, 5.0, SWITCH_TRAYS, 18, clock=lambda: clock["t"])
+    share.attach(store, 3.0)
+    share.vectors = vectors({n: published(n, {0: link(5)}) for n in RACK18})
+    assert share.publish().switch_chips == (5,)
+    d = Detectors(s, Context("node01", "r01", leads=lambda: False))
+
+    def nvlink_errors() -> list:
+        snap = store.snapshot()
+        own = _snap(clock["t"], {"5"}, set()).readings[:18]  # this tray's link 5 down, fresh
+        ev = d.evaluate(Snapshot(snap.taken_at, snap.readings + own, (), monotonic=clock["t"]))
+        return [(e.kind, e.detail["links_down"], e.detail["links_switch_side"]) for e in ev
+                if e.detector == "nvlink_errors"]
+
+    assert nvlink_errors() == []  # the rack calls link 5 the switch's
+    clock["t"] += 2.5  # no publish since: still within the verdict's freshness (6 intervals of 0.5 s)
+    assert nvlink_errors() == []
+    clock["t"] += 1.0  # 3.5 s without a verdict: it is stale, and the tray judges its links alone again
+    assert nvlink_errors() == [("fire", ["5"], [])]
+
+
 def test_the_trays_own_vector_says_down_erroring_or_up_per_link_by_the_detectors_thresholds():
     from agent.coordination.link_vectors import VectorBuilder
 

@@ -238,6 +238,22 @@ def test_gpu_missing_against_inventory(sim, model):
     assert not [r for r in res.readings if r.labels.get("gpu") == "3" and r.spec is not M.GPU_UP]
 
 
+def test_a_gpu_count_below_the_inventory_is_gpu_lost_saying_missing_with_the_count(sim, model):
+    """Issue 33: the GPU count below the inventory is a cause of its own: the index NVML no longer enumerates
+    fires gpu_lost with why "missing" and how many GPUs NVML names against the inventory's count."""
+    from agent.remediation.detectors import Context, Detectors
+    from agent.remediation.settings import DetectorSettings
+    from agent.snapshot import Snapshot
+
+    model.gpu(NODE, 1).missing = True
+    (res,) = run(lambda: poll_close(source(sim)))
+    d = Detectors(DetectorSettings(), Context(node=NODE, rack="r01", expected_gpus=GPUS))
+    now = max(r.timestamp for r in res.readings)
+    events = [e for e in d.evaluate(Snapshot(now, tuple(res.readings), ())) if e.detector == "gpu_lost"]
+    assert [(e.kind, e.targets, e.detail) for e in events] == [
+        ("fire", {"node": NODE, "gpu": "3"}, {"why": "missing", "seen": GPUS - 1, "expected": GPUS})]
+
+
 def _ticking():
     """A task counting event-loop turns: proof the loop ran while a driver call was blocked."""
     ticks = [0]

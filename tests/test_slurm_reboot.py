@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.remediation.actions import ActionError
 from agent.remediation.actions.job_notify import JobNotifyAction
@@ -324,11 +325,32 @@ def test_the_engine_reboots_through_slurm_and_tells_jobs_with_its_registered_act
         (told,) = results(eng, kind="result", action="job_notify")
         assert told.result == "done" and told.detail["skipped"] and "no running job" in told.detail["message"]
         assert app is not None and (await sched.state("node01")).state == "idle"
+        # each recovery and its outcome counted per action
+        reg = CollectorRegistry()
+        reg.register(eng.collector())
+        for book, action in (("gpu-reboot", "node_reboot"), ("gpu-app-fault", "job_notify")):
+            assert reg.get_sample_value("supernode_remediation_actions_total",
+                                        {"playbook": book, "action": action, "result": "done"}) == 1.0, action
+            assert reg.get_sample_value("supernode_remediation_actions_total",
+                                        {"playbook": book, "action": action, "result": "failed"}) == 0.0, action
         await eng.stop()
     try:
         asyncio.run(main())
     finally:
         twin.nvmlShutdown()
+    # The goodput report over this journal: the reboot is node01's one outage, rebooting, to gpu_reboot, from
+    # its intent to its result; node01 ran no job, so none was interrupted (recorded as such, not unknown).
+    from agent.goodput import JournalRead, goodput_report
+
+    entries = eng.journal.entries()
+    (intent,) = [e for e in entries if e.kind == "intent" and e.action == "node_reboot"]
+    (result,) = [e for e in entries if e.kind == "result" and e.action == "node_reboot"]
+    g = goodput_report([JournalRead(entries, "node01")], GPUS, intent.ts - 60, result.ts + 60)
+    node = g["nodes"]["node01"]
+    assert node["by_state"]["rebooting"] == pytest.approx(result.ts - intent.ts)
+    assert node["by_cause"]["gpu_reboot"]["out_of_service_seconds"] == node["out_of_service_seconds"]
+    assert [(i["cause"], i["jobs_interrupted"]) for i in g["incidents"] if i["detector"] == "gpu_reboot_required"] \
+        == [("gpu_reboot", 0)]
 
 
 def test_node_reboot_gives_the_jobs_their_checkpoint_signal_and_slurm_reboots_once_they_end(cluster, sim, sched,
@@ -346,8 +368,9 @@ def test_node_reboot_gives_the_jobs_their_checkpoint_signal_and_slurm_reboots_on
 
         async def main() -> Any:
             plan = await act.plan({"node": "node01"}, {}, CTX)
-            return await act.apply({"node": "node01"}, {}, CTX, plan)
-        res = asyncio.run(main())
+            return plan, await act.apply({"node": "node01"}, {}, CTX, plan)
+        plan, res = asyncio.run(main())
+    assert plan["jobs"] == [job]  # the jobs the reboot interrupts, in the plan (the intent) before the reboot
     assert got.read_text().strip() == "checkpointed"
     assert res.ok and res.after["checkpoint_signal"] == "USR1"
     assert res.after["boot_time"] > res.after["boot_time_before"]

@@ -264,6 +264,12 @@ def test_the_nvlink_domain_matrix_shows_a_switch_column_and_a_tray_cell(page: Pa
         assert "chip 5" in column and "2 of 2 trays" in column and "switch chip" in column
         assert p.js("return document.querySelector('#nvlink [data-column=\"11\"]')") is None
         assert p.js("return document.querySelector('#nvlink th[data-chip=\"5\"]').textContent") == "5"
+        # the rack's own verdict (2 trays: both must agree): chip 5 is the switch's, to service; none drained for it
+        p.wait("return document.querySelector('#nvlink [data-verdict=\"switch\"]') !== null", 30,
+               "the page saying the rack attributes chip 5 to its switch")
+        verdict = p.text('#nvlink [data-verdict]')
+        assert "domain degraded" in verdict and "chip 5" in verdict and "service" in verdict, verdict
+        assert "chip 11" not in verdict
     finally:  # undo these three faults only: the leak of the tests above stays for the restart test below
         from sim.nvml_faults import set_nvlink_down
 

@@ -9,7 +9,7 @@ from agent.remediation.engine import action_id
 from agent.remediation.playbooks import load_playbooks
 from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot, SourceState
-from agent.status.view import ViewBuilder, coordination, nvlink_domain, sources, step_states
+from agent.status.view import ViewBuilder, coordination, nvlink_attribution, nvlink_domain, sources, step_states
 from exporters.cooling import modbus_metrics as mm
 from exporters.gpu import nvml_metrics as nm
 from exporters.model import Quality, Reading
@@ -216,6 +216,25 @@ def test_nvlink_domain_matrix_is_the_worst_link_per_tray_and_chip():
     assert rows["node03"] == ["ok", "ok", "ok", "unknown"]  # GPU 0 reported 3 links only: chip 3 is not known ok
     assert rows["node04"] == ["unknown"] * 4
     assert [r["node"] for r in m["rows"]] == ["node01", "node02", "node03", "node04"]
+
+
+def test_the_nvlink_domain_carries_the_racks_verdict_and_none_where_the_agent_does_not_attribute():
+    """Issue 34: the page says which switch chips (and trays) the rack calls at fault, from the agent's own verdict
+    (supernode_nvlink_switch_fault); an agent with no verdict (no NVLink domain, or coordination lost: the readings
+    aged out) says nothing rather than "no fault"."""
+    from agent.coordination.link_share import NVLINK_SWITCH_FAULT, NVLINK_TRAY_SIDE_LINKS
+
+    verdict = [r(NVLINK_SWITCH_FAULT, 1.0 if k in (5, 6) else 0.0, switch_chip=str(k),
+                 switch_tray="switch03" if k in (4, 5) else "") for k in range(18)]
+    a = nvlink_attribution(snap(*verdict, r(NVLINK_TRAY_SIDE_LINKS, 2.0)))
+    assert a == {"switch_side": [{"chip": 5, "switch_tray": "switch03"}, {"chip": 6, "switch_tray": ""}],
+                 "tray_side_links": 2}
+    assert nvlink_domain([], (), a)["attribution"] == a
+    assert nvlink_attribution(snap(*[r(NVLINK_SWITCH_FAULT, 0.0, switch_chip=str(k), switch_tray="")
+                                     for k in range(18)])) == {"switch_side": [], "tray_side_links": 0}
+    assert nvlink_attribution(snap(*[r(NVLINK_SWITCH_FAULT, 1.0, Quality.STALE, switch_chip="5", switch_tray="")])) \
+        is None
+    assert nvlink_attribution(snap()) is None
 
 
 def test_nvlink_domain_columns_carry_their_switch_tray():

@@ -16,6 +16,12 @@ maintenance (GET /api/v1/coordination/maintenance, open like the status page's n
 `coordination.maintenance_poll_seconds`. A peer is believed about its own node only: node03's agent can put node03
 in maintenance for the rack, never node01 (maintenance of another node set on an agent holds on that agent alone).
 A peer that does not answer keeps its last known state, which ends by its `until`.
+
+The rack's NVLink attribution (a rack-scale NVLink domain: inventory.switch_trays) runs here too, each agent from
+its peers' feeds: every agent serves its tray's link vector (GET /api/v1/coordination/links, a stream of one
+line a change and every refresh, agent.coordination.line_feed) and follows every peer's at `inventory.agent_urls`;
+a vector is taken only as the peer's own tray's (agent.coordination.link_vectors.decode), and a peer whose feed
+is lost is silent (agent.coordination.attribution). The configured leader opens the switch incident.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from typing import Any
 
 from agent.coordination.exchange import FactExchange
 from agent.coordination.facts import encode, parse
+from agent.coordination.line_feed import LineFeed, follow
+from agent.coordination.link_share import INTERVAL, LinkShare
 from agent.coordination.maintenance import RackMaintenance, Record
 from agent.coordination.records import RecordError, Rejections, as_object, parse_json
 from agent.coordination.settings import Coordination
@@ -36,6 +44,7 @@ from agent.coordination.shared import SharedDevices, shared_devices
 
 log = logging.getLogger("supernode.coordination")
 MAINTENANCE_PATH = "/api/v1/coordination/maintenance"
+LINKS_PATH = "/api/v1/coordination/links"
 MAX_MAINTENANCE_ANSWER = 16 << 10
 
 
@@ -118,8 +127,6 @@ class StaticCoordinator:
     """
 
     backend = "static"
-    MAX_SUBSCRIBERS = 64
-    QUEUE = 256
 
     def __init__(self, loaded):
         cfg = loaded.config
@@ -134,8 +141,7 @@ class StaticCoordinator:
         skew = (coord or Coordination()).max_clock_skew_seconds
         self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, time.time,
                                   self.shared.safety, skew)
-        self.latest: dict[str, bytes] = {}  # job -> our last fact of it (what a new subscriber gets first)
-        self.subscribers: set[asyncio.Queue] = set()
+        self.feed = LineFeed("fact")  # our polls of shared devices, to the nodes that read them from us
         self.tasks: list[asyncio.Task] = []
         self.streams_up: dict[str, bool] = {}  # peer -> its stream is open
         self.rejections = Rejections()  # records from peers that failed validation (agent.coordination.records)
@@ -147,6 +153,13 @@ class StaticCoordinator:
         self.maintenance_poll = coord.maintenance_poll_seconds if coord is not None else 10.0
         self.peer_timeout = cfg.status.peer_timeout_seconds
         self.maintenance_reach: dict[str, bool] = {}  # peer -> its last maintenance answer came
+        # The rack's NVLink attribution (a rack-scale NVLink domain only): every peer's vector from its feed. With
+        # no peer to follow (no inventory.agent_urls) there is nothing to attribute: each tray judges its own links.
+        self.stale_after = cfg.sources.stale_after_intervals
+        self.links = LinkShare.of(cfg, cfg.inventory.nodes, skew, time.time) \
+            if any(n != self.node for n in self.peers) else None
+        self.link_feed = LineFeed("links")
+        self.link_streams_up: dict[str, bool] = {}  # peer -> its links feed is open
 
     def polls(self, device: str) -> bool:
         nodes = self.pollers.get(device)
@@ -187,33 +200,8 @@ class StaticCoordinator:
         fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
         if fact is None:
             return
-        line = encode(fact) + b"\n"
-        self.latest[origin] = line
+        self.feed.publish(origin, encode(fact) + b"\n")
         self.facts.published += 1
-        for q in list(self.subscribers):
-            if q.full():  # a slow reader loses the oldest, never holds the poll
-                q.get_nowait()
-            q.put_nowait(line)
-
-    async def _serve(self, request: Any) -> Any:
-        from aiohttp import web
-
-        if len(self.subscribers) >= self.MAX_SUBSCRIBERS:
-            return web.json_response({"error": "too many fact subscribers"}, status=503)
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
-        await resp.prepare(request)
-        q: asyncio.Queue = asyncio.Queue(self.QUEUE)
-        for line in list(self.latest.values()):
-            q.put_nowait(line)
-        self.subscribers.add(q)
-        try:
-            while True:
-                await resp.write(await q.get())
-        except (ConnectionError, asyncio.CancelledError):
-            pass
-        finally:
-            self.subscribers.discard(q)
-        return resp
 
     # -- reading the pollers we rely on ---------------------------------------------------------------------
 
@@ -225,38 +213,49 @@ class StaticCoordinator:
         return sorted(need)
 
     async def _subscribe(self, peer: str) -> None:
-        import aiohttp
+        await follow(f"{self.peers[peer]}/api/v1/coordination/facts", peer, self.peer_tls,
+                     lambda line, stream: self._from_peer(peer, line, stream),
+                     lambda up: self.streams_up.__setitem__(peer, up), "fact")
 
-        from agent.status.peers import client_ssl
+    # -- the rack's NVLink attribution: our link vector served, every peer's followed -----------------------
 
-        url = f"{self.peers[peer]}/api/v1/coordination/facts"
-        delay = 0.2
-        streams = 0  # connections so far: a rejection is logged once per peer and connection
-        async with aiohttp.ClientSession() as http:
-            while True:
-                try:
-                    # The same trust (and client certificate) as the status page's reads of the same agents; made
-                    # each try, so a CA or certificate file that does not load yet is retried, not fatal.
-                    ssl_ctx = client_ssl(self.peer_tls) if url.startswith("https:") else None
-                    async with http.get(url, ssl=ssl_ctx, timeout=aiohttp.ClientTimeout(total=None, sock_connect=2)
-                                        ) as resp:
-                        if resp.status != 200:
-                            raise ConnectionError(f"HTTP {resp.status}")
-                        self.streams_up[peer] = True
-                        delay = 0.2
-                        streams += 1
-                        async for line in resp.content:
-                            if line.strip():
-                                self._from_peer(peer, line, streams)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # a dead peer: its devices go stale here; try again, quietly
-                    if self.streams_up.get(peer, True):
-                        log.warning("peer's fact stream lost", extra={"peer": peer, "url": url,
-                                                                       "error": f"{type(exc).__name__}: {exc}"[:200]})
-                self.streams_up[peer] = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+    def _on_nvml(self, snap: Any, origin: str) -> None:
+        """Store listener: after our own NVML poll, our link vector counts here at once (the verdict published
+        now) and goes to our followers when it changed or is due (agent.coordination.link_share)."""
+        if not origin.startswith("nvml/") or self.links is None:
+            return
+        raw = self.links.own(snap)
+        self.links.publish()
+        if raw is not None:
+            self.link_feed.publish("links", raw + b"\n")
+
+    def _link_from_peer(self, peer: str, line: bytes, stream: int) -> None:
+        """One line of `peer`'s links feed: taken only as that tray's own vector (link_vectors.decode)."""
+        assert self.links is not None
+        try:
+            self.links.accept(peer, line.strip())
+        except RecordError as exc:
+            self.links.forget(peer)
+            self.rejections.error("links", f"peer {peer}", stream, exc)
+        self.links.publish()
+
+    def _link_stream(self, peer: str, up: bool) -> None:
+        """A peer whose feed is lost says nothing of its links any more: silent, as a key gone with its lease."""
+        self.link_streams_up[peer] = up
+        if not up and self.links is not None:
+            self.links.forget(peer)
+
+    async def _follow_links(self, peer: str) -> None:
+        await follow(f"{self.peers[peer]}{LINKS_PATH}", peer, self.peer_tls,
+                     lambda line, stream: self._link_from_peer(peer, line, stream),
+                     lambda up: self._link_stream(peer, up), "links")
+
+    async def _publish_verdict(self) -> None:
+        """The verdict stays fresh in the store while this agent attributes; it ages out as vectors go stale."""
+        assert self.links is not None
+        while True:
+            self.links.publish()
+            await asyncio.sleep(INTERVAL)
 
     # -- maintenance: ours served, the peers' asked for ------------------------------------------------------
 
@@ -336,15 +335,21 @@ class StaticCoordinator:
 
     async def start(self, agent: Any) -> None:
         self.facts.store = agent.store
+        loop = asyncio.get_running_loop()
         agent.route_mounts.append(lambda app: app.router.add_get(MAINTENANCE_PATH, self._serve_maintenance))
         peers = {n: u for n, u in self.peers.items() if n != self.node}
         if peers:
-            self.tasks.append(asyncio.get_running_loop().create_task(self._poll_maintenance(peers)))
+            self.tasks.append(loop.create_task(self._poll_maintenance(peers)))
+        if self.links is not None:
+            self.links.attach(agent.store, self.stale_after)
+            agent.store.add_listener(self._on_nvml)
+            agent.route_mounts.append(lambda app: app.router.add_get(LINKS_PATH, self.link_feed.serve))
+            self.tasks.append(loop.create_task(self._publish_verdict()))
+            self.tasks += [loop.create_task(self._follow_links(p)) for p in sorted(peers) if p in self.links.nodes]
         if not self.pollers:
             return  # every node polls every shared device: nothing to share
         agent.store.add_listener(self.on_publish)
-        agent.route_mounts.append(lambda app: app.router.add_get("/api/v1/coordination/facts", self._serve))
-        loop = asyncio.get_running_loop()
+        agent.route_mounts.append(lambda app: app.router.add_get("/api/v1/coordination/facts", self.feed.serve))
         self.tasks += [loop.create_task(self._subscribe(p)) for p in self.needed_peers()]
 
     async def stop(self) -> None:

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+FORMATS = ("text", "json", "csv", "markdown")
+
 
 def add_remediation_parsers(sub: argparse._SubParsersAction) -> None:
     inc = sub.add_parser("incidents", help="list open and recent incidents; `resolve ID` closes one and undoes its "
@@ -37,12 +39,18 @@ def add_remediation_parsers(sub: argparse._SubParsersAction) -> None:
     jr = sub.add_parser("journal", help="print the action journal (read-only)")
     jr.add_argument("--db", default=None, help="journal database or state dir (default: the config's state_dir)")
     jr.add_argument("--limit", type=int, default=100)
-    rp = sub.add_parser("report", help="MTBF and MTTR per component class and the worst offenders, from the journal "
-                        "(read-only; works with the agent down)")
-    rp.add_argument("--since", default="30d", help="window back from now: 30d, 12h, 90m (default %(default)s)")
-    rp.add_argument("--db", default=None, help="journal database or state dir (default: the config's state_dir; "
-                    "without a config the component counts, and so MTBF, are unknown)")
-    rp.add_argument("--json", action="store_true", help="print the report as JSON")
+    rp = sub.add_parser("report", help="goodput (availability, GPU-hours lost, jobs interrupted per cause) and MTBF "
+                        "/ MTTR per component class, from the journal (read-only; works with the agent down)")
+    rp.add_argument("--since", default="30d", help="window start: a duration back from now (30d, 12h, 90m) or an "
+                    "ISO date or time (2026-11-01, 2026-11-01T08:00) (default %(default)s)")
+    rp.add_argument("--db", action="append", default=None, help="journal database or state dir (default: the "
+                    "config's state_dir); repeat it for the journals of several nodes (the rack's goodput). Without "
+                    "a config the component counts, and so MTBF, are unknown")
+    rp.add_argument("--format", choices=FORMATS, default=None, help="text (the default: reliability, then "
+                    "goodput), json, csv (goodput per node and cause) or markdown (the contract view)")
+    rp.add_argument("--json", action="store_true", help="the same as --format json")
+    rp.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node for GPU-hours when no config "
+                    "says (default: the config's inventory.gpus.count; neither: unknown)")
 
 
 def _from_config(args: argparse.Namespace) -> tuple[str, str | None, Path]:
@@ -92,43 +100,101 @@ def parse_until(text: str | None, now: float | None = None) -> float | None:
                          "like 90m, 2h, 1d") from None
 
 
-def parse_window(text: str) -> float:
-    """`--since`: a duration back from now (30d, 12h, 90m, 3600s), in seconds."""
+def parse_window(text: str, now: float | None = None) -> float:
+    """`--since`: a duration back from now (30d, 12h, 90m, 3600s) or an ISO date or time (local time unless it
+    names a zone), as the window's length in seconds."""
+    import datetime
+    import time
+
+    now = time.time() if now is None else now
     seconds = duration_seconds(text)
-    if not seconds:
-        raise SystemExit(f"supernode-agent report: --since {text!r}: expected a duration like 30d, 12h, 90m")
+    if seconds is None:
+        try:
+            seconds = now - datetime.datetime.fromisoformat(text.strip()).timestamp()
+        except ValueError:
+            seconds = None
+    if not seconds or seconds <= 0:
+        raise SystemExit(f"supernode-agent report: --since {text!r}: expected a duration like 30d, 12h, 90m or an ISO "
+                         "date or time in the past like 2026-11-01 or 2026-11-01T08:00")
     return seconds
 
 
 def cli_report(args: argparse.Namespace) -> int:
-    """`report`: the journal's incidents as MTBF / MTTR per class (agent.reliability)."""
+    """`report`: the journal's incidents as MTBF / MTTR per class (agent.reliability) and goodput (agent.goodput)."""
     import json
     import time
 
     from agent.config import ConfigError, load_config
+    from agent.goodput import GoodputError, JournalRead, check_times, goodput_report, own_node
+    from agent.goodput_format import format_csv, format_markdown, format_text
     from agent.reliability import component_counts, format_report, reliability_report
-    from agent.remediation.api import read_journal
 
-    window = parse_window(args.since)
+    now = time.time()
+    window = parse_window(args.since, now)
+    fmt = "json" if args.json else (args.format or "text")
     try:
         cfg = load_config(args.config).config
     except ConfigError as exc:
         if not args.db:
             raise SystemExit(f"supernode-agent report: {exc}\n(pass --db to read a journal without the config)")
         cfg = None
-    entries = read_journal(Path(args.db) if args.db else cfg.agent.state_dir)  # type: ignore[union-attr]
-    if entries is None:
-        return 1
-    now = time.time()
-    node, rack = (cfg.agent.node, cfg.agent.rack) if cfg else ("this agent", "?")
+    paths = [Path(p) for p in args.db] if args.db else [cfg.agent.state_dir]  # type: ignore[union-attr]
+    reads = []
+    for i, path in enumerate(paths):
+        entries = read_report_journal(path)
+        if entries is None:
+            return 1
+        mine = own_node(entries) or (cfg.agent.node if cfg is not None and i == 0 else None)
+        reads.append(JournalRead(entries, mine, str(path)))
+    node, rack = (cfg.agent.node, cfg.agent.rack) if cfg else (reads[0].node or "this agent", "?")
     counts = component_counts(cfg.inventory) if cfg else None
     zones = {z.name: z.nodes for z in cfg.inventory.leak_zones} if cfg else {}
-    rep = reliability_report(entries, counts, now - window, now, node, zones)
-    if args.json:
-        print(json.dumps(rep, indent=2))
+    gpus = args.gpus_per_node if args.gpus_per_node is not None else (cfg.inventory.gpus.count if cfg else None)
+    try:  # the first journal is this agent's: its reliability, as before; goodput over every journal read
+        for r in reads:
+            check_times(r.entries)
+        rep = reliability_report(reads[0].entries, counts, now - window, now, node, zones)
+        good = goodput_report(reads, gpus, now - window, now, cfg.inventory.nodes if cfg else ())
+    except GoodputError as exc:
+        print(f"supernode-agent report: {exc}: no figure printed", file=sys.stderr)
+        return 1
+    if fmt == "json":
+        print(json.dumps({**rep, "goodput": good}, indent=2))
+    elif fmt == "csv":
+        sys.stdout.write(format_csv(good))
+    elif fmt == "markdown":
+        sys.stdout.write(format_markdown(good, rep, node, rack))
     else:
-        sys.stdout.write(format_report(rep, node, rack))
+        sys.stdout.write(format_report(rep, node, rack) + format_text(good))
     return 0
+
+
+def read_report_journal(path: Path) -> list | None:
+    """The rows for `report`: a journal that cannot be read, or a row whose detail is not JSON, is said (file and
+    row) and gives no report, never a report without those rows."""
+    import json
+    import sqlite3
+
+    from agent.remediation.api import read_journal
+
+    try:
+        return read_journal(path)
+    except sqlite3.Error as exc:
+        raise SystemExit(f"supernode-agent report: journal {path}: cannot be read: {exc}: no figure printed") from None
+    except json.JSONDecodeError:
+        db = path / "journal.db" if path.is_dir() else path
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            bad = []
+            for seq, detail in con.execute("SELECT seq, detail FROM journal ORDER BY seq"):
+                try:
+                    json.loads(detail or "{}")
+                except json.JSONDecodeError as err:
+                    bad.append(f"seq {seq} ({err.msg})")
+        finally:
+            con.close()
+        raise SystemExit(f"supernode-agent report: journal {path}: row {', '.join(bad[:5])}: detail is not JSON: "
+                         "no figure printed") from None
 
 
 def _need_token(cmd: str, token_file: str | None) -> bool:

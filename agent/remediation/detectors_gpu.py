@@ -97,22 +97,37 @@ class GpuDetectors(DetectorBase):
     def _gpu_lost(self, snap: Snapshot) -> Iterator[Observation]:
         up: dict[str, int] = {}
         hung = _gpus_hung(snap, self.ctx)
-        for r in snap.select("supernode_gpu_up"):
+        gpus = list(snap.select("supernode_gpu_up"))
+        # GPUs NVML enumerates per node (a uuid read); the exporter fills the inventory's missing indices with
+        # supernode_gpu_up 0 and an empty uuid (fewer GPUs than the inventory: one fell off the bus at boot).
+        seen: dict[str, int] = {}
+        for r in gpus:
+            if r.ok and r.label("uuid"):
+                seen[_node(r, self.ctx)] = seen.get(_node(r, self.ctx), 0) + 1
+        for r in gpus:
             if not r.ok:
                 yield self._fault(r)
                 continue
             node = _node(r, self.ctx)
             up[node] = up.get(node, 0) + (1 if r.value >= 0.5 else 0)
-            # A GPU whose NVML calls hang does not answer either: lost to its jobs, said why in the detail.
-            why = "hung" if (node, r.label("gpu")) in hung else "lost"
+            # A GPU whose NVML calls hang does not answer either: lost to its jobs, said why in the detail. One with no
+            # identity is one NVML never named: the GPU count below the inventory (or lost before its uuid was read),
+            # said with the count of GPUs NVML did name.
+            detail: dict[str, object] = {}
+            if r.value < 0.5:
+                if (node, r.label("gpu")) in hung:
+                    detail = {"why": "hung"}
+                elif not r.label("uuid") and self.ctx.expected_gpus:
+                    detail = {"why": "missing", "seen": seen.get(node, 0), "expected": self.ctx.expected_gpus}
+                else:
+                    detail = {"why": "lost"}
             yield Observation("gpu_lost", targets_of(node=node, gpu=r.label("gpu")), "critical", r.value < 0.5,
-                              detail={"why": why} if r.value < 0.5 else {})
+                              detail=detail)
         expected = self.ctx.expected_gpus
         if expected:
             for node, n in up.items():
                 yield Observation("gpu_lost", targets_of(node=node, gpu="missing"), "critical",
-                                  n < expected and len([r for r in snap.select("supernode_gpu_up")
-                                                        if _node(r, self.ctx) == node]) < expected,
+                                  n < expected and len([r for r in gpus if _node(r, self.ctx) == node]) < expected,
                                   detail={"seen": n, "expected": expected})
 
     def _nvlink(self, snap: Snapshot) -> Iterator[Observation]:

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from agent.goodput_metrics import OutOfServiceTracker
+
 from .approvals import AmbiguousApproval, ApprovalDesk, Pending  # noqa: F401  (re-exported)
 from .decisions import LoggedJournal
 from .detectors import Context, Detectors
@@ -98,6 +100,7 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
         self.first_action_at: float | None = None
         self.component_failures: dict[str, int] = {}  # class -> failures counted (agent.reliability)
         self.repairs: dict[str, tuple[list[int], float, int]] = {}  # class -> duration histogram, opened -> resolved
+        self.out_of_service = OutOfServiceTracker(identity.node, clock)  # goodput counters (agent.goodput)
 
     # -- construction ------------------------------------------------------------
 
@@ -150,14 +153,18 @@ class RemediationEngine(IncidentLifecycle, StepRunner, ApprovalDesk, Reconciler,
         self.loop = asyncio.get_running_loop()
         await asyncio.to_thread(self.journal.open)
         await self.reconcile()
-        self._rebuild_effects(await asyncio.to_thread(self.journal.entries))
+        self.journal.on_append = self.out_of_service.feed  # before the read: a row in both counts once (seq)
+        entries = await asyncio.to_thread(self.journal.entries)
+        self._rebuild_effects(entries)
+        self.out_of_service.load(entries)
         restored = await asyncio.to_thread(self.incidents.restore)
         await asyncio.to_thread(self.maintenance.restore)
         self.maintenance.publish_all()  # rack-wide: what a person set here holds on every agent
         # Resume the world, not only the journal: restored incidents are active in the fresh detectors,
         # so the first snapshots that no longer show their condition clear (and undo) them.
         seed_restored(self.detectors, self.incidents.open_incidents())
-        self.journal.append("engine", result="started", detail={"mode": self.mode, "restored_incidents": restored})
+        self.journal.append("engine", result="started", detail={"mode": self.mode, "restored_incidents": restored,
+                                                             "node": self.identity.node, "rack": self.identity.rack})
         self.started = True
         self._undo_orphans()
         self._spawn(self._recheck_unknown())

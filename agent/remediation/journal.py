@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .journal_file import SCHEMA_V1, SCHEMA_VERSION, COLUMNS, Entry, JournalError, _entry, open_db
 from .journal_retention import Pruned, Retention, apply_retention
@@ -70,6 +70,9 @@ class Journal(JournalWriter):
         self._thread: threading.Thread | None = None
         self._closing = False
         self._opened = False
+        # Told every row as it is queued (the engine's goodput tracker, agent/goodput_metrics.py); one slot, so
+        # a reload's engine replaces its predecessor's instead of adding to it.
+        self.on_append: Callable[[Entry], None] | None = None
         if not readonly:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 

@@ -55,6 +55,7 @@ class JournalWriter:
     _stalled: bool
     _closing: bool
     _opened: bool
+    on_append: Any
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every queued row is committed; False if the disk still refuses after `timeout`."""
@@ -82,8 +83,14 @@ class JournalWriter:
             row = ("journal", (seq, ts if ts is not None else time.time(), kind, action_id, incident_id, playbook,
                                action, target, result, text))
             self._pending.append(row)
-            self._index(_entry(row[1]))
+            entry = _entry(row[1])
+            self._index(entry)
             self._cond.notify_all()
+        if self.on_append is not None:
+            try:
+                self.on_append(entry)
+            except Exception:  # bookkeeping (the goodput series) never fails the row, nor the step writing it
+                log.exception("journal row listener failed", extra={"kind": kind})
         return seq
 
     def _writer(self) -> None:

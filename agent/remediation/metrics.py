@@ -163,6 +163,7 @@ class RemediationCollector:
         for (r,), n in _zeroed({(k,): v for k, v in e.webhook_total.items()}, [(r,) for r in WEBHOOK_RESULTS]).items():
             hooks.add_metric([r], n)
         yield hooks
+        yield from e.out_of_service.families()
         ignored = _family(WEBHOOK_IGNORED)
         for (r,), n in _zeroed({(k,): v for k, v in e.webhook_ignored.items()}, [(r,) for r in IGNORED_REASONS]).items():
             ignored.add_metric([r], n)

@@ -96,7 +96,8 @@ class DetectorSettings(_Strict):
         "its tray count, never below 2."))
     nvlink_switch_fault: Hold = Hold(fire_seconds=0.0, clear_seconds=30.0)
     nvlink_switch_attribution: bool | None = Field(default=None, description=(
-        "Publish this tray's NVLink state vector and attribute the rack's NVLink failures (etcd coordination). "
+        "Publish this tray's NVLink state vector and attribute the rack's NVLink failures (etcd coordination, or "
+        "static with inventory.agent_urls: each agent follows its peers' feeds). "
         "Default: on when inventory.switch_trays lists the rack's NVSwitch trays (a rack-scale NVLink domain, "
         "GB200 NVL72, where link k of every GPU reaches switch chip k); an HGX rack's links stay each tray's own."))
     nvlink_switch_fault_drain_partition: bool = Field(default=False, description=(

@@ -36,7 +36,7 @@ from agent.snapshot import Snapshot
 from exporters.model import counter, gauge
 from exporters.validation import terminal_safe
 from agent.status.peers import PeerPoller
-from agent.status.view import ViewBuilder, coordination, incidents, nvlink_domain, sources
+from agent.status.view import ViewBuilder, coordination, incidents, nvlink_attribution, nvlink_domain, sources
 
 log = logging.getLogger("supernode.status")
 
@@ -198,7 +198,8 @@ class StatusHub:
                               "why": "no agent URL for this node in inventory.agent_urls"})
         view: dict[str, Any] = {
             "now": now, "agent": self.agent.identity(), "nodes": nodes,
-            "nvlink_domain": nvlink_domain(nodes, getattr(cfg.inventory, "switch_trays", None) or []),
+            "nvlink_domain": nvlink_domain(nodes, getattr(cfg.inventory, "switch_trays", None) or [],
+                                           nvlink_attribution(snap)),
             "coolant": self.builder.coolant(snap, cfg.inventory), "power": self.builder.power(snap, cfg.inventory),
             "sources": sources(snap.sources, now, *self._coordinated_sources()),
             "coordination": coordination(self._coordination_desc()),

@@ -276,7 +276,18 @@
         ": failing on " + bad.length + " of " + d.rows.length + " trays (" + bad.map((r) => r.node).join(", ") +
         ") \u2014 a column points at the switch chip, not the trays");
     }).filter((x) => x);
-    replace("nvlink", el("div", { class: "matrix-wrap" }, el("table", { class: "matrix", "aria-label": "NVLink domain: trays by switch chips" },
+    // The rack's own verdict (agent/coordination/attribution.py), where this agent attributes: which switch chips,
+    // and so which switch trays, to service; no compute tray is drained for them.
+    const a = d.attribution;
+    const verdict = !a ? null : el("p", { "data-verdict": a.switch_side.length ? "switch" : "none" },
+      a.switch_side.length
+        ? [badge("bad", "domain degraded"), " the rack attributes " + a.switch_side.map((c) => "chip " + c.chip +
+            (c.switch_tray ? " (switch tray " + c.switch_tray + ")" : "")).join(", ") +
+            " to its NVSwitch: service " + (a.switch_side.some((c) => c.switch_tray) ? "that switch tray" : "that switch chip") +
+            "; the fabric routes over the other chips, no compute tray is drained for it" +
+            (a.tray_side_links ? "; " + a.tray_side_links + " tray-side link(s) failing" : "")]
+        : "no switch-side fault attributed" + (a.tray_side_links ? "; " + a.tray_side_links + " tray-side link(s) failing" : ""));
+    replace("nvlink", verdict, el("div", { class: "matrix-wrap" }, el("table", { class: "matrix", "aria-label": "NVLink domain: trays by switch chips" },
       el("thead", {}, head), el("tbody", {}, rows))), notes.length ? el("ul", { class: "plain" }, notes) : null);
   }
 

@@ -425,7 +425,20 @@ def incidents(engine: Any, rows_by_incident: Mapping[str, list[Any]], now: float
 _LINK_RANK = {"down": 4, "ber": 3, "errors": 2, "unknown": 1, "ok": 0}
 
 
-def nvlink_domain(nodes: Iterable[Mapping[str, Any]], switch_trays: Iterable[Any] = ()) -> dict[str, Any]:
+def nvlink_attribution(snap: Snapshot) -> dict[str, Any] | None:
+    """This agent's verdict on the rack's NVLink failures (agent.coordination.link_share), or None where it does not
+    attribute (no rack-scale NVLink domain, or its verdict aged out: coordination lost). The page says from it
+    which switch chips, and so which switch trays, the rack calls at fault (the column the matrix shows)."""
+    faults = [r for r in snap.select("supernode_nvlink_switch_fault") if r.ok]
+    if not faults:
+        return None
+    tray_side = next((r.value for r in snap.select("supernode_nvlink_tray_side_links") if r.ok), 0.0)
+    side = sorted(((int(r.label("switch_chip")), r.label("switch_tray")) for r in faults if r.value >= 0.5))
+    return {"switch_side": [{"chip": k, "switch_tray": t} for k, t in side], "tray_side_links": int(tray_side)}
+
+
+def nvlink_domain(nodes: Iterable[Mapping[str, Any]], switch_trays: Iterable[Any] = (),
+                  attribution: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The NVLink domain as one matrix: a row per compute tray (this node and its peers, from the node cards the
     page already has), a column per NVLink index, which on GB200 NVL72 is the NVSwitch chip every GPU's link k
     reaches; each cell the worst state of that link over the tray's GPUs (down > ber > errors > unknown > ok).
@@ -433,7 +446,7 @@ def nvlink_domain(nodes: Iterable[Mapping[str, Any]], switch_trays: Iterable[Any
     Why a matrix: a failing switch chip reads "link k down" on every tray at once, a column; a failing tray reads
     on its own row. `switch_trays` (inventory.switch_trays: name and chips) labels the columns by switch tray;
     without it, by chip only. A tray whose card is missing (agent unreachable, not configured) is a row of
-    `unknown`, never a row of `ok`."""
+    `unknown`, never a row of `ok`. `attribution` (nvlink_attribution) is the rack's verdict, passed through."""
     per_node = [(n, [list(g.get("nvlink") or []) for g in (n.get("card") or {}).get("gpus", [])]) for n in nodes]
     width = max((len(links) for _, gpus in per_node for links in gpus), default=0)
     trays = []
@@ -448,6 +461,6 @@ def nvlink_domain(nodes: Iterable[Mapping[str, Any]], switch_trays: Iterable[Any
         return max(states, key=_LINK_RANK.__getitem__, default="unknown")  # no GPU reported: unknown
 
     return {"chips": [{"index": k, "switch_tray": chip_tray.get(k, "")} for k in range(width)],
-            "switch_trays": trays,
+            "switch_trays": trays, "attribution": attribution,
             "rows": [{"node": n.get("name", ""), "reach": n.get("reach", ""),
                       "cells": [worst(gpus, k) for k in range(width)]} for n, gpus in per_node]}

@@ -27,7 +27,8 @@ class DrainAction:
         except SchedulerError as exc:  # the engine retries this step with backoff; the playbook goes on
             raise ActionError(f"cannot read {target['node']}'s state: {exc}", guardrail="scheduler_unreachable") from exc
         reason = f"{MARKER} {ctx.get('incident_id', '?')} {ctx.get('detector', '')}".strip()
-        return {"before": {"state": st.state, "reason": st.reason, "owned": not st.drained}, "reason": reason}
+        jobs = await jobs_on(self.scheduler, target["node"]) if not st.drained else {}
+        return {"before": {"state": st.state, "reason": st.reason, "owned": not st.drained}, "reason": reason, **jobs}
 
     async def apply(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any],
                     plan: Mapping[str, Any]) -> ActionResult:
@@ -77,6 +78,18 @@ class DrainAction:
         if not plan.get("before", {}).get("owned", True):
             return "applied"  # nothing was to be done
         return "applied" if st.drained and st.reason.startswith(str(plan.get("reason", MARKER))[:40]) else "not_applied"
+
+
+async def jobs_on(scheduler: Any, node: str) -> dict[str, Any]:
+    """The jobs running on a node as the agent is about to take it out (a drain, a reboot), for the plan: the
+    intent carries them to the disk before the write, so the goodput report's "jobs interrupted" is what was
+    there at that moment, even if the agent dies with its node. A scheduler that cannot say is recorded as
+    such (`jobs_error`: the report shows unknown, never 0) and never stops the step."""
+    try:
+        return {"jobs": sorted(str(j) for j in await scheduler.jobs(node))}
+    except Exception as exc:  # SchedulerError, or an adapter's own: the step goes on, the record says unknown
+        log.warning("jobs on the node unknown; going on", extra={"node": node, "error": str(exc)})
+        return {"jobs_error": f"{type(exc).__name__}: {exc}"}
 
 
 async def checkpoint_jobs(scheduler: Any, node: str, signal: str | None) -> dict[str, str]:

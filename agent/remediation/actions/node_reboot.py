@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Awaitable, Callable, Mapping
 
 from . import ActionError, ActionResult
-from .drain import MARKER, checkpoint_jobs
+from .drain import MARKER, checkpoint_jobs, jobs_on
 from .slurm import DRAINED_WORDS, SchedulerError, UnknownNode
 
 Verify = Callable[[str], Awaitable[tuple[bool, str]]]  # node -> (GPUs healthy, why in words)
@@ -64,7 +64,8 @@ class NodeRebootAction:
         except SchedulerError as exc:
             raise ActionError(f"cannot read {node}'s boot time: {exc}", guardrail="scheduler_unreachable") from exc
         reason = f"{MARKER} {ctx.get('incident_id', '?')} {ctx.get('detector', '')}".strip()
-        return {"before": {"boot_time": boot, "state": st.state, "reason": st.reason}, "reason": reason}
+        return {"before": {"boot_time": boot, "state": st.state, "reason": st.reason}, "reason": reason,
+                **await jobs_on(self.scheduler, node)}
 
     async def apply(self, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any],
                     plan: Mapping[str, Any]) -> ActionResult:
