@@ -25,6 +25,7 @@ mapping at all and exactly one CDU in the inventory, that one; else none (reason
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -161,11 +162,17 @@ class ThermalResistanceSource:
                 if prev_at is not None:
                     self.baselines.add(key[1], band, r, now - prev_at)
                 out.append(Reading(LEARNING, self.baselines.learning(key[1], band), labels, timestamp=ts))
-        self.baselines.save(now)
+        await self._save(now)
         return PollResult(out)
 
+    async def _save(self, now: float, force: bool = False) -> None:
+        """The baselines to disk when due, the write (an fsync) off the event loop: a slow disk never delays it."""
+        data = self.baselines.pending(now, force)
+        if data is not None:
+            await asyncio.to_thread(self.baselines.write, data)
+
     async def close(self) -> None:
-        self.baselines.save(self.store.snapshot().monotonic, force=True)
+        await self._save(self.store.snapshot().monotonic, force=True)
 
 
 def thermal_resistance_source(store: SnapshotStore, inv: "Inventory", settings: "ThermalResistanceSettings",

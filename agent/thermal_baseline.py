@@ -120,15 +120,22 @@ class ThermalBaselines:
             return
         self._dirty = True
 
-    def save(self, now: float, force: bool = False) -> bool:
-        """Write the file if something changed and the persist period passed (or `force`); True when written."""
+    def pending(self, now: float, force: bool = False) -> dict | None:
+        """The file's content if it is due to be written (something changed and the persist period passed, or
+        `force`), else None. Built on the caller's thread (the event loop's, where `add` runs), so `write` can
+        run on another without reading a dict being changed."""
         if self.path is None or not self._dirty:
-            return False
+            return None
         if not force and self._written_at is not None and now - self._written_at < self.persist_seconds:
-            return False
-        data = {"version": VERSION, "gpus": {u: {str(k): {"r": b.r, "learnt_s": b.learnt_s, "samples": b.samples}
+            return None
+        self._written_at, self._dirty = now, False  # a failed write sets it dirty again
+        return {"version": VERSION, "gpus": {u: {str(k): {"r": b.r, "learnt_s": b.learnt_s, "samples": b.samples}
                                                  for k, b in sorted(bands.items())}
                                              for u, bands in sorted(self.gpus.items())}}
+
+    def write(self, data: dict) -> bool:
+        """Write `pending`'s content atomically (a temporary file renamed over the file); blocking (fsync)."""
+        assert self.path is not None
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -139,8 +146,11 @@ class ThermalBaselines:
             os.replace(tmp, self.path)
         except OSError as exc:  # a full disk: kept in memory, tried again next period
             log.warning("thermal baselines not saved", extra={"path": str(self.path), "error": str(exc)})
-            self._written_at = now
+            self._dirty = True
             return False
-        self._written_at = now
-        self._dirty = False
         return True
+
+    def save(self, now: float, force: bool = False) -> bool:
+        """`pending` and `write` on this thread; True when written."""
+        data = self.pending(now, force)
+        return data is not None and self.write(data)

@@ -300,3 +300,16 @@ def test_check_config_names_a_bad_thermal_resistance_or_cold_plate_setting(tmp_p
         with pytest.raises(ConfigError) as exc:
             parse_config(minimal(tmp_path, **{section: {key: value}}), "agent.yaml")
         assert named in str(exc.value), str(exc.value)
+
+
+def test_a_baseline_file_that_cannot_be_written_is_kept_in_memory_and_tried_again_next_period(tmp_path):
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state dir should be")  # every write below it fails (ENOTDIR)
+    b = ThermalBaselines(blocker / FILE_NAME, learn_seconds=10.0, persist_seconds=30.0)
+    for t in range(12):
+        b.add("GPU-0", 3, 0.06, 1.0)
+    assert not b.save(100.0)  # learnt, due at once, and the write fails: said in the log, nothing raised
+    assert b.baseline("GPU-0", 3) == 0.06  # still in memory
+    assert b.pending(110.0) is None  # not again before the persist period
+    blocker.unlink()
+    assert b.save(131.0) and json.loads((blocker / FILE_NAME).read_text())["gpus"]["GPU-0"]["3"]["r"] == 0.06
