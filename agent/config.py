@@ -531,6 +531,32 @@ class ImexSettings(SourceSettings):
         "adds -q and -N -j -H."))
 
 
+class ThermalResistanceSettings(SourceSettings):
+    """The derived thermal resistance of each GPU's cold plate (agent/thermal_resistance.py): its load gate, its
+    smoothing and its learned baseline. Derived from the snapshot (NVML and the CDU), never from a device."""
+
+    interval: float = Field(default=5.0, gt=0, le=3600, description="Seconds between computations.")
+    min_power_ratio: float = Field(default=0.5, gt=0, le=1, description=(
+        "Gate: R is computed only while the GPU draws at least this share of its default (board) power limit: "
+        "at low power the GPU's rise over the coolant is a few kelvin, within the sensors' error, and R = rise / "
+        "power means nothing."))
+    min_utilization_ratio: float = Field(default=0.5, ge=0, le=1, description=(
+        "Gate: and only while its utilisation (engine gpu) is at least this (a job runs on it)."))
+    settle_seconds: float = Field(default=30.0, ge=0, le=3600, description=(
+        "Gate: the first samples after the gate opens are dropped for this long: the die's temperature follows a "
+        "power step with the plate's thermal time constant, and R read before it settled is too low."))
+    smoothing_seconds: float = Field(default=60.0, gt=0, le=86400, description=(
+        "Time constant of the exponentially weighted mean R is smoothed with."))
+    baseline_learn_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400, description=(
+        "Gated time a GPU's baseline at one flow learns for before it is a reference; afterwards it only follows "
+        "R down (a cleaned plate), never up, so a fouling plate never becomes its own normal."))
+    baseline_flow_band_ratio: float = Field(default=0.1, gt=0, le=1, description=(
+        "Flows within this share of each other count as comparable: the baseline is learnt and judged per flow "
+        "band of this width (R falls as flow rises)."))
+    persist_seconds: float = Field(default=60.0, gt=0, le=86400, description=(
+        "Write the learnt baselines to agent.state_dir at most this often (and when one is learnt, and at stop)."))
+
+
 class Sources(Strict):
     nvml: NvmlSettings = NvmlSettings()
     # Each source's defaults live in its settings class, so a partial section keeps the others' defaults.
@@ -541,6 +567,7 @@ class Sources(Strict):
     pdu: PduSourceSettings = PduSourceSettings()
     redfish: RedfishSourceSettings = RedfishSourceSettings()
     imex: ImexSettings = ImexSettings()
+    thermal_resistance: ThermalResistanceSettings = ThermalResistanceSettings()
     stale_after_intervals: float = Field(default=2.0, ge=1.0, description=(
         "Drop a source's readings after this many missed intervals."))
     sysfs_root: Path = Field(default=Path("/sys"), description="Root of the sysfs tree read for links.")

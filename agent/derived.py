@@ -1,4 +1,5 @@
-"""Readings derived from the snapshot, never from a device: rack power, and the state of the leak sources.
+"""Readings derived from the snapshot, never from a device: rack power, the state of the leak sources, and each
+GPU's cold-plate thermal resistance (agent/derived_thermal.py).
 
 A derived source reads the snapshot, never a device, so it inherits the
 staleness rule: when the PDUs go stale, their inlets leave the snapshot and
@@ -145,8 +146,21 @@ def derived_sources(store: SnapshotStore, loaded: "LoadedConfig", sources: list[
     out: list[ScheduledSource] = []
     if cfg.inventory.pdus:
         out.append(ScheduledSource(RackPowerSource(store, cfg.inventory.power_budget_watts), cfg.sources.pdu))
+    if cfg.sources.nvml.enabled and cfg.sources.thermal_resistance.enabled:
+        out.append(_thermal_resistance(store, loaded))
     leaks = [s.source for s in sources if s.source.name in ("leak", "redfish") and hasattr(s.source, "leak_sensors")]
     if leaks:
         # On the leak schedule: an unknown zone shows within two leak intervals of the first failed poll.
         out.append(ScheduledSource(LeakWatchSource(store, leaks, idle), cfg.sources.leak))
     return out
+
+
+def _thermal_resistance(store: SnapshotStore, loaded: "LoadedConfig") -> "ScheduledSource":
+    """Each GPU's cold-plate thermal resistance and its persisted baseline (agent/derived_thermal.py)."""
+    from agent.derived_thermal import thermal_resistance_source
+    from agent.runtime import ScheduledSource
+
+    cfg = loaded.config
+    settings = cfg.sources.thermal_resistance
+    return ScheduledSource(thermal_resistance_source(store, cfg.inventory, settings, cfg.agent.node,
+                                                     cfg.agent.state_dir), settings)

@@ -31,7 +31,7 @@ class Kind(str, enum.Enum):
 
 
 # Base units a metric name may end in (longest first, so `_cubic_meters_per_second` wins over `_second`).
-BASE_UNITS = ("cubic_meters_per_second", "cubic_meters_per_joule", "bytes_per_second", "volt_amperes",
+BASE_UNITS = ("cubic_meters_per_second", "cubic_meters_per_joule", "kelvin_per_watt", "bytes_per_second", "volt_amperes",
               "celsius", "watts", "joules", "pascals", "seconds", "bytes", "ratio", "dbm", "amperes", "volts",
               "hertz", "meters", "rpm", "siemens_per_meter")
 

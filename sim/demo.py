@@ -82,6 +82,20 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
     return cfg
 
 
+def demo_cold_plates(cfg: dict[str, Any]) -> None:
+    """The demo's cold-plate and tray-flow detectors (issue 35), quick enough that `inject cold-plate-fouling`
+    opens its incident within two minutes: R computed every 2 s, 10 s after the load gate opens, smoothed over
+    10 s, a baseline learnt in a minute, and cold_plate_degraded held 30 s (shipped: 30 s, 60 s, 1 h, 5 min).
+    tray_flow_low compares the trays an agent reads: one peer is enough on a demo of two trays, on an agent that
+    reads every tray (sources.redfish.watch_rack_trays, left off here: it also hands the leader every tray's leak
+    detectors, which the tour's tray-leak story does not expect)."""
+    cfg["sources"]["thermal_resistance"] = {"interval": 2.0, "timeout": 2.0, "settle_seconds": 10.0,
+                                            "smoothing_seconds": 10.0, "baseline_learn_seconds": 60.0}
+    cfg["remediation"].setdefault("detectors", {}).update(
+        cold_plate_degraded={"fire_seconds": 30.0, "clear_seconds": 30.0},
+        tray_flow_low={"fire_seconds": 10.0, "clear_seconds": 30.0}, tray_flow_min_peers=1)
+
+
 async def _keep_jobs(slurm: Any, sim_url: str, jobdir: Path, every: float = 2.0) -> None:
     """One demo job (sim/demo_job.py) on every idle node of the demo's Slurm, as a busy cluster has: the GPUs
     are busy while it runs, so a GPU reset waits for the drain's checkpoint signal to end it, and a node back
@@ -208,6 +222,7 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             cfg_path.parent.mkdir(parents=True, exist_ok=True)
             cfg = agent_config(sim, node, port, workdir, slurm_conf=slurm.conf if slurm else None, agent_urls=urls,
                                etcd_endpoints=etcd.endpoints if etcd else None)
+            demo_cold_plates(cfg)
             if slurm is not None:  # the demo's jobs checkpoint and exit on it (sim/demo_job.py) before a drain or reboot
                 cfg["remediation"]["slurm"]["checkpoint_signal"] = "USR1"
             if etcd is not None:  # the node's own etcd user (it may write only its own keys), over TLS

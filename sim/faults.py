@@ -640,3 +640,43 @@ def _bmc_event_garbage(sim: "Simulator", p: dict[str, Any]) -> str:
     dev = _bmc(sim, p)
     n = dev.events.send_garbage(p["frame"], int(p["mib"] * (1 << 20)))
     return f"{dev.name}: {p['frame']} written to {n} SSE stream(s)"
+
+
+# -- cold plates and tray coolant flow (issue 35) ----------------------------------------
+
+
+@fault("cold-plate-fouling", "A GPU's cold plate fouls (deposits, trapped air): its thermal resistance rises by "
+       "PERCENT, so under load the GPU runs hotter over the coolant in proportion to its power; idle, it hardly "
+       "shows. Survives resets and reboots (it is plumbing); `sim clear` cleans it.", NODE, GPU,
+       Param("percent", float, True, None, "rise of the plate's thermal resistance, in % (30: R x 1.3)"))
+def _plate_fouling(sim: "Simulator", p: dict[str, Any]) -> str:
+    if not 0 <= p["percent"] <= 1000:
+        raise FaultError("percent: expected 0..1000")
+    with sim.model.lock:
+        g = _gpu(sim, p)
+        g.plate_fouling = p["percent"] / 100
+    return f"{g.node} gpu {g.index} cold plate R +{p['percent']}%"
+
+
+@fault("tray-flow-blocked", "A tray's coolant path blocks (a clogged quick-disconnect, a kinked hose): at the same "
+       "CDU pressure it passes PERCENT less flow than its peers, its BMC's coolant connector reads it, and its "
+       "GPUs run hotter. `sim clear` unblocks it.", Param("node", str, True, None, "node whose tray"),
+       Param("percent", float, False, 50.0, "share of the peers' flow lost, in % (default 50)"))
+def _tray_flow_blocked(sim: "Simulator", p: dict[str, Any]) -> str:
+    if not 0 <= p["percent"] < 100:
+        raise FaultError("percent: expected 0..100 (100 would be no flow at all: a closed valve)")
+    with sim.model.lock:
+        node = p["node"]
+        if node not in sim.model.nodes:
+            raise FaultError(f"node: {node!r} is not a simulated node ({', '.join(sim.model.nodes)})")
+        sim.model.nodes[node].tray_flow_factor = 1 - p["percent"] / 100
+    return f"{node} tray flow -{p['percent']}%"
+
+
+def clear_plates_and_tray_flow(model: Any) -> None:
+    """`sim clear`'s part for the two faults above: every plate clean, every tray's path open."""
+    with model.lock:
+        for node in model.nodes.values():
+            node.tray_flow_factor = 1.0
+            for g in node.gpus:
+                g.plate_fouling = 0.0

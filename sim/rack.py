@@ -77,6 +77,9 @@ class GpuState:
     unsupported: set[str] = field(default_factory=set)  # pynvml function/field names answering NotSupported
     base_unsupported: frozenset[str] = frozenset()  # what the GPU model itself never supports (its personality)
     thermal_extra_c: float = 0.0  # injected: extra heat (blocked cold plate)
+    # injected (cold-plate-fouling): the cold plate's thermal resistance is this much above its clean value
+    # (0.3 = +30 %), so the GPU's rise over the coolant grows with its power, as a fouled plate's does
+    plate_fouling: float = 0.0
     # injected: a clock slowdown the GPU reports with these NVML reasons (hw_slowdown, hw_power_brake; empty with
     # slow_clock_ratio < 1: clocks held down with no reason given) and the share of its SM clock it keeps
     slowdown_reasons: set[str] = field(default_factory=set)
@@ -192,6 +195,9 @@ class NodeState:
     tray_leaks: dict[str, str] = field(default_factory=dict)
     nvml_hang_seconds: float = 0.0  # every NVML call on the node blocks up to this long (a wedged driver)
     nvml_pinned: dict = field(default_factory=dict)  # driver / cuda of a captured node
+    # injected (tray-flow-blocked): the share of its peers' coolant flow this tray's manifold still passes at
+    # the same CDU pressure (1.0: clear; 0.2: a clogged quick-disconnect or a kinked hose)
+    tray_flow_factor: float = 1.0
     # The host's boot: a new id and time at every simulated reboot (sim/nvml_faults.reboot_node), as
     # /proc/sys/kernel/random/boot_id and the boot time change on a real host, so a check after a reboot can
     # tell that the node did reboot.
@@ -290,6 +296,16 @@ class RackModel:
         with self.lock:
             return sum(g.power_w for n in self.nodes.values() for g in n.gpus if not g.lost)
 
+    def tray_flow_lpm(self, node: str) -> float:
+        """The coolant flow through one tray's manifold: its share of the secondary loop's flow at the CDU's
+        pressure, times what its own path still passes (a closed zone valve: a trickle). A blocked tray does not
+        push more flow through the others: the CDU holds its pressure, and the others' paths are unchanged."""
+        with self.lock:
+            c = self.coolant
+            share = c.flow_lpm / max(len(self.nodes), 1)
+            closed = any(not c.valve_open.get(z, True) for z, ns in self.zone_nodes.items() if node in ns)
+            return share * (0.05 if closed else self.nodes[node].tray_flow_factor)
+
     # -- physics -----------------------------------------------------------------
 
     def step(self, dt: float) -> None:
@@ -317,7 +333,8 @@ class RackModel:
                         g.power_w = 0.0
                         g.temp_c += (c.secondary_supply_c - g.temp_c) * (1.0 if dt <= 0 else min(1.0, dt / 3.0))
                         continue
-                    self._step_gpu(g, dt, c.secondary_supply_c, 0.05 if closed else flow_ratio)
+                    tray_ratio = 0.05 if closed else flow_ratio * node.tray_flow_factor
+                    self._step_gpu(g, dt, c.secondary_supply_c, tray_ratio)
 
     def _step_gpu(self, g: GpuState, dt: float, supply_c: float, flow_ratio: float) -> None:
         if g.lost:
@@ -332,7 +349,8 @@ class RackModel:
         g.energy_mj += g.power_w * dt * 1000.0
         # Cold plate: thermal resistance grows as flow falls. A bigger GPU sits on a bigger cold plate: the
         # resistance scales with the board power (0.06 K/W at H100's 700 W), so full load stays below slowdown.
-        r_th = 0.06 * 700.0 / max(g.default_limit_mw / 1000, 1.0) / max(flow_ratio, 0.15) ** 0.8
+        # A fouled plate (deposits, trapped air) multiplies that resistance: its rise over the coolant grows with power.
+        r_th = 0.06 * 700.0 / max(g.default_limit_mw / 1000, 1.0) / max(flow_ratio, 0.15) ** 0.8 * (1 + g.plate_fouling)
         target_temp = supply_c + g.power_w * r_th + g.thermal_extra_c
         g.temp_c += (target_temp - g.temp_c) * (1.0 if dt <= 0 else min(1.0, dt / 3.0))
         g.mem_temp_c = g.temp_c + 4.0

@@ -201,6 +201,7 @@ class Simulator:
             for z in c.leak_zones:
                 c.leak_zones[z] = "dry"
             c.cdu_leaks.clear()
+            faults.clear_plates_and_tray_flow(m)
         for dev in self.devices.values():
             clear = getattr(dev, "clear_faults", None) or getattr(dev, "clear", None)
             if callable(clear):

@@ -32,7 +32,7 @@ DETECTORS = {"leak", "leak_sensor_fault", "leak_source_down", "coolant_flow_low"
              "gpu_pcie_degraded", "gpu_clock_slowdown", "gpu_straggler",
              "gpu_app_fault", "gpu_reset_required", "gpu_reboot_required", "gpu_service_required",
              "gpu_fabric_degraded", "nvlink_switch_fault", "pump_redundancy_lost", "filter_clogging", "reservoir_low",
-             "coolant_service_due"}
+             "coolant_service_due", "cold_plate_degraded", "tray_flow_low"}
 
 
 def _rules(kind: str) -> list[dict]:
@@ -116,6 +116,8 @@ SHARED_THRESHOLDS = {
     "SupernodeGpuClockSlowdown": {"gpu_clock_slowdown_reasons", "gpu_thermal_clock_events"},
     "SupernodeGpuStraggler": {"gpu_straggler_min_utilization_ratio", "gpu_straggler_min_gpus",
                               "gpu_straggler_clock_band_ratio", "gpu_straggler_power_band_ratio"},
+    "SupernodeColdPlateDegraded": {"cold_plate_degraded_ratio", "cold_plate_min_peers"},
+    "SupernodeTrayCoolantFlowLow": {"tray_flow_low_ratio", "tray_flow_min_peers"},
 }
 
 

@@ -278,7 +278,8 @@ def test_each_detector_declares_exactly_the_families_it_reads():
                                      "_gpu_thermal", "_gpu_faults", "_gpu_lost", "_nvlink",
                                      "_nvlink_switch",
                                      "_optic", "_rack_power", "_outlets", "_tray_rack", "_leak_loop",
-                                     "_gpu_pcie", "_gpu_clock_slowdown", "_gpu_straggler", "_gpu_fabric"}
+                                     "_gpu_pcie", "_gpu_clock_slowdown", "_gpu_straggler", "_gpu_fabric",
+                                     "_cold_plate", "_tray_flow"}
     for name, declared in Detectors.INPUTS.items():
         read = families(functions[name], {name})
         assert read, textwrap.dedent(f"{name}: found no family; the check would pass vacuously")

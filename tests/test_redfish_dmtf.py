@@ -138,6 +138,7 @@ def test_dmtf_service_validator_passes_the_tray_bmc_with_session_login(validatio
     _assert_clean(v, [f"{TRAY_DETECTORS}/Chassis_0_LeakDetector_0_ColdPlate",
                       f"{TRAY_DETECTORS}/Chassis_0_LeakDetector_1_Manifold",
                       "/redfish/v1/Chassis/Chassis_0/ThermalSubsystem/LeakDetection",
+                      "/redfish/v1/Chassis/Chassis_0/ThermalSubsystem/CoolantConnectors/TrayInlet",
                       "/redfish/v1/Systems/System_0", "/redfish/v1/Systems/System_0/ResetActionInfo",
                       "/redfish/v1/EventService", "/redfish/v1/EventService/Subscriptions/1"])
     assert any(u.startswith("/redfish/v1/SessionService/Sessions/") for u in v.validated)  # its own session

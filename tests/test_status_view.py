@@ -58,6 +58,24 @@ def _gpu(g: str, *, up=1.0, hung=0.0, xid=0.0, enforced=1200.0, links=(1, 1, 1, 
     return rs
 
 
+def test_gpu_cards_show_each_cold_plates_r_against_its_baseline_or_why_it_is_missing():
+    from agent.derived_thermal import BASELINE, RESISTANCE, UNAVAILABLE
+
+    s = snap(*_gpu("0"), *_gpu("1"), r(RESISTANCE, 0.0781, gpu="0", uuid="0"), r(BASELINE, 0.0601, gpu="0", uuid="0"),
+             r(UNAVAILABLE, 0, gpu="0", uuid="0", reason="below_load_gate"),
+             r(UNAVAILABLE, 1, gpu="1", uuid="1", reason="no_supply_reading"),
+             r(UNAVAILABLE, 0, gpu="1", uuid="1", reason="below_load_gate"))
+    g0, g1 = ViewBuilder().node_card(s, INV, "node01", DetectorSettings(), {"rack": "r01", "node": "node01"})["gpus"]
+    assert (g0["thermal_resistance"], g0["thermal_resistance_baseline"], g0["thermal_resistance_unavailable"]) == \
+        (0.0781, 0.0601, None)
+    assert g0["thermal_resistance_over_baseline"] == 0.3 and g0["thermal_resistance_degraded"]  # > 0.15 (default)
+    assert (g1["thermal_resistance"], g1["thermal_resistance_unavailable"]) == (None, "no_supply_reading")
+    assert not g1["thermal_resistance_degraded"]
+    lax = DetectorSettings(cold_plate_degraded_ratio=0.5)  # the page judges by the detector's own setting
+    g0, _ = ViewBuilder().node_card(s, INV, "node01", lax, {"rack": "r01", "node": "node01"})["gpus"]
+    assert not g0["thermal_resistance_degraded"]
+
+
 def test_gpu_cards_say_capped_hung_lost_xid_and_each_links_state():
     b = ViewBuilder()
     ident = {"rack": "r01", "node": "node01"}

@@ -12,7 +12,7 @@ This module is the table: which detector reads which families and the
 evaluation of a snapshot. The detectors themselves are defined by domain,
 one module each: detectors_cooling (leaks by scope, coolant), detectors_gpu (GPUs,
 NVLink), detectors_gpu_health (PCIe link, clock slowdown, stragglers),
-detectors_optics (links), detectors_power (rack power, outlets).
+detectors_optics (links), detectors_power (rack power, outlets), detectors_cold_plate (cold plates, tray flow).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from agent.snapshot import Snapshot
 
 from .cdu_view import REDFISH_FAMILIES
 from .detectors_base import Context
+from .detectors_cold_plate import ColdPlateDetectors
 from .detectors_cooling import CoolingDetectors
 from .detectors_gpu import GpuDetectors
 from .detectors_gpu_health import GpuHealthDetectors
@@ -35,7 +36,7 @@ __all__ = ["Context", "Detectors", "Event", "Observation"]
 
 
 class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDetectors, OpticDetectors,
-                PowerDetectors):
+                PowerDetectors, ColdPlateDetectors):
     """The default detector table of PLAYBOOKS.md, evaluated on every snapshot."""
 
     # -- entry point -------------------------------------------------------------
@@ -81,6 +82,12 @@ class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDe
         "_tray_rack": frozenset({"supernode_leak_detector_state", "supernode_redfish_service_info"}),
         "_leak_loop": frozenset({"supernode_leak_detected", "supernode_cdu_flow_cubic_meters_per_second",
                                  "supernode_cdu_pressure_pascals"}),
+        "_cold_plate": frozenset({"supernode_gpu_thermal_resistance_kelvin_per_watt",
+                                  "supernode_gpu_thermal_resistance_baseline_kelvin_per_watt",
+                                  "supernode_gpu_thermal_resistance_unavailable",
+                                  "supernode_gpu_temperature_celsius", "supernode_gpu_temperature_threshold_celsius"}),
+        "_tray_flow": frozenset({"supernode_coolant_connector_flow_cubic_meters_per_second",
+                                 "supernode_redfish_service_info"}),
     }
 
     @classmethod
@@ -114,6 +121,7 @@ class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDe
         for fn in (self._leak, self._coolant, self._gpu_thermal, self._gpu_faults, self._gpu_lost, self._nvlink,
                    self._nvlink_switch, self._pump_health, self._filter, self._reservoir, self._service_hours,
                    self._optic, self._rack_power, self._outlets, self._tray_rack, self._leak_loop,
-                   self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler, self._gpu_fabric):
+                   self._gpu_pcie, self._gpu_clock_slowdown, self._gpu_straggler, self._gpu_fabric,
+                   self._cold_plate, self._tray_flow):
             if families is None or self.INPUTS[fn.__name__] & families:
                 yield from fn(snap)

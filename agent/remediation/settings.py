@@ -168,6 +168,20 @@ class DetectorSettings(_Strict):
     gpu_straggler_clear_band_fraction: float = Field(default=0.5, gt=0, le=1, description=(
         "Clears once the clock and power are back within this fraction of their bands (hysteresis)."))
     gpu_straggler: Hold = Hold(fire_seconds=60.0, clear_seconds=60.0)
+    # Cold plates and tray coolant flow (issue 35, detectors_cold_plate.py): warnings that only notify.
+    cold_plate_degraded_ratio: float = Field(default=0.15, gt=0, lt=10, description=(
+        "A GPU's thermal resistance above its learnt baseline, or above the median of its tray's other loaded "
+        "GPUs, by more than this share fires cold_plate_degraded; it clears back within half of it."))
+    cold_plate_min_peers: int = Field(default=2, ge=1, description=(
+        "The tray's other loaded GPUs with a thermal resistance needed for their median to be a reference."))
+    cold_plate_degraded: Hold = Hold(fire_seconds=300.0, clear_seconds=300.0)
+    tray_flow_low_ratio: float = Field(default=0.7, gt=0, lt=1, description=(
+        "A tray's coolant flow (its BMC's coolant connectors) below this share of the median of the other trays "
+        "on its CDU fires tray_flow_low."))
+    tray_flow_clear_ratio: float = Field(default=0.85, gt=0, le=1, description="Clears above this share.")
+    tray_flow_min_peers: int = Field(default=2, ge=1, description=(
+        "Other trays of the CDU with a flow reading needed for their median to be a reference."))
+    tray_flow_low: Hold = Hold(fire_seconds=30.0, clear_seconds=60.0)
 
 
 class Guardrails(_Strict):

@@ -227,8 +227,24 @@
            g.slowdown_celsius !== null ? el("small", {}, " (slowdown " + fmt(g.slowdown_celsius, "", 0) + ")") : null),
         td("power", fmt(g.power_watts, "", 0) + " / " + fmt(g.limit_watts, "W", 0), bar(g.power_watts, g.limit_watts),
            g.capped ? [" ", badge("warn", "capped", "limit " + g.limit_watts + " W of " + g.default_limit_watts + " W")] : null),
+        td("cold plate", plateCell(g)),
         td("NVLink", g.nvlink.length ? linkCells(g.nvlink) : el("span", { class: "muted" }, "no links reported")));
     });
+  }
+
+  // The cold plate's thermal resistance (K/W) against its learnt baseline (agent/derived_thermal.py); when it is
+  // not computed, why (below the load gate, no coolant supply reading...), never a blank that reads as fine.
+  function plateCell(g) {
+    const r = g.thermal_resistance, b = g.thermal_resistance_baseline;
+    if (r === null || r === undefined) {
+      const why = g.thermal_resistance_unavailable;
+      return el("span", { class: "muted", "data-plate": why || "unknown", title: why ? null : "not computed yet" },
+        why ? why.replace(/_/g, " ") : "\u2013");
+    }
+    const over = g.thermal_resistance_over_baseline;
+    return el("span", { "data-plate": g.thermal_resistance_degraded ? "over" : "ok" }, fmt(r, "K/W", 3),
+      b ? el("small", {}, " (baseline " + fmt(b, "", 3) + ")") : el("small", {}, " (baseline learning)"),
+      g.thermal_resistance_degraded ? [" ", badge("warn", "+" + (over * 100).toFixed(0) + " % over baseline")] : null);
   }
 
   // The NVLink domain as one matrix: a row per compute tray, a column per NVLink index = NVSwitch chip (GB200
@@ -319,7 +335,7 @@
           counts.warning ? badge("warn", counts.warning + " warning incident(s)") : null,
           failing.length ? badge("warn", "failing: " + failing.join(", ")) : null));
         if (n.reach === "unreachable") body.push(el("p", { class: "muted" }, "last answer " + age(n.age_seconds) + ", shown dimmed"));
-        body.push(table(["GPU", "temp", "power / limit", "NVLink"], gpuRows(card, n.reach === "unreachable")));
+        body.push(table(["GPU", "temp", "power / limit", "cold plate R", "NVLink"], gpuRows(card, n.reach === "unreachable")));
       }
       const cls = n.reach === "unreachable" ? "card warn" : "card";
       return el("div", { class: cls, "data-node": n.name }, el("h3", {}, el("span", {}, n.name), head), body);

@@ -43,6 +43,29 @@ def _by(snap: Snapshot, metric: str, *keys: str) -> dict[tuple[str, ...], float]
     return out
 
 
+_NO_PLATE = {"thermal_resistance": None, "thermal_resistance_baseline": None, "thermal_resistance_over_baseline": None,
+             "thermal_resistance_degraded": False, "thermal_resistance_unavailable": None}
+
+
+def _plates(snap: Snapshot, ratio: float) -> dict[str, dict[str, Any]]:
+    """GPU -> its cold plate's thermal resistance (K/W) now, its learnt baseline, how far above it (a share), whether
+    that is more than cold_plate_degraded_ratio, and why R is missing (the reason of
+    supernode_gpu_thermal_resistance_unavailable), from the derived source (agent/derived_thermal.py)."""
+    r = _by(snap, "supernode_gpu_thermal_resistance_kelvin_per_watt", "gpu")
+    base = _by(snap, "supernode_gpu_thermal_resistance_baseline_kelvin_per_watt", "gpu")
+    why = {k[0]: k[1] for k, v in _by(snap, "supernode_gpu_thermal_resistance_unavailable", "gpu", "reason").items()
+           if v >= 0.5}
+    out = {}
+    for gpu in {k[0] for k in r} | {k[0] for k in base} | set(why):
+        now, b = r.get((gpu,)), base.get((gpu,))
+        over = now / b - 1 if now is not None and b else None
+        out[gpu] = {"thermal_resistance": _num(now, 4), "thermal_resistance_baseline": _num(b, 4),
+                    "thermal_resistance_over_baseline": _num(over, 3),
+                    "thermal_resistance_degraded": over is not None and over > ratio,
+                    "thermal_resistance_unavailable": None if now is not None else why.get(gpu)}
+    return out
+
+
 def _fault(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The GPU fault judge's word on one GPU for the page: its last XID with NVIDIA's catalogue text, the recovery
     the ladder recommends (and the rule that chose it), and the last recovery it took; None when there is none."""
@@ -108,6 +131,7 @@ class ViewBuilder:
         power = _by(snap, "supernode_gpu_power_watts", "gpu")
         limits = _by(snap, "supernode_gpu_power_limit_watts", "gpu", "limit")
         last_xid = _by(snap, "supernode_gpu_last_xid", "gpu")
+        plates = _plates(snap, s.cold_plate_degraded_ratio)
         names = {r.label("gpu"): r.label("name") for r in snap.select("supernode_gpu_info") if r.ok}
         recovery = {k[0]: k[1] for k, v in _by(snap, "supernode_gpu_recovery_action", "gpu", "action").items()
                     if v >= 0.5 and k[1] not in ("none", "")}
@@ -159,12 +183,13 @@ class ViewBuilder:
                 # one state per link, in link order: ok | down | ber | errors | unknown (not reported)
                 "nvlink": [cells.get(i, "unknown") for i in range(width)],
                 "fault": _fault(gpu_faults.get(f"{node}/{gpu}")),
+                **plates.get(gpu, _NO_PLATE),
             })
         missing = max(0, inventory.gpus.count - len(out))
         for i in range(missing):
             out.append({"index": f"missing {i + 1}", "name": "", "temperature_celsius": None, "slowdown_celsius": None,
                         "power_watts": None, "limit_watts": None, "default_limit_watts": None, "capped": False,
-                        "marks": ["missing"], "nvlink": []})
+                        "marks": ["missing"], "nvlink": [], **_NO_PLATE})
         return out
 
     def _ports(self, snap: Snapshot, now: float) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""The BMC of one simulated compute tray, shaped like a GB200 NVL72 tray's: `Chassis_0` with four moisture detectors.
+"""The BMC of one simulated compute tray, shaped like a GB200 NVL72 tray's: `Chassis_0` with four moisture detectors
+and its coolant connector (the tray's flow, supply and return: ThermalSubsystem/CoolantConnectors/TrayInlet).
 
 Its resources are mockups/gb200-tray (the tray) over DMTF's session, account
 and event services (mockups/public-cooling-unit), bound by
@@ -19,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sim.rack import RackModel
+from sim.rack import PG25_DENSITY, PG25_HEAT_CAPACITY, RackModel
 from sim.redfish.leaks import LeakDetectors, detectors_at
 from sim.redfish.pki import SimCA
 from sim.redfish.service import Credentials, RedfishService, redfish_error
@@ -61,6 +62,26 @@ class TrayBmc(RedfishService):
             "bmc_hostname": lambda a: f"{node}-bmc",
             "bmc_fqdn": lambda a: f"{node}-bmc.{self.model.rack}.sim",
         })
+        self.terms.update(self._coolant_terms())
+
+    def _coolant_terms(self) -> dict[str, Any]:
+        """The tray's coolant connector (its manifold quick-disconnects): the flow the rack model gives the tray
+        (a blocked tray passes less at the same CDU pressure), the loop's supply temperature, and the return the
+        tray's own GPU heat makes at that flow (return = supply + P / (flow * rho * cp))."""
+        m, node = self.model, self.node
+
+        def supply(_: Any) -> float:
+            return round(m.coolant.secondary_supply_c, 2)
+
+        def rise(_: Any) -> float:
+            flow_m3s = m.tray_flow_lpm(node) / 60000.0
+            heat = sum(g.power_w for g in m.nodes[node].gpus if not g.lost)
+            return round(min(heat / (flow_m3s * PG25_DENSITY * PG25_HEAT_CAPACITY), 40.0) if flow_m3s > 1e-9 else 40.0, 2)
+
+        return {"tray_flow_lpm": lambda a: round(m.tray_flow_lpm(node), 3),
+                "tray_rated_flow_lpm": lambda a: round(m.coolant.nominal_flow_lpm / max(len(m.nodes), 1), 3),
+                "tray_supply_c": supply, "tray_delta_c": rise,
+                "tray_return_c": lambda a: round(supply(a) + rise(a), 2)}
 
     def update(self, model: RackModel) -> None:
         super().update(model)
