@@ -594,7 +594,8 @@ class MetricsSettings(Strict):
     detail: list[str] = Field(default_factory=list, description=(
         "Family groups exported in full instead of where they inform: nvlink_link_errors (every link's error "
         "counters), nvlink_link_ber (every link's BER), nvlink_link_traffic (bytes per link), nvlink_link_remote "
-        "(what each link reaches), optic_alarms (every transceiver flag, 0 or 1)."))
+        "(what each link reaches), optic_alarms (every transceiver flag, 0 or 1), gpu_state_sets (every member of "
+        "the recovery action and fabric state sets and every clock-event flag, 0 or 1)."))
 
     @field_validator("detail")
     @classmethod

@@ -49,7 +49,8 @@ LEARNING = gauge("supernode_gpu_thermal_resistance_baseline_learnt_ratio", (
     "Share (0-1) of its learning time the GPU's baseline at the present flow band has had (1: a reference)."),
     G, "ratio")
 UNAVAILABLE = gauge("supernode_gpu_thermal_resistance_unavailable", (
-    "1 for the reason the GPU's thermal resistance is not computed now (one series per reason, 0 otherwise)."),
+    "1 for the reason the GPU's thermal resistance is not computed now: one series, only while it is not "
+    "(absent while supernode_gpu_thermal_resistance_kelvin_per_watt is there)."),
     G + ("reason",))
 
 # In the order they are checked: the first that holds is the reason.
@@ -146,8 +147,8 @@ class ThermalResistanceSource:
             st = self.gpus.setdefault(key, _Gpu())
             prev_at = st.at
             reason = self._reason(key, temps.get(key), power.get(key), limits.get(key), util.get(key), supply, now)
-            for why in REASONS:
-                out.append(Reading(UNAVAILABLE, 1.0 if why == reason else 0.0, {**labels, "reason": why}, timestamp=ts))
+            if reason is not None:  # only the reason that holds: six zeros a GPU said nothing (series budget)
+                out.append(Reading(UNAVAILABLE, 1.0, {**labels, "reason": reason}, timestamp=ts))
             if band is not None:
                 learnt = self.baselines.baseline(key[1], band)
                 if learnt is not None:

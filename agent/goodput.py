@@ -47,6 +47,8 @@ DETECTOR_CAUSE: Mapping[str, str] = {
     # the loop's own health (issue 35): a pump short of its spare, a clogging strainer, a low reservoir, a part due
     "pump_redundancy_lost": "cooling", "filter_clogging": "cooling", "reservoir_low": "cooling",
     "coolant_service_due": "cooling",
+    # a fouling cold plate, a blocked tray manifold (issue 35): the GPU's cooling, not the GPU
+    "cold_plate_degraded": "cooling", "tray_flow_low": "cooling",
     # The GPU recovery ladder's classes (exporters/profiles/nvml/xid-recovery.yaml: app, reset, reboot, service).
     "gpu_app_fault": "gpu_app", "gpu_reset_required": "gpu_reset", "gpu_reboot_required": "gpu_reboot",
     "gpu_service_required": "gpu_service",

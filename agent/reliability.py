@@ -49,6 +49,9 @@ DETECTOR_CLASS: Mapping[str, str] = {
     # One GPU at its slowdown threshold while the loop is fine: its cold plate or thermal interface.
     # (A loop that cannot carry the heat is coolant_flow_low / coolant_supply_hot, a CDU failure.)
     "gpu_thermal": "gpu",
+    # A cold plate whose thermal resistance rose (fouling, air, a failing quick-disconnect): the same part, seen
+    # before the GPU throttles; a tray whose manifold passes less than its peers': the tray's own plumbing.
+    "cold_plate_degraded": "gpu", "tray_flow_low": "node",
     # A link trained down, or a board holding its clocks down without a thermal reason: the GPU's tray (its
     # riser, slot, board or power delivery) no longer does what it should.
     "gpu_pcie_degraded": "gpu", "gpu_clock_slowdown": "gpu",

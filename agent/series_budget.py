@@ -24,6 +24,10 @@ Rules, per group (each a decision a test pins, tests/test_series_budget.py):
 - `optic_alarms`: a flag's series only while it is raised (a state set of the active ones; a gauge, so its
   disappearing when the flag clears is the ordinary end of an alert); `supernode_optic_alarms_read` says the flags
   were read, so "no alarm" (read, none raised) differs from "not read".
+- `gpu_state_sets`: the driver's recovery action and the fabric registration (state sets: one member is 1) and
+  the clock-event reasons (flags) of each GPU, only the members that read 1 (8 + 4 + 8 series a GPU, of which
+  one or two say anything). The alert rules compare these with `== 1`, which absent zeros do not change;
+  `supernode_gpu_up` says the GPU was read, so "no reason active" differs from "not read".
 """
 
 from __future__ import annotations
@@ -41,7 +45,10 @@ DETAIL_GROUPS: dict[str, tuple[str, ...]] = {
     "nvlink_link_traffic": (M.NVLINK_TX.name, M.NVLINK_RX.name),
     "nvlink_link_remote": (M.NVLINK_REMOTE.name,),
     "optic_alarms": (OPTIC_ALARM.name,),
+    "gpu_state_sets": (M.RECOVERY.name, M.FABRIC_STATE.name, M.CLOCK_EVENT.name),
 }
+# Groups whose series are exported only while they read 1: a flag raised, the active member of a state set.
+_ACTIVE_ONLY = frozenset({"optic_alarms", "gpu_state_sets"})
 _STICKY = {M.NVLINK_ERRORS.name: "nvlink_link_errors", M.NVLINK_BER.name: "nvlink_link_ber"}
 _BUDGETED = {family: group for group, families in DETAIL_GROUPS.items() for family in families}
 
@@ -78,6 +85,6 @@ class SeriesBudget:
             elif group in self._shown:
                 if _link(r) in self._shown[group]:
                     out.append(r)
-            elif group == "optic_alarms" and r.value >= 0.5:
+            elif group in _ACTIVE_ONLY and r.value >= 0.5:
                 out.append(r)
         return out

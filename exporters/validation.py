@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 M = TypeVar("M", bound=BaseModel)
 
 MAX_ERRORS = 20
-MAX_LINE = 160
+MAX_LINE = 240  # an error line names the field, what is wrong and the choices (a bounded echo of the input)
 
 _repr = reprlib.Repr()
 _repr.maxlevel = 2

@@ -445,3 +445,40 @@ def test_the_flow_baseline_agrees_with_every_sample_kept_and_scanned(samples):
             assert got is None
         else:
             assert abs(got - sum(in_dt) / len(in_dt)) <= 1e-9, (got, in_dt)
+
+
+def test_each_detector_declares_the_one_severity_its_observations_carry():
+    """Detectors.SEVERITY (what the remediation families start at zero for) against every Observation the detector
+    modules build, read from their code: a detector name or severity that is not a literal fails here too, since
+    the table could not be checked for it."""
+    import ast
+    import inspect
+    import sys
+
+    from agent.remediation.detectors import Detectors
+
+    modules = {sys.modules[c.__module__] for c in Detectors.__mro__ if c is not object}
+    built: dict[str, set[str]] = {}
+    for module in modules:
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Observation":
+                name, severity = node.args[0], node.args[2]
+                assert isinstance(name, ast.Constant) and isinstance(severity, ast.Constant), ast.unparse(node)
+                built.setdefault(name.value, set()).add(severity.value)
+    assert len(built) > 20  # the scan found the detectors (it would pass vacuously otherwise)
+    assert {d: {s} for d, s in Detectors.SEVERITY.items()} == built
+
+
+def test_the_remediation_families_start_at_zero_for_each_detectors_own_severity(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from tests.remediation_support import engine
+
+    eng = engine(tmp_path)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(eng.collector())
+    text = generate_latest(registry).decode()
+    assert 'supernode_incident_open{detector="leak",severity="critical"} 0.0' in text
+    assert 'supernode_incident_open{detector="leak",severity="warning"}' not in text  # a leak is never a warning
+    assert 'supernode_incidents_total{detector="gpu_thermal",severity="warning"} 0.0' in text
+    assert 'supernode_incidents_total{detector="gpu_thermal",severity="critical"}' not in text

@@ -108,6 +108,20 @@ def test_optic_flags_only_while_raised_and_the_detail_switch():
     assert not _exported(budget, tx) and _exported(budget, tx, ["nvlink_link_traffic"])
 
 
+def test_gpu_state_sets_only_their_active_members_and_the_detail_switch():
+    """The recovery action and fabric state (one member is 1) and the clock-event flags: what reads 1 is exported,
+    the zeros beside it only with the detail on (the rules compare with == 1)."""
+    budget = SeriesBudget()
+    gpu = {"gpu": "0", "uuid": "u0"}
+    sets = [Reading(M.RECOVERY, 1.0 if a == "none" else 0.0, {**gpu, "action": a}) for a in ("none", "gpu_reset")]
+    sets += [Reading(M.FABRIC_STATE, 1.0 if st == "completed" else 0.0, {**gpu, "state": st})
+             for st in ("completed", "in_progress")]
+    sets += [Reading(M.CLOCK_EVENT, v, {**gpu, "reason": why}) for why, v in (("gpu_idle", 1.0), ("hw_slowdown", 0.0))]
+    member = {"action", "state", "reason"}
+    assert {v for s in _exported(budget, sets) for k, v in s[1:] if k in member} == {"none", "completed", "gpu_idle"}
+    assert len(_exported(budget, sets, ["gpu_state_sets"])) == 6
+
+
 def test_no_alarm_is_told_apart_from_flags_not_read():
     read = ModuleDom(temperature=40.0)  # a module with DOM values but no flags printed
     assert [r.value for r in module_readings("eth0", read) if r.spec is OPTIC_ALARMS_READ] == [0.0]

@@ -41,6 +41,20 @@ class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDe
 
     # -- entry point -------------------------------------------------------------
 
+    # The one severity each detector's incidents carry (a test checks this against every Observation the
+    # detectors build): the remediation families start at zero for that severity only, not for both (a
+    # (detector, severity) series that can never leave zero is noise in the series budget, issue 38).
+    SEVERITY: dict[str, str] = {
+        **dict.fromkeys(("leak", "leak_source_down", "tray_leak_rack", "coolant_flow_low", "coolant_supply_hot",
+                         "gpu_lost", "gpu_fabric_degraded", "gpu_reset_required", "gpu_reboot_required",
+                         "gpu_service_required", "nvlink_errors"), "critical"),
+        **dict.fromkeys(("sensor_fault", "leak_sensor_fault", "condensation_risk", "coolant_service_due",
+                         "filter_clogging", "pump_redundancy_lost", "reservoir_low", "cold_plate_degraded",
+                         "tray_flow_low", "gpu_app_fault", "gpu_clock_slowdown", "gpu_pcie_degraded", "gpu_straggler",
+                         "gpu_thermal", "nvlink_switch_fault", "optic_degraded", "pdu_outlet_off",
+                         "rack_power_over_budget"), "warning"),
+    }
+
     # The metric families each detector reads (a test checks this against what they really select): a
     # publish by one source runs only the detectors it feeds, not all of them on every leak poll.
     INPUTS: dict[str, frozenset[str]] = {

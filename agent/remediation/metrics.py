@@ -123,7 +123,9 @@ class RemediationCollector:
         counts: dict[tuple[str, str], int] = {}
         for inc in e.incidents.open_incidents():
             counts[(inc.detector, inc.severity)] = counts.get((inc.detector, inc.severity), 0) + 1
-        known = [(d, s) for d in detectors for s in SEVERITIES] + list(e.incidents.opened_total)
+        severity = getattr(e.detectors, "SEVERITY", {})  # a detector outside the table (a webhook alert's): both
+        known = [(d, s) for d in detectors for s in ((severity[d],) if d in severity else SEVERITIES)]
+        known += list(e.incidents.opened_total)
         for key, n in _zeroed(counts, known).items():
             open_.add_metric(list(key), n)
         yield open_
