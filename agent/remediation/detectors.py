@@ -45,7 +45,8 @@ class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDe
     # detectors build): the remediation families start at zero for that severity only, not for both (a
     # (detector, severity) series that can never leave zero is noise in the series budget, issue 38).
     SEVERITY: dict[str, str] = {
-        **dict.fromkeys(("leak", "leak_source_down", "tray_leak_rack", "coolant_flow_low", "coolant_supply_hot",
+        **dict.fromkeys(("leak", "leak_tray", "leak_loop", "leak_source_down", "tray_leak_rack", "coolant_flow_low",
+                         "coolant_supply_hot",
                          "gpu_lost", "gpu_fabric_degraded", "gpu_reset_required", "gpu_reboot_required",
                          "gpu_service_required", "nvlink_errors"), "critical"),
         **dict.fromkeys(("sensor_fault", "leak_sensor_fault", "condensation_risk", "coolant_service_due",
