@@ -182,8 +182,11 @@ def gpus() -> Dashboard:
             (f"supernode_gpu_power_watts{{{NODE}}}", gpu),
             (f'supernode_gpu_power_limit_watts{{{NODE}, limit="enforced"}}', gpu + " cap")]),
         ts("GPUs with a clock-event reason active", "short", [
-            (f"sum by (reason) (supernode_gpu_clock_event_active{{{NODE}}})", "{{reason}}")],
-           "Number of GPUs whose clocks are held down, by NVML reason."),
+            # only the reasons that read 1 are exported (series budget, gpu_state_sets): 0 while GPUs are read
+            # and none holds, no data when no GPU is read at all
+            (f"count by (reason) (supernode_gpu_clock_event_active{{{NODE}}} == 1) "
+             f"or on () (0 * count(supernode_gpu_up{{{NODE}}}))", "{{reason}}")],
+           "Number of GPUs whose clocks are held down, by NVML reason (0: GPUs read, none held)."),
         ts("ECC errors", "cps", [
             (f'sum by (node, gpu, type) (rate(supernode_gpu_ecc_errors_total{{{NODE}, scope="volatile"}}[{RATE}]))',
              gpu + " {{type}}")]),
