@@ -59,7 +59,10 @@ def test_a_node_drained_for_nvlink_errors_resumes_by_itself_once_its_gpu_is_back
             kept = wait_for(lambda: _journal(agent, kind="result", action="drain", result="kept"), 60,
                             what="drain kept by the fabric incident")
             assert kept[0]["detail"]["phase"] == "undo"
-            assert [i["detector"] for i in _incidents(agent)["open"]] == ["gpu_fabric_degraded"]
+            # (on a starved machine a leak source can miss its polls: its leak_source_down is right, and not this
+            # test's business; the NVLink incident must be gone and the fabric's still open)
+            still = {i["detector"] for i in _incidents(agent)["open"]}
+            assert "gpu_fabric_degraded" in still and "nvlink_errors" not in still, still
             assert _drained(slurm) and not _journal(agent, kind="health_check")
             rack.inject("fabric-state", node="node01", gpu=0, state="completed")
             wait_for(lambda: node_states(slurm).get("node01") == "idle", 60, what="resumed once back on the fabric")
