@@ -43,7 +43,10 @@ class CoolingDetectors(DetectorBase):
             # nor does its newer timestamp hide that wet one's first reading.
             yield Observation("leak", targets_of(zone=zone), "critical", bool(wet_rs),
                               sample_ts=max(r.timestamp for r in (wet_rs or rs)),
-                              detail={"sensors": sorted(r.label("sensor") for r in wet_rs)})
+                              detail={"sensors": sorted(r.label("sensor") for r in wet_rs),
+                                      # a fault drill's synthetic sensor (agent.drill): its incident says so
+                                      **({"drill": True} if wet_rs and all(r.label("drill") == "true"
+                                                                           for r in wet_rs) else {})})
         faults: dict[Targets, bool] = {}
         unknown: dict[str, list[str]] = {}
         for r in snap.select("supernode_leak_sensor_fault"):
