@@ -4,6 +4,7 @@ the reference job (examples/drill_job.py); `supernode-agent drill` run as an ope
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ import yaml
 from sim.demo import agent_config
 from sim.harness import sim_rack
 from tests.agentproc import running_agent
-from tests.helpers import REPO, free_port, wait_for
+from tests.helpers import REPO, free_port, require_binary, wait_for
 from tests.slurm import batch_job, node_states, running_cluster
 
 TOKEN = "token-for-drills"
@@ -106,8 +107,8 @@ def test_a_leak_drill_checkpoints_requeues_and_resumes_the_job_on_the_other_node
                 valves.append(dict(rack.sim.model.coolant.valve_open))  # sampled all along the drill
                 others.append(node_states(cluster).get(other))
                 text = agent.metrics()
-                drill_series += [line for line in text.splitlines()
-                                 if 'drill="true"' in line or line.startswith("supernode_drill_active{")]
+                drill_series += [line for line in text.splitlines() if not line.startswith("#")
+                                 and ('drill="true"' in line or line.startswith("supernode_drill_active{"))]
                 time.sleep(0.2)  # a sampling period, not a synchronisation: the loop ends on the CLI's exit
             out, err = proc.communicate(timeout=30)
             assert proc.returncode == 0, (out, err, agent.log()[-3000:])
@@ -139,6 +140,30 @@ def test_a_leak_drill_checkpoints_requeues_and_resumes_the_job_on_the_other_node
         assert any(line.startswith("supernode_leak_detected{") for line in drill_series)
         assert 'supernode_drill_active{drill="leak-drill",scenario="leak"} 1.0' in drill_series
         assert node_states(cluster)[node] not in DRAINED  # the undo resumed it
+    assert_no_shipped_alert_fires(drill_series, tmp_path)
+
+
+def assert_no_shipped_alert_fires(lines: list[str], tmp_path) -> None:
+    """promtool over the shipped rules, fed the drill's series exactly as the agent served them (with the
+    target's labels Prometheus adds): no alert of the rules fires on them."""
+    promtool = require_binary("promtool")
+    series = {}
+    for line in lines:
+        m = re.fullmatch(r"(\w+)\{(.*)\} (\S+)", line)
+        assert m, line
+        series[f'{m.group(1)}{{{m.group(2)},rack="r01",job="supernode-agent",instance="a:9877"}}'] = m.group(3)
+    assert any("supernode_leak_detected" in s for s in series)
+    rules = [REPO / "alerts" / "recording.rules.yml", REPO / "alerts" / "supernode.rules.yml"]
+    names = sorted({r["alert"] for f in rules for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]
+                    if "alert" in r})
+    test = {"rule_files": [str(f) for f in rules], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": k, "values": f"{float(v):g}x30"} for k, v in series.items()],
+        "alert_rule_test": [{"alertname": n, "eval_time": t, "exp_alerts": []} for n in names
+                            for t in ("1m", "30m")]}]}
+    path = tmp_path / "drill_promtool.yml"
+    path.write_text(yaml.safe_dump(test))
+    res = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_a_drill_naming_a_node_with_a_foreign_job_is_refused(cluster, tmp_path):
