@@ -217,3 +217,33 @@ def test_an_aborted_drill_undoes_what_it_did(cluster, tmp_path):
             assert [r["result"] for r in rows if r["action"] == "drain" and r["kind"] == "result"] == ["done", "undone"]
             incidents = json.loads(agent.get("/api/v1/incidents", token=TOKEN)[1])
             assert not [i for i in incidents["open"] if i["detector"] == "leak"]
+
+
+@pytest.mark.timeout(600)
+def test_an_agent_restarted_mid_drill_keeps_the_incident_a_drill_and_abort_undoes_it(cluster, tmp_path):
+    with sim_rack(tmp_path) as rack:
+        cfg = agent_for(rack, cluster, "node01", tmp_path)
+        plan = yaml.safe_load(open(write_plan(tmp_path, zone_of(cfg, "node01"), "node01", hold_seconds=3600)))
+        with running_agent(cfg, tmp_path) as agent:
+            wait_for(lambda: "supernode_leak_detected{" in agent.metrics(), 60, what="the leak sensors polled")
+            status, body = agent.request("POST", "/api/v1/drill", {"plan": plan}, token=TOKEN)
+            assert status == 200, body
+            wait_for(lambda: node_states(cluster)["node01"] in DRAINED, 60, what="the drill drained node01")
+        with running_agent(cfg, tmp_path) as agent:  # the same state dir: the journal restores the incident
+            def restored() -> list[dict]:
+                found = json.loads(agent.get("/api/v1/incidents", token=TOKEN)[1])["open"]
+                return [i for i in found if i["detector"] == "leak" and i["detail"].get("drill")]
+            wait_for(restored, 60, what="the drill's incident restored, still marked drill")
+            assert node_states(cluster)["node01"] in DRAINED
+            res = cli(agent, "--abort")
+            assert res.returncode == 0 and "resolved leak-" in res.stdout, res
+            wait_for(lambda: node_states(cluster)["node01"] not in DRAINED, 120, what="the undo resumed node01")
+            rows = journal(agent)
+            assert [r["result"] for r in rows if r["kind"] == "drill"][-1] == "aborted"
+            assert [r["result"] for r in rows if r["action"] == "drain" and r["kind"] == "result"][-1] == "undone"
+            assert not [r for r in rows if r["action"] == "cdu_write" and r["result"] == "done"]
+            assert valve_never_closed(rack)
+
+
+def valve_never_closed(rack) -> bool:
+    return all(rack.sim.model.coolant.valve_open.values())

@@ -108,7 +108,9 @@ def format_text(rep: dict[str, Any]) -> str:
                    f"{li['why'] + '  ' if li['why'] else ''}{li['result']}")
     dry = ", ".join(f"{d['action']} {d['target']}" for d in rep["dry_run"]) or "nothing"
     out.append(f"  dry-run: {dry}")
-    out.append(f"  versions: agent {rep['versions'].get('agent')}, driver {rep['versions'].get('driver')}")
+    v = rep["versions"]
+    out.append(f"  versions: agent {v.get('agent')}, driver {v.get('driver')}, VBIOS {v.get('vbios')}"
+               f"{' (firmware drift: GPUs differ)' if v.get('firmware_drift') else ''}")
     out.append(f"  result: {'PASS' if rep['passed'] else 'FAIL'}")
     return "\n".join(out) + "\n"
 

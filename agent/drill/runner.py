@@ -96,8 +96,11 @@ class DrillRunner:
 
     def _versions(self) -> dict[str, str]:
         snap = self.store.snapshot()
-        drivers = sorted({r.label("driver_version") for r in snap.select("supernode_gpu_driver_info")} - {""})
-        return {"agent": __version__, "driver": ",".join(drivers) or "unknown (no NVML reading)"}
+        gpus = list(snap.select("supernode_gpu_info"))
+        drivers = sorted({r.label("driver") for r in gpus} - {""})
+        vbios = sorted({r.label("vbios") for r in gpus} - {""})
+        return {"agent": __version__, "driver": ",".join(drivers) or "unknown (no NVML reading)",
+                "vbios": ",".join(vbios) or "unknown", "firmware_drift": len(vbios) > 1}
 
     async def abort(self, who: str) -> dict[str, Any]:
         """Undo what the drill did: end the fault now; an agent restarted mid-drill has no runner, so its open
@@ -112,7 +115,18 @@ class DrillRunner:
         if closed:
             self.engine.journal.append("drill", result="aborted", detail={"drill": True, "by": who,
                                                                           "incidents": closed, "no_runner": True})
+            self._task = asyncio.get_running_loop().create_task(self._approve_undo(closed, who), name="drill-undo")
         return {**self.view(), "resolved": closed}
+
+    async def _approve_undo(self, incidents: list[str], who: str, for_seconds: float = 300.0) -> None:
+        """The undo approvals of drill incidents resolved without their runner (`resume_after_leak`): the admin
+        who aborted ordered the undo; bounded, so a step that never asks leaves nothing behind."""
+        until = time.time() + for_seconds
+        while time.time() < until:
+            for p in list(self.engine.pending.values()):
+                if p.incident_id in incidents and p.phase == "undo" and not p.future.done():
+                    await self.engine.approve_anywhere(p.id, who=who)
+            await asyncio.sleep(POLL)
 
     # -- the drill's course ------------------------------------------------------------------------------------
 
@@ -127,15 +141,15 @@ class DrillRunner:
             aborted = self._abort.is_set() or time.time() >= deadline
             self.state = "ending"
             self.source.wet = False  # type: ignore[union-attr]
-            while time.time() < deadline + plan.target("undo_done") and not self._undone():
+            undo_by = time.time() + plan.target("undo_done")  # past it, the report says the undo did not happen
+            while time.time() < undo_by and not self._undone():
                 await self._approve_pending(phase="undo")
                 await self._sleep()
             await self.source.stop()  # type: ignore[union-attr]
             self.engine.drill_real = None
-            rep = self.build()
-            self.state = "aborted" if aborted else ("passed" if rep["passed"] else "failed")
-            self.engine.journal.append("drill", result=self.state, detail={"drill": True, "report": rep})
+            self.state = "aborted" if aborted else ("passed" if self.build()["passed"] else "failed")
             self.report = self.build()
+            self.engine.journal.append("drill", result=self.state, detail={"drill": True, "report": self.report})
         except Exception:
             log.exception("drill supervisor failed")
             self.state = "failed"
