@@ -97,7 +97,7 @@ def test_a_leak_drill_checkpoints_requeues_and_resumes_the_job_on_the_other_node
         cfg = agent_for(rack, cluster, node, tmp_path)
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: "supernode_leak_detected{" in agent.metrics(), 60, what="the leak sensors polled")
-            plan = write_plan(tmp_path, zone_of(cfg, node), node, log)
+            plan = write_plan(tmp_path, zone_of(cfg, node), node, log, abort={"after_seconds": 300})
             proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(agent.config_path), "drill",
                                      plan, "--format", "json", "--wait", "600"], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, cwd=REPO)
