@@ -11,11 +11,13 @@ from tests.helpers import wait_for  # noqa: E402
 
 
 @contextmanager
-def batch_job(cluster: SlurmCluster, script: Path, node: str = "node01") -> Iterator[str]:
-    """A real batch job on `node` (its id); cancelled after, and waited out of the queue so no step
-    outlives the test cluster."""
+def batch_job(cluster: SlurmCluster, script: Path, node: str | None = "node01", args: tuple[str, ...] = ()
+              ) -> Iterator[str]:
+    """A real batch job on `node` (any node when None; more sbatch `args`): its id; cancelled after, and waited
+    out of the queue so no step outlives the test cluster."""
     script.chmod(0o755)
-    sub = subprocess.run(["sbatch", "-w", node, "-o", str(script.with_suffix(".out")), str(script)],
+    where = ["-w", node] if node else []
+    sub = subprocess.run(["sbatch", *where, *args, "-o", str(script.with_suffix(".out")), str(script)],
                          capture_output=True, text=True, env=cluster.env, timeout=20)
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.split()[-1]

@@ -39,6 +39,9 @@ def add_remediation_parsers(sub: argparse._SubParsersAction) -> None:
     jr = sub.add_parser("journal", help="print the action journal (read-only)")
     jr.add_argument("--db", default=None, help="journal database or state dir (default: the config's state_dir)")
     jr.add_argument("--limit", type=int, default=100)
+    from agent.drill.api import add_drill_parser
+
+    add_drill_parser(sub)
     rp = sub.add_parser("report", help="goodput (availability, GPU-hours lost, jobs interrupted per cause) and MTBF "
                         "/ MTTR per component class, from the journal (read-only; works with the agent down)")
     rp.add_argument("--since", default="30d", help="window start: a duration back from now (30d, 12h, 90m) or an "
@@ -220,6 +223,10 @@ def dispatch(args: argparse.Namespace) -> int:
         return cli_incidents(url, token_file)
     if args.cmd == "approve":
         return cli_approve(url, args.id, token_file, args.all) if _need_token("approve", token_file) else 2
+    if args.cmd == "drill":
+        from agent.drill.api import cli_drill
+
+        return cli_drill(url, token_file, args.plan, args.allow_jobs, args.format, args.abort, args.wait)
     if args.cmd == "maintenance":
         until = parse_until(args.until)
         if not _need_token("maintenance", token_file):

@@ -84,7 +84,10 @@ class CoolingDetectors(DetectorBase):
         zone_rs = wet_rs if why else rs
         yield Observation("leak", targets_of(zone=zone), "critical", why is not None,
                           sample_ts=max(r.timestamp for r in zone_rs),
-                          detail={"sensors": wet, "scope": "zone", **({"evidence": why} if why else {})})
+                          detail={"sensors": wet, "scope": "zone", **({"evidence": why} if why else {}),
+                                  # a fault drill's synthetic sensor (agent.drill): its incident says so
+                                  **({"drill": True} if wet_rs and all(r.label("drill") == "true"
+                                                                       for r in wet_rs) else {})})
         trays: dict[str, list[Reading]] = {}
         for r in rs:
             tray = tray_of_sensor(r.label("sensor"), ctx.tray_bmcs)

@@ -12,6 +12,8 @@ import contextvars
 import logging
 from typing import Any, Mapping
 
+from agent.drill.plan import drill_dry_run, drill_mark
+
 from .actions import ActionError, ActionResult, parse_target, target_str
 from .blast import SCHEDULER_UNREACHABLE, check_drain
 from .guardrails import Reservation
@@ -34,6 +36,8 @@ UNFENCED: contextvars.ContextVar[bool] = contextvars.ContextVar("supernode_unfen
 
 class StepRunner:
     """Part of RemediationEngine: see the module docstring."""
+
+    drill_real: frozenset[str] | None = None  # the running drill's real actions (agent.drill); None: the default
 
     async def run_playbook(self, inc: Incident, book: Playbook) -> None:
         """All steps at once in urgency order (`after:` waits), then the truthful outcome (steps.outcome)."""
@@ -192,8 +196,9 @@ class StepRunner:
                 return self._blocked_step(inc, book, idx, step, aid, target, exc.guardrail, str(exc))
             return self._result(inc, book, step, aid, tgt, "failed", {"error": str(exc), "phase": "apply"})
         plan = carry_ownership(plan, self.journal.intent(aid))
-        if mode == "dry-run":
-            return self._result(inc, book, step, aid, tgt, "dry_run", {"plan": plan, "phase": "apply"})
+        if mode == "dry-run" or drill_dry_run(inc.detail, step.action, self.drill_real):
+            return self._result(inc, book, step, aid, tgt, "dry_run", {"plan": plan, "phase": "apply",
+                                                                       **drill_mark(inc.detail)})
         seq = self.journal.append("intent", action_id=aid, incident_id=inc.id, playbook=book.name,
                                   action=step.action, target=tgt,
                                   detail={"plan": plan, "params": step.params, "phase": "apply"})

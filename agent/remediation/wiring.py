@@ -205,6 +205,11 @@ def attach(agent: AgentContext) -> None:
     agent.route_mounts.append(lambda app: add_remediation_routes(
         app, _CurrentEngine(hook), hook.admin_tokens, hook.webhook_token, cfg.listen.max_body_bytes,
         open_reads=lambda: hook.loaded.config.auth.open_reads))
+    from agent.drill.api import add_drill_routes
+    from agent.drill.runner import DrillRunner
+
+    drill = DrillRunner(agent.store, hook)  # the fault drill feeds the store and watches this hook's engine
+    agent.route_mounts.append(lambda app: add_drill_routes(app, drill, hook.admin_tokens))
 
 
 class _CurrentEngine:

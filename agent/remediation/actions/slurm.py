@@ -116,19 +116,32 @@ class SlurmScheduler:
     async def comment_job(self, job: str, text: str) -> None:
         await self._run(self.scontrol, "update", f"JobId={job}", f"Comment={text}")
 
-    async def job_comment(self, job: str) -> str | None:
-        """The job's Comment as `scontrol show job -o` shows it; None once Slurm no longer knows the job."""
+    async def _show_job(self, job: str) -> str | None:
+        """`scontrol show job -o J`; None once Slurm no longer knows the job."""
         try:
-            out = await self._run(self.scontrol, "show", "job", "-o", job)
+            return await self._run(self.scontrol, "show", "job", "-o", job)
         except SchedulerError as exc:
             if "Invalid job id" in str(exc):
                 return None
             raise
+
+    async def job_comment(self, job: str) -> str | None:
+        """The job's Comment as `scontrol show job -o` shows it; None once Slurm no longer knows the job."""
+        out = await self._show_job(job)
+        if out is None:
+            return None
         m = COMMENT.search(out.strip())
         return None if m is None or m.group(1) == "(null)" else m.group(1)
 
     async def requeue_job(self, job: str) -> None:
         await self._run(self.scontrol, "requeue", job)
+
+    async def job_fields(self, job: str, *keys: str) -> dict[str, str] | None:
+        """Some fields of `scontrol show job -o` (JobState, NodeList, Restarts...); None once Slurm forgot it."""
+        out = await self._show_job(job)
+        if out is None:
+            return None
+        return {k: m.group(1) for k in keys if (m := re.search(rf"(?:^|\s){k}=(\S*)", out))}
 
     async def reboot(self, node: str, reason: str) -> None:
         """Slurm's own reboot: it drains the node, reboots it through RebootProgram once idle, resumes it after."""

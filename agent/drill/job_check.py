@@ -1,0 +1,49 @@
+"""The reference job's own account of a drill: its event log, one JSON object a line (examples/drill_job.py).
+
+Why the job's word as well as Slurm's: Slurm knows the job was requeued and runs elsewhere; only the job knows
+it caught the signal, wrote its checkpoint and started again from it rather than from the beginning.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class JobEvents:
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: dict[str, Any] | None = None  # the first checkpoint written on the signal
+    resumed: dict[str, Any] | None = None  # the first start after it, from that checkpoint, on another node
+    unreadable: str | None = None
+
+
+def job_events(log: Path, job: str) -> JobEvents:
+    """The events of job `job` in `log`; a missing file is no event yet, a bad line is skipped and said."""
+    out = JobEvents()
+    try:
+        lines = Path(log).read_text().splitlines()
+    except FileNotFoundError:
+        return out
+    except OSError as exc:
+        out.unreadable = f"{log}: {exc.strerror}"
+        return out
+    for n, line in enumerate(lines, 1):
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            out.unreadable = f"{log}: line {n} is not JSON"
+            continue
+        if not isinstance(ev, dict) or str(ev.get("job")) != job:
+            continue
+        if ev.get("event") == "start":
+            out.starts.append(ev)
+            cp = out.checkpoint
+            if (cp is not None and out.resumed is None and ev.get("from_checkpoint")
+                    and ev.get("step") == cp.get("step") and ev.get("node") != cp.get("node")):
+                out.resumed = ev
+        elif ev.get("event") == "checkpoint" and out.checkpoint is None:
+            out.checkpoint = ev
+    return out
