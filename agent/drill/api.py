@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # aiohttp.web at import would load the system MIME database before agent.memory skips it
+    from aiohttp import web
 
 from agent.auth import TokenSource, requires_admin
 from exporters.validation import terminal_safe
@@ -26,6 +28,8 @@ ENDED = ("passed", "failed", "aborted")
 
 
 def add_drill_routes(app: web.Application, runner: DrillRunner, admin_token: TokenSource) -> None:
+    from aiohttp import web
+
     admin = requires_admin(admin_token)
 
     @admin
@@ -100,16 +104,3 @@ def cli_drill(url: str, token_file: str | None, plan_path: str | None, allow_job
               "`drill --abort` ends it)", file=sys.stderr)
         return 1
     return 0 if rep.get("passed") and data.get("state") == "passed" else 1
-
-
-def add_drill_parser(sub: Any) -> None:
-    dr = sub.add_parser("drill", help="run a fault drill from a plan (examples/drill-leak.yaml) on the running "
-                        "agent and print its report; --abort ends a running one and undoes what it did")
-    dr.add_argument("plan", nargs="?", type=Path, help="the plan (YAML)")
-    dr.add_argument("--abort", action="store_true", help="end the running drill now and undo what it did")
-    dr.add_argument("--allow-jobs", action="store_true", help="drill even where a job not marked drill-safe runs")
-    dr.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    dr.add_argument("--wait", type=float, default=1800.0, help="seconds to wait for the drill's end (default "
-                    "%(default)s)")
-    dr.add_argument("--url", default=None)
-    dr.add_argument("--token-file", default=None)

@@ -158,7 +158,8 @@ class DrillRunner:
 
     async def _sleep(self) -> None:
         try:
-            await asyncio.wait_for(self._abort.wait(), POLL)
+            async with asyncio.timeout(POLL):
+                await self._abort.wait()
         except TimeoutError:
             pass
 

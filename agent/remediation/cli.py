@@ -39,7 +39,7 @@ def add_remediation_parsers(sub: argparse._SubParsersAction) -> None:
     jr = sub.add_parser("journal", help="print the action journal (read-only)")
     jr.add_argument("--db", default=None, help="journal database or state dir (default: the config's state_dir)")
     jr.add_argument("--limit", type=int, default=100)
-    from agent.drill.api import add_drill_parser
+    from agent.drill.cli_args import add_drill_parser
 
     add_drill_parser(sub)
     rp = sub.add_parser("report", help="goodput (availability, GPU-hours lost, jobs interrupted per cause) and MTBF "
