@@ -192,10 +192,13 @@ def test_a_plan_whose_zone_drains_a_node_outside_it_is_refused_naming_the_field(
             assert "real.0: Input should be" in res.stderr
 
 
+# The two abort tests (issue 36, left open): in the full suite on 2 cores the agent stops answering /api/v1/drill in
+# time, or the undo after an abort never resumes the node within 120 s; both pass alone. Skipped, not removed, so
+# the failure stays visible in every run until it is fixed.
+ABORT_FAILS_UNDER_LOAD = pytest.mark.skip(reason="issue 36: fails in the full suite on 2 cores, passes alone")
+
 @pytest.mark.timeout(600)
-@pytest.mark.skip(reason="issue 36, left open: fails in the full suite on 2 cores (the agent stops answering "
-                         "/api/v1/drill in time, or the undo after an abort never resumes the node within 120 s); "
-                         "passes alone. Skipped so the failure stays visible in every run until it is fixed")
+@ABORT_FAILS_UNDER_LOAD
 def test_an_aborted_drill_undoes_what_it_did(cluster, tmp_path):
     with sim_rack(tmp_path) as rack:
         cfg = agent_for(rack, cluster, "node01", tmp_path)
@@ -223,9 +226,7 @@ def test_an_aborted_drill_undoes_what_it_did(cluster, tmp_path):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skip(reason="issue 36, left open: fails in the full suite on 2 cores (the agent stops answering "
-                         "/api/v1/drill in time, or the undo after an abort never resumes the node within 120 s); "
-                         "passes alone. Skipped so the failure stays visible in every run until it is fixed")
+@ABORT_FAILS_UNDER_LOAD
 def test_an_agent_restarted_mid_drill_keeps_the_incident_a_drill_and_abort_undoes_it(cluster, tmp_path):
     with sim_rack(tmp_path) as rack:
         cfg = agent_for(rack, cluster, "node01", tmp_path)
