@@ -16,8 +16,8 @@ ERRORS = counter("supernode_bacnet_errors_total",
                  ["device", "kind"])
 COV_UP = gauge("supernode_bacnet_cov_up",
                "1 while every COV point of the poll has a subscription confirmed by a notification (pushed within "
-               "one round trip); 0 while any is polled only (unsupported, refused, lost or not yet confirmed).",
-               ["device"])
+               "one round trip); 0 while any is polled only (unsupported, refused, lost or not yet confirmed). One "
+               "per poll of the device (source: cdu, leak), each with its own subscriptions.", ["device", "source"])
 COV_NOTIFICATIONS = counter("supernode_bacnet_cov_notifications_total",
                             "COV notifications received from the device.", ["device"])
 

@@ -49,12 +49,14 @@ class BacnetSource:
     def __init__(self, name: str, device: str, profile: Profile | str, link: BacnetLink, *,
                  channels: Mapping[int, str] | None = None, subset: Subset = "all",
                  coolant: cool.CoolantProperties = cool.PG25, rack_power_w: Callable[[], float | None] | None = None,
-                 cov: bool = True, cov_lifetime: int = 300):
+                 cov: bool = True, cov_lifetime: int = 300, client_metrics: bool = True):
         self.name, self.device = name, device
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         self.link = link
         self.channels = {int(k): v for k, v in (channels or {}).items()}
         self.subset = subset
+        # The client's counters are the device's (its polls share one client): one of its sources publishes them.
+        self.client_metrics = client_metrics
         self.coolant, self.rack_power_w = coolant, rack_power_w
         points = [p for p in self.profile.points if self.wired(p)]
         if subset == "leak":
@@ -117,13 +119,16 @@ class BacnetSource:
 
     def _client_readings(self, now: float) -> list[Reading]:
         dev = {"device": self.device}
-        stats = self.link.stats
-        out = [Reading(bm.REQUESTS, float(n), {**dev, "service": s}, timestamp=now)
-               for s, n in sorted(stats.requests.items())]
-        out += [Reading(bm.ERRORS, float(n), {**dev, "kind": k}, timestamp=now) for k, n in sorted(stats.errors.items())]
+        out: list[Reading] = []
         if self.cov.enabled:
-            out.append(Reading(bm.COV_UP, 1.0 if self.cov.up else 0.0, dev, timestamp=now))
-            out.append(Reading(bm.COV_NOTIFICATIONS, float(stats.notifications), dev, timestamp=now))
+            out.append(Reading(bm.COV_UP, 1.0 if self.cov.up else 0.0, {**dev, "source": self.name}, timestamp=now))
+        if not self.client_metrics:
+            return out
+        stats = self.link.stats
+        out += [Reading(bm.REQUESTS, float(n), {**dev, "service": s}, timestamp=now)
+                for s, n in sorted(stats.requests.items())]
+        out += [Reading(bm.ERRORS, float(n), {**dev, "kind": k}, timestamp=now) for k, n in sorted(stats.errors.items())]
+        out.append(Reading(bm.COV_NOTIFICATIONS, float(stats.notifications), dev, timestamp=now))
         return out
 
     def _pushed_value(self, objid: ObjectIdentifier, prop: str, value: Any) -> None:
@@ -192,7 +197,7 @@ class BacnetSource:
 
     def pinned_labels(self) -> dict[str, frozenset[str]]:
         """Label values this source alone decides: device, zones, the profile's labels, leak fault names."""
-        values: dict[str, set[str]] = {"device": {self.device}, "cdu": {self.device}}
+        values: dict[str, set[str]] = {"device": {self.device}, "cdu": {self.device}, "source": {self.name}}
         for plan in self.plans.values():
             for k, v in plan.labels.items():
                 values.setdefault(k, set()).add(v)
