@@ -59,3 +59,13 @@ def test_a_bacnet_cdu_loads_on_the_bacnet_port_and_builds_one_client_for_its_two
 ])
 def test_a_bad_bacnet_cdu_is_refused_naming_the_field(tmp_path, mutate, path, expect):
     assert_named(rack(tmp_path), mutate, path, expect, tmp_path)
+
+
+def test_the_demo_and_the_simulator_take_the_cdu_protocol():
+    from sim.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--cdu-protocol", "bacnet"]).cdu_protocol == "bacnet"
+    assert parser.parse_args(["run"]).cdu_protocol == "modbus"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--cdu-protocol", "lonworks"])

@@ -92,8 +92,8 @@ def plain(prop: str, typed: Any) -> Any:
 
         if isinstance(typed, Enumerated):  # BinaryPV: active / inactive
             return str(typed)
-        if isinstance(typed, float):
-            return float(typed)
+        if isinstance(typed, float):  # a Real has 24 bits of mantissa: its 7 digits, not float32's binary tail
+            return float(f"{float(typed):.7g}") if math.isfinite(typed) else float(typed)
         if isinstance(typed, int) and not isinstance(typed, bool):
             return int(typed)
         raise TypeError(f"present-value of type {type(typed).__name__}")
