@@ -118,6 +118,34 @@ def test_a_poll_is_one_read_property_multiple_and_the_who_is_goes_to_the_device_
     assert bound[0] == "127.0.0.1" and broadcast_address is None and broadcast_socket is None
 
 
+WHO_IS = bytes.fromhex("810a0008" "0100" "1008")  # BVLL unicast, NPDU, unconfirmed Who-Is (no limits)
+
+
+def test_the_client_answers_no_one(cdu):
+    async def run():
+        link = BacnetLink(*cdu.endpoint, timeout=2.0)
+        await BacnetSource("leak", "cdu1", "reference-cdu", link, subset="leak", cov=False).poll()
+        (udp,) = [layer.server for layer in link._app.link_layers.values()]
+        client = udp.local_transport.get_extra_info("sockname")
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.setblocking(False)
+            s.sendto(WHO_IS, cdu.endpoint)  # the control: the device answers this very datagram with an I-Am
+            answer = await asyncio.wait_for(loop.sock_recvfrom(s, 1500), 10)
+            s.sendto(WHO_IS, client)
+            s.sendto(bytes.fromhex("810a0011" "0104" "0005" "0c0c" "020003e9" "194b"), client)  # ReadProperty
+            try:
+                stray = await asyncio.wait_for(loop.sock_recvfrom(s, 1500), 1.0)
+            except TimeoutError:
+                stray = None
+        await link.close()
+        return answer, stray
+    answer, stray = asyncio.run(run())
+    assert answer[0][6:8] == b"\x10\x00"  # the device's I-Am
+    assert stray is None
+
+
 def test_a_device_without_read_property_multiple_is_read_property_by_property():
     with bacnet_device("reference-cdu", no_rpm=True) as dev:
         dev.command(set={name: raw for name, (raw, _) in REFERENCE.items()})

@@ -181,6 +181,22 @@ def test_bent_replies_fault_readings_or_fail_the_poll_cleanly(recorded, data):
     _check(_poll_bent(recorded, bytes(body)))
 
 
+def test_a_value_of_the_wrong_type_faults_that_reading_only(recorded):
+    """A well-formed reply whose first present value (21.5, a Real) is a character string instead."""
+    good = recorded[1][recorded[2]]
+    real = bytes.fromhex("4441ac0000")  # application tag 4 (Real), 21.5
+    assert good.count(real) == 1
+    body = bytearray(good.replace(real, bytes.fromhex("7505006162636400")[:7]))
+    body[2:4] = len(body).to_bytes(2, "big")
+    outcome = _poll_bent(recorded, bytes(body))
+    assert not isinstance(outcome, SourceError), outcome
+    temps = {(r.label("loop"), r.label("point")): r.quality for r in outcome.readings
+             if r.name == "supernode_cdu_temperature_celsius"}
+    assert temps.pop(("secondary", "supply")) is Quality.SENSOR_FAULT
+    flow = [r for r in outcome.readings if r.name == "supernode_cdu_flow_cubic_meters_per_second"]
+    assert set(temps.values()) == {Quality.OK} and [r.value for r in flow if r.ok] == [0.01]
+
+
 def test_a_datagram_of_the_largest_size_is_read_within_the_bound(recorded):
     good = recorded[1][recorded[2]]
     body = bytearray(good[:9] + b"\x1e" + b"\x2e" * 1400 + b"\x1f")  # nested opening tags, never closed
