@@ -69,3 +69,13 @@ def test_the_demo_and_the_simulator_take_the_cdu_protocol():
     assert parser.parse_args(["run"]).cdu_protocol == "modbus"
     with pytest.raises(SystemExit):
         parser.parse_args(["demo", "--cdu-protocol", "lonworks"])
+
+
+@pytest.mark.parametrize("profile, pumps, sensors", [("reference-cdu", 2, 2), ("vertiv-liebert-hpc", 2, 0)])
+def test_the_reliability_report_counts_a_bacnet_cdus_pumps_and_leak_inputs(tmp_path, profile, pumps, sensors):
+    from agent.reliability import component_counts
+
+    cfg = rack(tmp_path, profile=profile)
+    cfg["inventory"]["leak_zones"][0].pop("valve")  # the HPC has no zone valve
+    counts = component_counts(parse_config(cfg).config.inventory)
+    assert (counts["cdu"], counts["pump"], counts["leak_sensor"]) == (1, pumps, sensors)
