@@ -79,3 +79,19 @@ def test_the_reliability_report_counts_a_bacnet_cdus_pumps_and_leak_inputs(tmp_p
     cfg["inventory"]["leak_zones"][0].pop("valve")  # the HPC has no zone valve
     counts = component_counts(parse_config(cfg).config.inventory)
     assert (counts["cdu"], counts["pump"], counts["leak_sensor"]) == (1, pumps, sensors)
+
+
+def test_a_reload_with_other_client_settings_gets_a_client_with_them(tmp_path):
+    from agent.sources import build_sources
+    from exporters.cooling.bacnet.client import _LINKS
+
+    def links(request_timeout: float) -> list:
+        cfg = rack(tmp_path)
+        cfg["sources"] = {"bacnet": {"request_timeout": request_timeout}}
+        return [s.source for s in build_sources(parse_config(cfg)) if s.source.name in ("cdu", "leak")]
+    old = links(1.0)
+    new = links(0.3)  # built while the old sources still run, as a reload does
+    assert {s.link.timeout for s in old} == {1.0} and {s.link.timeout for s in new} == {0.3}
+    for s in old + new:
+        asyncio.run(s.close())
+    assert not _LINKS

@@ -137,6 +137,11 @@ class BacnetLink:
         self._identify_lock = asyncio.Lock()
         self._next_process_id = 1
 
+    def same_settings(self, device_instance: int | None = None, timeout: float = 2.0, retries: int = 0,
+                      client_instance: int = 4194300, name: str = "") -> bool:
+        return (self.device_instance, self.timeout, self.retries, self.client_instance) == \
+            (device_instance, timeout, retries, client_instance)
+
     # -- the application ------------------------------------------------------------
 
     def _application(self) -> _ClientApp:
@@ -375,9 +380,12 @@ _LINKS: dict[tuple[str, int], BacnetLink] = {}
 
 
 def link_for(host: str, port: int, **kw: Any) -> BacnetLink:
-    """The one link of a device (its sources and its control share it), counted so the last user closes it."""
+    """The one link of a device (its sources and its control share it), counted so the last user closes it.
+
+    A link asked for with other settings (a reload changed the timeout, the retries, the instances) is a new one:
+    the sources of the old config keep theirs until they close, the new config's share the new one."""
     link = _LINKS.get((host, port))
-    if link is None or link._app is None and link.users == 0:
+    if link is None or (link._app is None and link.users == 0) or not link.same_settings(**kw):
         link = _LINKS[(host, port)] = BacnetLink(host, port, **kw)
     link.users += 1
     return link
