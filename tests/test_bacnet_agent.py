@@ -3,7 +3,7 @@
 The rack's CDU (cdu1) speaks BACnet; the same coolant model, zones and valves as the Modbus one. A leak on it is
 pushed (COV) with polling slowed to 600 s, drains its zone's node in Slurm and closes the zone valve through a
 priority-array write once a person approves; a CDU that stops answering or answers errors is a down source whose
-zones are a critical unknown, as for Modbus.
+zones are a critical unknown, as for Modbus; its flow drop opens the same coolant incident as a Modbus CDU's.
 """
 
 from __future__ import annotations
@@ -122,3 +122,9 @@ def test_a_bacnet_cdu_that_keeps_silent_or_errs_is_a_down_source_and_its_zones_u
         acted = {e["action"] for e in json.loads(body)["entries"] if e["kind"] == "intent"}
         assert not acted & {"drain", "cdu_write", "power_cap"}  # an unknown zone only notifies
         assert all(rack.sim.model.coolant.valve_open.values())
+
+        # The coolant detectors read the BACnet CDU as they read a Modbus one (the same families): a flow drop
+        # opens the same coolant_flow_low incident, targeted at cdu1.
+        rack.inject("flow-drop", percent=40)
+        wait_for(lambda: any(i["targets"] == {"cdu": "cdu1"} for i in _open(agent, "coolant_flow_low")), 60,
+                 what="coolant_flow_low on the BACnet CDU")

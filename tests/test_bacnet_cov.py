@@ -101,3 +101,35 @@ def test_a_device_that_refuses_cov_is_polled_only_and_says_so():
     assert _leak(result, "cdu-leak-2") == 1.0
     assert why and "SubscribeCOV" in why
     assert [r.value for r in result.readings if r.name == "supernode_bacnet_cov_up"] == [0.0]
+
+
+def test_the_pollers_facts_are_taken_by_every_agent_that_reads_the_same_cdu(cdu):
+    """Rack coordination: another agent checks a poller's facts against its own BACnet source of the device (never
+    polled there); a real poll's readings, a leak fault and COV state included, are all taken."""
+    import time
+
+    from agent.coordination.facts import Fact, FactSchema, decode, encode, parse
+
+    channels = {1: "zone-a", 2: "zone-b"}
+    cdu.command(status={"leak_input_2": {"reliability": "open-loop", "fault": True}})
+
+    async def run():
+        link = BacnetLink(*cdu.endpoint, timeout=2.0)
+        polled = {}
+        try:
+            for name, subset in (("cdu", "cdu"), ("leak", "leak")):
+                src = BacnetSource(name, "cdu1", "reference-cdu", link, subset=subset, channels=channels)
+                polled[name] = (await src.poll()).readings
+                await src.cov.close()
+        finally:
+            await link.close()
+            cdu.command(status={"leak_input_2": {"reliability": "no-fault-detected", "fault": False}})
+        return polled
+    polled = asyncio.run(run())
+    now = time.time()
+    for name, readings in polled.items():
+        theirs = BacnetSource(name, "cdu1", "reference-cdu", BacnetLink(*cdu.endpoint), subset=name, channels=channels)
+        fact = decode(parse(encode(Fact("node01", name, "cdu1", True, readings, 0.01, at=now))),
+                      FactSchema.of(f"{name}/cdu1", theirs), "node01", now, 5.0)
+        assert len(fact.readings) == len(readings), name
+    assert any(r.name == "supernode_leak_sensor_fault" for r in polled["leak"])
