@@ -144,6 +144,36 @@ class ModbusDevice(Strict):
                                      description="Profile leak/valve channel -> leak zone name (inventory leak_zones).")
 
 
+BACNET_PORT = 47808  # BACnet/IP's registered UDP port (0xBAC0)
+
+
+class CduDevice(ModbusDevice):
+    """A rack CDU: over Modbus TCP (the default) or BACnet/IP. Either way it feeds the same coolant and leak
+    detectors (the same families), its channels map to leak zones, and it is a shared rack device."""
+
+    protocol: Literal["modbus", "bacnet"] = Field(default="modbus", description=(
+        "modbus: profile under exporters/profiles/modbus/, port 502; bacnet: profile under "
+        "exporters/profiles/bacnet/, UDP port 47808, Who-Is sent to host:port only (never a broadcast)."))
+    device_instance: int | None = Field(default=None, ge=0, le=4194302, description=(
+        "BACnet: the device object's instance; default: learnt from its I-Am to the Who-Is sent to host:port "
+        "(set it for a device that ignores Who-Is)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bacnet_port(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("protocol") == "bacnet" and "port" not in data:
+            return {**data, "port": BACNET_PORT}
+        return data
+
+    @model_validator(mode="after")
+    def _protocol_fields(self) -> "CduDevice":
+        if self.protocol == "bacnet" and self.unit is not None:
+            raise ValueError("unit: a Modbus unit id; a BACnet device is named by device_instance")
+        if self.protocol == "modbus" and self.device_instance is not None:
+            raise ValueError("device_instance: BACnet only (this CDU's protocol is modbus)")
+        return self
+
+
 class LeakZone(Strict):
     name: str = Field(min_length=1)
     nodes: list[str] = Field(default_factory=list, description="Nodes whose hardware this zone's leak endangers.")
@@ -289,7 +319,7 @@ class Inventory(Strict):
         "fetched by this agent (TLS verified, status.peer_tls)."))
     gpus: GpuInventory = GpuInventory()
     ports: list[Port] = Field(default_factory=list)
-    cdus: list[ModbusDevice] = Field(default_factory=list)
+    cdus: list[CduDevice] = Field(default_factory=list)
     leak_controllers: list[ModbusDevice] = Field(default_factory=list)
     leak_zones: list[LeakZone] = Field(default_factory=list)
     pdus: list[Pdu] = Field(default_factory=list)
@@ -557,6 +587,24 @@ class ThermalResistanceSettings(SourceSettings):
         "Write the learnt baselines to agent.state_dir at most this often (and when one is learnt, and at stop)."))
 
 
+class BacnetSettings(Strict):
+    """The BACnet/IP client of the agent (every BACnet CDU): per-request bounds and COV push. Each CDU's polls
+    keep the cdu and leak sources' intervals and timeouts, as a Modbus CDU's do."""
+
+    request_timeout: float = Field(default=1.0, gt=0, le=30, description=(
+        "Seconds to wait for one BACnet reply (the stack's APDU timeout)."))
+    retries: int = Field(default=0, ge=0, le=3, description=(
+        "Resends of an unanswered request (0: the next poll is the retry; a leak poll runs twice a second)."))
+    cov: bool = Field(default=True, description=(
+        "Subscribe to the profile's COV points (leak and alarm objects): a change is pushed within one round "
+        "trip; polling runs underneath either way, and alone where the device refuses COV."))
+    cov_lifetime_seconds: int = Field(default=300, ge=10, le=86400, description=(
+        "Lifetime asked for each COV subscription; renewed at half of it by the polls."))
+    client_instance: int = Field(default=4194300, ge=0, le=4194302, description=(
+        "The agent's own BACnet device instance (a BACnet client is a device too; unique on the BACnet network). "
+        "The agent answers nothing with it: it only receives I-Am and COV notifications from its CDUs."))
+
+
 class Sources(Strict):
     nvml: NvmlSettings = NvmlSettings()
     # Each source's defaults live in its settings class, so a partial section keeps the others' defaults.
@@ -566,6 +614,7 @@ class Sources(Strict):
     leak: LeakSourceSettings = LeakSourceSettings()
     pdu: PduSourceSettings = PduSourceSettings()
     redfish: RedfishSourceSettings = RedfishSourceSettings()
+    bacnet: BacnetSettings = BacnetSettings()
     imex: ImexSettings = ImexSettings()
     thermal_resistance: ThermalResistanceSettings = ThermalResistanceSettings()
     stale_after_intervals: float = Field(default=2.0, ge=1.0, description=(
@@ -765,7 +814,13 @@ def _check_profiles(config: Config) -> None:
     from exporters.power import snmp_profile
 
     devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
-               for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)]
+               for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)
+               if getattr(d, "protocol", "modbus") == "modbus"]
+    if any(d.protocol == "bacnet" for d in config.inventory.cdus):
+        from exporters.cooling.bacnet import profile as bacnet_profile
+
+        devices += [(f"inventory.cdus.{d.name}.profile", d.profile, bacnet_profile)
+                    for d in config.inventory.cdus if d.protocol == "bacnet"]
     if config.inventory.redfish:  # imported only when used: a node without Redfish never holds its models
         from exporters.redfish import profile as redfish_profile
 

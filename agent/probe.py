@@ -180,7 +180,23 @@ def _probe_redfish(args: argparse.Namespace) -> str:
         raise ProbeError(str(exc)) from None
 
 
+def _bacnet_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/bacnet/NAME.yaml)")
+    p.add_argument("--target", required=True, help="HOST:PORT of the BACnet/IP device (UDP; the Who-Is goes there only)")
+    p.add_argument("--device-instance", type=int, default=None,
+                   help="the device object's instance (default: from its I-Am)")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds one request may take")
+
+
+def _probe_bacnet(args: argparse.Namespace) -> str:
+    from exporters.cooling.bacnet.probe import probe_bacnet
+
+    host, port = _target(args.target)
+    return asyncio.run(probe_bacnet(args.profile, host, port, args.device_instance, timeout=args.timeout))
+
+
 PROBES["modbus"] = (_modbus_args, _probe_modbus)
+PROBES["bacnet"] = (_bacnet_args, _probe_bacnet)
 PROBES["snmp"] = (_snmp_args, _probe_snmp)
 PROBES["redfish"] = (_redfish_args, _probe_redfish)
 

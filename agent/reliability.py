@@ -185,10 +185,21 @@ def _profile_counts(inventory: "Inventory") -> tuple[int, int]:
     pumps = 0
     sensors: set[tuple[str, str, str]] = set()
     for d in inventory.cdus:
+        if getattr(d, "protocol", "modbus") == "bacnet":
+            from exporters.cooling.bacnet import source as bacnet
+
+            b_profile = bacnet.load_profile(d.profile)
+            pumps += len({tuple(sorted(p.labels.items())) for p in b_profile.points if p.metric == mm.PUMP_RUNNING.name})
+            if bacnet.has_leak_points(b_profile):  # the sensors follow from the profile and wiring: no I/O here
+                src = bacnet.BacnetSource("leak", d.name, b_profile, bacnet.BacnetLink(d.host, d.port), subset="leak",
+                                          channels=d.channels, cov=False)
+                sensors |= {(d.name, zone, sensor) for zone, sensor in src.leak_sensors()}
+            continue
         profile = load_profile(d.profile)
         pumps += len({tuple(sorted(p.labels.items())) for p in profile.expanded()
                       if p.metric == mm.PUMP_RUNNING.name})
-    for d in [*inventory.cdus, *inventory.leak_controllers]:
+    for d in [*[c for c in inventory.cdus if getattr(c, "protocol", "modbus") == "modbus"],
+              *inventory.leak_controllers]:
         if has_leak_points(d.profile):
             src = ModbusSource("leak", d.name, d.profile, d.host, d.port, d.unit, subset="leak", channels=d.channels)
             sensors |= {(d.name, zone, sensor) for zone, sensor in src.leak_sensors()}

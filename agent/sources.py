@@ -83,6 +83,8 @@ def _modbus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | Non
 
     out: list[ScheduledSource] = []
     for d in cfg.inventory.cdus:
+        if d.protocol != "modbus":
+            continue
         common = dict(host=d.host, port=d.port, unit=d.unit, channels=d.channels)
         if s.cdu.enabled:
             coolant = CoolantProperties(d.coolant.density_kg_m3, d.coolant.heat_capacity_j_kgk, d.coolant.name)
@@ -96,6 +98,35 @@ def _modbus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | Non
         for d in cfg.inventory.leak_controllers:
             out.append(ScheduledSource(ModbusSource("leak", d.name, d.profile, d.host, d.port, d.unit,
                                                     timeout=s.leak.timeout, channels=d.channels), s.leak))
+    return out
+
+
+def _bacnet(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | None) -> list[ScheduledSource]:
+    """A BACnet CDU's sources: its coolant poll and (when its profile has leak inputs) its leak poll on the fast
+    leak schedule, as a Modbus CDU's; both share one client (one UDP socket, one set of COV subscriptions each)."""
+    cfg = loaded.config
+    s = cfg.sources
+    cdus = [d for d in cfg.inventory.cdus if d.protocol == "bacnet"]
+    if not cdus:
+        return []
+    from exporters.cooling.bacnet.client import link_for
+    from exporters.cooling.bacnet.source import BacnetSource, has_leak_points
+    from exporters.cooling.coolant import CoolantProperties
+
+    b = s.bacnet
+    out: list[ScheduledSource] = []
+    for d in cdus:
+        def link() -> object:
+            return link_for(d.host, d.port, device_instance=d.device_instance, timeout=b.request_timeout,
+                            retries=b.retries, client_instance=b.client_instance, name=d.name)
+        common = dict(channels=d.channels, cov=b.cov, cov_lifetime=b.cov_lifetime_seconds)
+        if s.cdu.enabled:
+            coolant = CoolantProperties(d.coolant.density_kg_m3, d.coolant.heat_capacity_j_kgk, d.coolant.name)
+            out.append(ScheduledSource(BacnetSource("cdu", d.name, d.profile, link(), subset="cdu", coolant=coolant,
+                                                    rack_power_w=rack_power_w, **common), s.cdu))
+        if s.leak.enabled and has_leak_points(d.profile):
+            out.append(ScheduledSource(BacnetSource("leak", d.name, d.profile, link(), subset="leak",
+                                                    client_metrics=not s.cdu.enabled, **common), s.leak))
     return out
 
 
@@ -201,6 +232,7 @@ def build_sources(loaded: LoadedConfig, rack_power_w: Callable[[], float | None]
     for builder in BUILDERS:
         sources.extend(builder(loaded))
     sources.extend(_modbus(loaded, rack_power_w))
+    sources.extend(_bacnet(loaded, rack_power_w))
     return sources
 
 

@@ -87,7 +87,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     setup_logging("info")
 
     async def main() -> None:
-        sim = Simulator(nodes=args.nodes, gpus=args.gpus, port=args.port, personality=args.personality)
+        sim = Simulator(nodes=args.nodes, gpus=args.gpus, port=args.port, personality=args.personality,
+                        cdu_protocol=args.cdu_protocol)
         url = await sim.start()
         print(f"sim: {url}", flush=True)
         stop = asyncio.Event()
@@ -105,7 +106,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from sim.demo import run_demo
 
     return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port,
-                    personality=args.personality)
+                    personality=args.personality, cdu_protocol=args.cdu_protocol)
+
+
+CDU_PROTOCOLS = ("modbus", "bacnet")
+CDU_PROTOCOL_HELP = ("what the rack's CDU (cdu1) speaks: modbus (Modbus TCP) or bacnet (BACnet/IP, COV push); the "
+                     "same loop, valves and faults either way")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--gpus", type=int, default=4)
     sr.add_argument("--port", type=int, default=0)
     sr.add_argument("--personality", choices=personalities, default="h100", help="GPU model of every node")
+    sr.add_argument("--cdu-protocol", choices=CDU_PROTOCOLS, default="modbus", help=CDU_PROTOCOL_HELP)
     si = sub.add_parser("inject", help=f"inject a fault: KIND [--node N] [--gpu I] [--param value ...]; "
                                        f"see `{PROG} faults`")
     si.add_argument("kind")
@@ -133,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="first agent port (default: free ports)")
     demo.add_argument("--personality", choices=personalities, default="gb200",
                       help="GPU model of every node (default %(default)s: the GB200 NVL72 class this agent is for)")
+    demo.add_argument("--cdu-protocol", choices=CDU_PROTOCOLS, default="modbus", help=CDU_PROTOCOL_HELP)
     return p
 
 

@@ -17,7 +17,14 @@ def build_devices(sim: "Simulator") -> list[SimDevice]:
 
     from sim.snmp_pdu import SimulatedRaritanPdu
 
-    devices: list[SimDevice] = [reference_cdu(sim.model, "cdu1"), liebert_dcd(sim.model, "rdhx1"),
+    cdu: SimDevice
+    if getattr(sim, "cdu_protocol", "modbus") == "bacnet":  # the rack's CDU on BACnet/IP: same loop, same valves
+        from sim.bacnet_cdu import SimBacnetCdu
+
+        cdu = SimBacnetCdu("cdu1", sim.model)
+    else:
+        cdu = reference_cdu(sim.model, "cdu1")
+    devices: list[SimDevice] = [cdu, liebert_dcd(sim.model, "rdhx1"),
                                 rle_leak_controller(sim.model, "leak1"), SimulatedRaritanPdu(sim.model, "pdu-a")]
     for node in sim.model.nodes:
         devices.append(SimLinkTree(sim.model, node, base_dir=sim.workdir / "links"))
@@ -109,8 +116,15 @@ def demo_inventory(sim: "Simulator", node: str, cfg: dict[str, Any]) -> None:
 
     zones = sim.model.zone_nodes
     inv["leak_zones"] = [{"name": z, "nodes": list(nodes)} for z, nodes in sorted(zones.items())]
+    from sim.bacnet_cdu import SimBacnetCdu
+
     cdus, leaks = [], []
     for name, dev in sim.devices.items():
+        if isinstance(dev, SimBacnetCdu):
+            host, port = dev.endpoint
+            cdus.append({"name": name, "protocol": "bacnet", "profile": dev.profile.name, "host": host, "port": port,
+                         "channels": {ch: z for ch, z in dev.zones.items()}})
+            continue
         if not isinstance(dev, SimModbusDevice):
             continue
         host, port = dev.endpoint

@@ -177,15 +177,7 @@ class ModbusSource:
         return self._gateway
 
     def _labels(self, metric: str, point: Point, extra: Mapping[str, str]) -> dict[str, str]:
-        spec = mm.ALL[metric]
-        labels = {**point.labels, **extra}
-        if "cdu" in spec.labels:
-            labels["cdu"] = self.device
-        if "zone" in spec.labels:
-            labels["zone"] = self.zone(point.channel)
-        if "device" in spec.labels:
-            labels["device"] = self.device
-        return labels
+        return mm.auto_labels(mm.ALL[metric], {**point.labels, **extra}, self.device, self.zone(point.channel))
 
     def leak_sensors(self) -> list[tuple[str, str]]:
         """(zone, sensor) of every wired leak input this source polls, known without asking the device.
