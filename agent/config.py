@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, Va
 
 from pydantic_core import PydanticCustomError
 
+from agent.cdu_coverage import coverage_warnings
 from agent.config_refs import deprecation_warnings, exposure_warnings, reference_errors, secret_warnings
 from agent.coordination.settings import Coordination
 from agent.rack_file import RackFileError, with_rack_file
@@ -755,7 +756,8 @@ class LoadedConfig:
         self.admin_tokens = admin_tokens if admin_tokens is not None else _admin_tokens(config, secrets, {})
         files = {f"secrets.{name}.file": ref.file for name, ref in config.secrets.items()}
         files.update({f"auth.admin_tokens.{name}.file": ref.file for name, ref in config.auth.admin_tokens.items()})
-        self.warnings: list[str] = secret_warnings(files) + deprecation_warnings(config) + exposure_warnings(config)
+        self.warnings: list[str] = (secret_warnings(files) + deprecation_warnings(config) + exposure_warnings(config)
+                                    + coverage_warnings(config.inventory))
         """Not errors, but an operator should see them (check-config prints them, start logs them)."""
 
     def secret(self, name: str) -> SecretStr:

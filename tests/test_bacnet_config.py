@@ -4,10 +4,14 @@ a shared rack device under coordination, and its valve a control point of its BA
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from agent.config import parse_config
+from tests.helpers import REPO
 from tests.test_config import assert_named, minimal
 
 CDU = {"name": "cdu1", "protocol": "bacnet", "profile": "reference-cdu", "host": "127.0.0.1",
@@ -95,3 +99,37 @@ def test_a_reload_with_other_client_settings_gets_a_client_with_them(tmp_path):
     for s in old + new:
         asyncio.run(s.close())
     assert not _LINKS
+
+
+BOTH = ("no secondary (rack) loop flow and no secondary (rack) loop supply temperature: "
+        "coolant_flow_low, coolant_supply_hot cannot run for this CDU")
+
+
+@pytest.mark.parametrize("protocol, profile, says", [
+    ("bacnet", "reference-cdu", None),
+    ("bacnet", "vertiv-liebert-hpc", BOTH),  # its published multistate objects only
+    ("modbus", "vertiv-liebert-xdp", BOTH),  # pumped refrigerant: its water is the primary loop
+    ("modbus", "kenmec-lx1400", "no secondary (rack) loop supply temperature: coolant_supply_hot cannot run"),
+    ("modbus", "reference-cdu", None),
+])
+def test_a_cdu_whose_profile_cannot_feed_a_coolant_detector_is_named_at_load(tmp_path, protocol, profile, says):
+    cfg = rack(tmp_path, protocol=protocol, profile=profile)
+    cfg["inventory"]["leak_zones"][0].pop("valve")  # a vendor profile's valve points differ from the reference's
+    warned = [w for w in parse_config(cfg).warnings if w.startswith("inventory.cdus.cdu1:")]
+    if says is None:
+        assert warned == []
+        return
+    (warning,) = warned
+    assert f"profile {profile!r} publishes {says}" in warning, warning
+
+
+def test_check_config_prints_what_a_bacnet_cdus_profile_cannot_feed(tmp_path):
+    cfg = rack(tmp_path, profile="vertiv-liebert-hpc")
+    cfg["inventory"]["leak_zones"][0].pop("valve")
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "check-config", str(path)], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert out.returncode == 0 and ": ok (" in out.stdout, out.stdout + out.stderr
+    assert ("warning: inventory.cdus.cdu1: profile 'vertiv-liebert-hpc' publishes no secondary (rack) loop flow"
+            in out.stderr), out.stderr

@@ -205,6 +205,10 @@ class Profile(CoolingDevice):
                 return p
         raise ProfileError(f"profile {self.name}: no point named {name!r}")
 
+    def feeds(self) -> list[tuple[str, dict[str, str]]]:
+        """(family, labels) of every reading the profile publishes, bits included: what the detectors can read."""
+        return [(metric, labels) for p in self.expanded() for metric, labels, _ in _feeds(p)]
+
 
 def _feeds(p: Point) -> list[tuple[str, dict[str, str], str]]:
     out = []

@@ -163,6 +163,10 @@ class Profile(CoolingDevice):
                 return p
         raise ProfileError(f"BACnet profile {self.name}: no point named {name!r}")
 
+    def feeds(self) -> list[tuple[str, dict[str, str]]]:
+        """(family, labels) of every reading the profile publishes: what the detectors can read."""
+        return [(p.metric, p.labels) for p in self.points]
+
 
 def parse_profile(data: Any, source: str) -> Profile:
     return validate_document(Profile, data, source, "BACnet profile", ProfileError, point_names(data))
