@@ -762,7 +762,7 @@ def _admin_tokens(config: Config, secrets: dict[str, SecretStr], named: dict[str
 def _check_profiles(config: Config) -> None:
     """Every device names a shipped profile that loads: a typo fails check-config, not `run`."""
     from exporters.cooling import modbus_profile
-    from exporters.power import snmp_profile
+    from exporters.snmp import profile as snmp_profile
 
     devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
                for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)]

@@ -130,7 +130,7 @@ def _probe_snmp(args: argparse.Namespace) -> str:
     from exporters.power.pdu import probe_snmp
 
     host, port = _target(args.target)
-    from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS
+    from exporters.snmp.client import MAX_REQUESTS, MAX_ROWS
 
     community = args.community or _read_secret(args.community_file)
     if not community and not args.v3_user:

@@ -107,7 +107,7 @@ def pdu_sources(loaded: LoadedConfig) -> list[ScheduledSource]:
     if not (cfg.inventory.pdus and s.pdu.enabled):
         return []
     from exporters.power.pdu import PduSource
-    from exporters.power.snmp_client import SnmpCredentials
+    from exporters.snmp.client import SnmpCredentials
 
     def secret(name: str | None) -> str | None:
         return loaded.secret(name).get_secret_value() if name else None

@@ -27,7 +27,7 @@ from exporters.cooling import modbus_metrics as mm
 from exporters.cooling.modbus import ModbusSource
 from exporters.model import Kind, MetricSpec, Quality, make_reading
 from exporters.power.pdu import PduSource
-from exporters.power.snmp_client import SnmpCredentials
+from exporters.snmp.client import SnmpCredentials
 from exporters.redfish.client import RedfishClient
 from exporters.redfish.source import RedfishSource
 

@@ -9,8 +9,8 @@ import yaml
 
 from exporters.model import Quality, SourceError
 from exporters.power.snmp_autodetect import choose
-from exporters.power.snmp_decode import CounterTracker, decode
-from exporters.power.snmp_profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
+from exporters.snmp.decode import CounterTracker, decode
+from exporters.snmp.profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
 
 SHIPPED = {"raritan-pdu2", "apc-rpdu2", "servertech-sentry4", "vertiv-geist-v5", "entity-sensor"}
 

@@ -10,7 +10,7 @@ import pytest
 
 from exporters.model import SourceError
 from exporters.power.pdu import PduSource, probe_snmp
-from exporters.power.snmp_client import SnmpCredentials
+from exporters.snmp.client import SnmpCredentials
 from tests.helpers import REPO
 from tests.snmpsim_peer import V3_AUTH, V3_PRIV, V3_USER, recordings, run_snmpsim
 

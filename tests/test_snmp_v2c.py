@@ -10,10 +10,10 @@ from pyasn1.codec.ber import decoder, encoder
 from pysnmp.proto import api, rfc1902, rfc1905
 
 from sim.snmp_agent import OidTable, SnmpAgent, gauge, integer, text
-from exporters.power import snmp_v2c
+from exporters.snmp import v2c as snmp_v2c
 from exporters.model import SourceError
-from exporters.power.snmp_client import MAX_CURSORS, SnmpClient, SnmpCredentials
-from exporters.power.snmp_v3 import to_python
+from exporters.snmp.client import MAX_CURSORS, SnmpClient, SnmpCredentials
+from exporters.snmp.v3 import to_python
 
 P = api.PROTOCOL_MODULES[api.SNMP_VERSION_2C]
 COL_A = (1, 3, 6, 1, 4, 1, 99999, 1, 1, 4)
