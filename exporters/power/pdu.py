@@ -17,7 +17,7 @@ from typing import Any, Iterable
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError
 from exporters.power.pdu_metrics import (INLET_POWER, OUTLET_INFO, PDU_INFO, PROFILE_METRICS, RACK_BUDGET,
                                          RACK_POWER)
-from exporters.snmp.client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
+from exporters.snmp.client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials, credentials
 from exporters.snmp.decode import CounterTracker, decode
 from exporters.snmp.profile import Profile, load_profile, template_fields
 from exporters.snmp.reader import ProfileReader
@@ -216,11 +216,7 @@ async def probe_snmp(profile_name: str, host: str, port: int, community: str | N
     Raises SourceError with kind timeout / auth / decode (profile does not
     match the device) / config, and a message naming the problem.
     """
-    if v3_user:
-        creds = SnmpCredentials("3", v3_user=v3_user, auth_key=auth_key, priv_key=priv_key,
-                                auth_protocol=auth_protocol, priv_protocol=priv_protocol, context=context)
-    else:
-        creds = SnmpCredentials("2c", community=community or "public")
+    creds = credentials(community, v3_user, auth_key, priv_key, auth_protocol, priv_protocol, context)
     source = PduSource(pdu_name, profile_name, (host, port), creds, timeout=timeout, retries=retries,
                        max_repetitions=max_repetitions, max_rows=max_rows, max_requests=max_requests)
     try:

@@ -49,6 +49,17 @@ class SnmpCredentials:
             raise SourceError("config", "SNMP v3 needs a user")
 
 
+def credentials(community: str | None = None, v3_user: str | None = None, auth_key: str | None = None,
+                priv_key: str | None = None, auth_protocol: str = "SHA", priv_protocol: str = "AES",
+                context: str = "") -> SnmpCredentials:
+    """v3 when a user is given, else v2c with the community (default public): what `probe snmp` and the one-shot
+    probes build from their arguments."""
+    if v3_user:
+        return SnmpCredentials("3", v3_user=v3_user, auth_key=auth_key, priv_key=priv_key,
+                               auth_protocol=auth_protocol, priv_protocol=priv_protocol, context=context)
+    return SnmpCredentials("2c", community=community or "public")
+
+
 Varbinds = list[tuple[Oid, Any]]  # (oid, python value or END)
 MAX_CURSORS = 48  # varbinds per GETBULK request at most (x max-repetitions in the response)
 # A walk's bounds (issue 18: an agent that never ends a column ran a probe until it was killed). The

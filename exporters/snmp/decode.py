@@ -110,13 +110,13 @@ class _MapPlan:
                                cols[rs.entity_precision] if rs.entity_precision else None)
         self.index_error = f"{m.table}.{m.column}"
         self.label_error = f"{m.table}.labels"
-        # (device, index, id column values) -> the row's labels (None: a channel nothing is wired to): the same
-        # every poll, built once (bounded)
+        # (device, index, id column values, wiring) -> the row's labels (None: a channel nothing is wired to): the
+        # same every poll, built once (bounded)
         self.labels: dict[tuple, dict[str, str] | None] = {}
 
     def row_labels(self, device: str, index: tuple[int, ...], ids: tuple[int, ...],
                    zone_of: ZoneOf | None) -> dict[str, str] | None:
-        key = (device, index, ids)
+        key = (device, index, ids, zone_of)  # the wiring too: two sources of one profile may map channels apart
         if key in self.labels:
             return self.labels[key]
         parts: dict[str, Any] = dict(zip(self.index_names, index))
