@@ -111,6 +111,8 @@ def _valve_problem(config: "Config", ref: str) -> str | None:
     cdus = {c.name: c for c in config.inventory.cdus}
     if cdu_name not in cdus:
         return f"CDU {cdu_name!r} not in inventory.cdus ({_known(set(cdus))})"
+    if cdus[cdu_name].protocol != "modbus":  # an SNMP CDU's profile maps readings only: nothing it names is writable
+        return f"CDU {cdu_name!r} speaks {cdus[cdu_name].protocol}: it has no writable control points"
     profile = modbus_profile.load_profile(cdus[cdu_name].profile)  # loadable: checked before this pass
     points = {p.name: p for p in profile.expanded()}
     if point_name not in points:

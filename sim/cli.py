@@ -104,8 +104,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sim.demo import run_demo
 
+    from sim.device_set import check_cdu_protocol
+
+    try:
+        check_cdu_protocol(args.cdu_protocol)
+    except ValueError as exc:
+        print(f"{PROG} demo: --{exc}", file=sys.stderr)
+        return 2
     return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port,
-                    personality=args.personality)
+                    personality=args.personality, cdu_protocol=args.cdu_protocol)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="first agent port (default: free ports)")
     demo.add_argument("--personality", choices=personalities, default="gb200",
                       help="GPU model of every node (default %(default)s: the GB200 NVL72 class this agent is for)")
+    from sim.device_set import CDU_PROTOCOLS
+
+    demo.add_argument("--cdu-protocol", choices=CDU_PROTOCOLS, default="modbus",
+                      help="what the rack CDU (cdu1) speaks; redfish: no cdu1, the Redfish CDU rfcdu1 alone "
+                           "(default %(default)s)")
     return p
 
 
