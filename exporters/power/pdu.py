@@ -61,7 +61,7 @@ class PduSource:
                                  max_rows=max_rows, max_requests=max_requests)
         self.counters = CounterTracker()
         self._info: dict[str, str] = {}
-        self._reader: ProfileReader | None = None
+        self.reader: ProfileReader | None = None
         if not self.auto:
             self._use(self.profile)
 
@@ -69,7 +69,7 @@ class PduSource:
         if profile.kind != "pdu":
             raise SourceError("config", f"profile {profile.profile!r} is a {profile.kind} profile, not a PDU's")
         self.profile = profile
-        self._reader = ProfileReader(self.client, profile, max_repetitions=self.max_repetitions,
+        self.reader = ProfileReader(self.client, profile, max_repetitions=self.max_repetitions,
                                      refresh=self.scale_refresh)
 
     async def _resolve(self) -> None:
@@ -98,8 +98,8 @@ class PduSource:
 
     async def poll(self) -> PollResult:
         await self._resolve()
-        assert self._reader is not None
-        merged, refreshed = await self._reader.read()
+        assert self.reader is not None
+        merged, refreshed = await self.reader.read()
         if refreshed:
             await self._read_info()
         errors: dict[str, int] = {}

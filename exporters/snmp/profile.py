@@ -342,10 +342,22 @@ def available_profiles(directory: Path = PROFILE_DIR, kind: DeviceKind | None = 
     return [n for n in names if profile_kind(directory / f"{n}.yaml") == kind]
 
 
+_KINDS: dict[tuple[Path, int], str] = {}  # (file, its mtime) -> kind: listing by kind must not parse every file again
+
+
 def profile_kind(path: Path) -> str:
-    """A profile file's `kind` without validating the whole file (listing); `load_profile` checks everything."""
+    """A profile file's `kind` without validating the whole file (listing); `load_profile` checks everything.
+    Read once per version of the file: `auto` lists the PDU profiles at each device's first poll, and parsing
+    every profile there blocked the agent's loop for seconds on a loaded host."""
     try:
-        data = load_yaml_file(path, "SNMP profile")
-    except InputError:
+        key = (path, path.stat().st_mtime_ns)
+    except OSError:
         return "?"
-    return str(data.get("kind", "pdu")) if isinstance(data, dict) else "?"
+    kind = _KINDS.get(key)
+    if kind is None:
+        try:
+            data = load_yaml_file(path, "SNMP profile")
+        except InputError:
+            return "?"
+        kind = _KINDS[key] = str(data.get("kind", "pdu")) if isinstance(data, dict) else "?"
+    return kind
