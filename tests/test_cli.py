@@ -147,3 +147,13 @@ def test_the_cli_works_in_the_daemons_environment_without_docstrings(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import sys; print(sys.flags.optimize)"], capture_output=True,
                            text=True, env={**os.environ, **DAEMON_ENV})
     assert probe.stdout.strip() == "2"  # the variable really takes effect: the commands above ran at level 2
+
+
+def test_demo_cdu_protocol_is_a_choice_and_one_without_a_simulated_cdu_is_refused(capsys):
+    from sim.cli import main
+
+    out = sim_cli("demo", "--cdu-protocol", "profibus")
+    assert out.returncode == 2 and "invalid choice: 'profibus'" in out.stderr and "snmp" in out.stderr
+    # bacnet is one of the four protocols a CDU speaks; this build's simulator has no BACnet CDU: said, not started
+    assert main(["demo", "--cdu-protocol", "bacnet", "--duration", "0"]) == 2
+    assert "this simulator has no CDU that speaks it (available: modbus, redfish, snmp)" in capsys.readouterr().err
