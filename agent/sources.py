@@ -116,8 +116,9 @@ def snmp_credentials(loaded: LoadedConfig, device: Any) -> Any:
 
 def _snmp_cdus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | None) -> list[ScheduledSource]:
     """Each SNMP CDU as two sources on the one device, like a Modbus CDU: its loop on the cdu schedule, its leak
-    inputs (when its profile has any) on the fast leak schedule. A leak poll is one GET without resends, bounded by
-    the leak timeout: the next poll, half a second later, is the retry."""
+    inputs (when its profile has any) on the fast leak schedule. A leak poll is one GET without resends that may
+    take the whole leak poll's timeout (as a Modbus leak read may): the next poll, half a second later, is the
+    retry."""
     cfg = loaded.config
     s = cfg.sources
     cdus = [d for d in cfg.inventory.cdus if d.protocol == "snmp"]
@@ -141,8 +142,8 @@ def _snmp_cdus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | 
                 subset="cdu", coolant=coolant, rack_power_w=rack_power_w, **bounds), s.cdu))
         if s.leak.enabled and any(m.metric in LEAK_METRICS for m in profile.metrics):
             out.append(ScheduledSource(SnmpCduSource(
-                "leak", d.name, profile, (d.host, d.port), creds, timeout=min(d.request_timeout, s.leak.timeout),
-                retries=0, subset="leak", **bounds), s.leak))
+                "leak", d.name, profile, (d.host, d.port), creds, timeout=s.leak.timeout, retries=0, subset="leak",
+                **bounds), s.leak))
     return out
 
 
