@@ -339,7 +339,9 @@ def _cdu_line(sim: Simulator) -> str:
     host, port = dev.endpoint
     if isinstance(dev, SimSnmpCdu):
         return (f"cdu1 SNMP v2c udp://{host}:{port} community public, profile {dev.profile.profile} "
-                f"(supernode-agent probe snmp --profile {dev.profile.profile} --target {host}:{port})")
+                f"(supernode-agent probe snmp --profile {dev.profile.profile} --target {host}:{port}); it has no "
+                f"pumps and no writable valve: the leak and flow stories below apply, pump-fail and the valve close "
+                f"do not")
     return f"cdu1 Modbus TCP {host}:{port}, profile {dev.profile.name}"
 
 
