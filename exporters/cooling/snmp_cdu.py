@@ -78,7 +78,7 @@ class SnmpCduSource:
     async def poll(self) -> PollResult:
         columns, refreshed = await self.reader.read()
         if refreshed and self._is_cdu_poll():
-            await self._read_info()
+            self.info = await self.reader.identity(self.info)
         now = time.time()
         errors: dict[str, int] = {}
         try:
@@ -95,18 +95,6 @@ class SnmpCduSource:
             readings.extend(derived_readings(self.device, readings, self.coolant,
                                              self.rack_power_w() if self.rack_power_w else None, now))
         return PollResult(readings, errors)
-
-    async def _read_info(self) -> None:
-        if not self.profile.info:
-            return
-        try:
-            got = await self.client.get(list(self.profile.info.values()))
-        except SourceError as exc:
-            if exc.kind in ("timeout", "auth"):
-                raise
-            return  # identity is optional; a CDU without these objects still has its loop
-        self.info = {k: str(got[o]) for k, o in self.profile.info.items()
-                     if isinstance(got.get(o), (str, int)) and got[o] != ""}
 
     def _static(self, template: str | None) -> bool:
         return template is not None and not template_fields(template)

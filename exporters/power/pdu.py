@@ -84,24 +84,12 @@ class PduSource:
         """SNMP requests sent so far (benchmark and probe figure)."""
         return self.client.requests
 
-    async def _read_info(self) -> None:
-        if not self.profile.info:
-            return
-        try:
-            got = await self.client.get(list(self.profile.info.values()))
-        except SourceError as exc:
-            if exc.kind in ("timeout", "auth"):
-                raise
-            return  # identity is optional; a device without these scalars still has power readings
-        self._info = {k: str(got[o]) for k, o in self.profile.info.items()
-                      if isinstance(got.get(o), (str, int)) and got[o] != ""}
-
     async def poll(self) -> PollResult:
         await self._resolve()
         assert self.reader is not None
         merged, refreshed = await self.reader.read()
         if refreshed:
-            await self._read_info()
+            self._info = await self.reader.identity(self._info)
         errors: dict[str, int] = {}
         now = time.time()
         try:

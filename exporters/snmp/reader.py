@@ -54,3 +54,18 @@ class ProfileReader:
                                         f"(walked {len(self.fast)} columns, none of {len(self.scalars)} scalars "
                                         f"answered; wrong profile or community/context?)")
         return {**columns, **self._slow}, refresh
+
+    async def identity(self, known: dict[str, str]) -> dict[str, str]:
+        """The profile's identity scalars (model, firmware, serial) read again, or `known` where they cannot be:
+        identity is optional (a device without them still has its readings), but a timeout or a refused login
+        is the device's failure and propagates."""
+        if not self.profile.info:
+            return known
+        try:
+            got = await self.client.get(list(self.profile.info.values()))
+        except SourceError as exc:
+            if exc.kind in ("timeout", "auth"):
+                raise
+            return known
+        return {k: str(got[o]) for k, o in self.profile.info.items()
+                if isinstance(got.get(o), (str, int)) and got[o] != ""}
