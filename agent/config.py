@@ -13,7 +13,7 @@ import re
 import socket
 from urllib.parse import urlsplit
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -148,33 +148,6 @@ class ModbusDevice(Strict):
 BACNET_PORT = 47808  # BACnet/IP's registered UDP port (0xBAC0)
 
 
-class CduDevice(ModbusDevice):
-    """A rack CDU: over Modbus TCP (the default) or BACnet/IP. Either way it feeds the same coolant and leak
-    detectors (the same families), its channels map to leak zones, and it is a shared rack device."""
-
-    protocol: Literal["modbus", "bacnet"] = Field(default="modbus", description=(
-        "modbus: profile under exporters/profiles/modbus/, port 502; bacnet: profile under "
-        "exporters/profiles/bacnet/, UDP port 47808, Who-Is sent to host:port only (never a broadcast)."))
-    device_instance: int | None = Field(default=None, ge=0, le=4194302, description=(
-        "BACnet: the device object's instance; default: learnt from its I-Am to the Who-Is sent to host:port "
-        "(set it for a device that ignores Who-Is)."))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bacnet_port(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("protocol") == "bacnet" and "port" not in data:
-            return {**data, "port": BACNET_PORT}
-        return data
-
-    @model_validator(mode="after")
-    def _protocol_fields(self) -> "CduDevice":
-        if self.protocol == "bacnet" and self.unit is not None:
-            raise ValueError("unit: a Modbus unit id; a BACnet device is named by device_instance")
-        if self.protocol == "modbus" and self.device_instance is not None:
-            raise ValueError("device_instance: BACnet only (this CDU's protocol is modbus)")
-        return self
-
-
 class LeakZone(Strict):
     name: str = Field(min_length=1)
     nodes: list[str] = Field(default_factory=list, description="Nodes whose hardware this zone's leak endangers.")
@@ -182,12 +155,8 @@ class LeakZone(Strict):
     valve: str | None = Field(default=None, description="cdu:point of the zone isolation valve.")
 
 
-class Pdu(Strict):
-    name: str = Field(min_length=1)
-    profile: BareName = Field(description="Profile name under exporters/profiles/snmp/, or `auto`: chosen from the "
-                                          "PDU's sysObjectID/sysDescr (exporters/profiles/snmp-auto.yaml).")
-    host: str = "127.0.0.1"
-    port: int = Field(default=161, ge=1, le=65535)
+class SnmpAccess(Strict):
+    """How the agent speaks SNMP to one device (a PDU, an SNMP CDU): version, credentials by secret name, bounds."""
 
     version: Literal["2c", "3"] = "2c"
     community_secret: str | None = Field(default=None, description="Name in `secrets` holding the community.")
@@ -196,7 +165,7 @@ class Pdu(Strict):
     v3_priv_secret: str | None = None
     v3_auth_protocol: Literal["MD5", "SHA", "SHA224", "SHA256", "SHA384", "SHA512"] = "SHA"
     v3_priv_protocol: Literal["DES", "AES", "AES192", "AES256"] = "AES"
-    v3_context: str = Field(default="", description="SNMPv3 context name (empty on most PDUs).")
+    v3_context: str = Field(default="", description="SNMPv3 context name (empty on most devices).")
     request_timeout: float = Field(default=0.5, gt=0, le=30, description="Seconds to wait for one SNMP reply.")
     retries: int = Field(default=1, ge=0, le=5, description="Resends of an unanswered SNMP request.")
     max_repetitions: int = Field(default=10, ge=1, le=100, description="GETBULK max-repetitions.")
@@ -204,6 +173,55 @@ class Pdu(Strict):
                                description="Rows of one table column per poll at most (a longer column is an error).")
     max_walk_requests: int = Field(default=500, ge=1, le=100_000,
                                    description="GETBULK requests of one poll's walk at most.")
+
+    SECRETS: ClassVar[tuple[str, ...]] = ("community_secret", "v3_auth_secret", "v3_priv_secret")
+
+
+SNMP_FIELDS = frozenset(SnmpAccess.model_fields)
+SNMP_PORT = 161
+
+
+class CduDevice(ModbusDevice, SnmpAccess):
+    """A rack CDU: over Modbus TCP (the default), SNMP (v2c/v3, the PDUs' fields) or BACnet/IP. Whatever the
+    protocol it feeds the same coolant and leak detectors (the same families), its channels map to leak zones, and
+    it is a shared rack device."""
+
+    protocol: Literal["modbus", "snmp", "bacnet"] = Field(default="modbus", description=(
+        "modbus: profile under exporters/profiles/modbus/, port 502; snmp: a `kind: cdu` profile under "
+        "exporters/profiles/snmp/, UDP port 161, with the SNMP fields of a PDU entry; bacnet: profile under "
+        "exporters/profiles/bacnet/, UDP port 47808, Who-Is sent to host:port only (never a broadcast)."))
+    device_instance: int | None = Field(default=None, ge=0, le=4194302, description=(
+        "BACnet: the device object's instance; default: learnt from its I-Am to the Who-Is sent to host:port "
+        "(set it for a device that ignores Who-Is)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_port(cls, data: Any) -> Any:
+        default = {"snmp": SNMP_PORT, "bacnet": BACNET_PORT}.get(data.get("protocol")) if isinstance(data, dict) \
+            else None
+        if default is not None and "port" not in data:
+            return {**data, "port": default}
+        return data
+
+    @model_validator(mode="after")
+    def _protocol_fields(self) -> "CduDevice":
+        if self.protocol != "modbus" and self.unit is not None:
+            raise ValueError("unit: a Modbus unit id; " + ("an SNMP CDU has none" if self.protocol == "snmp"
+                                                           else "a BACnet device is named by device_instance"))
+        if self.protocol != "bacnet" and self.device_instance is not None:
+            raise ValueError(f"device_instance: BACnet only (this CDU's protocol is {self.protocol})")
+        stray = sorted(SNMP_FIELDS & self.model_fields_set) if self.protocol != "snmp" else []
+        if stray:
+            raise ValueError(f"{stray[0]}: SNMP only (this CDU's protocol is {self.protocol})")
+        return self
+
+
+class Pdu(SnmpAccess):
+    name: str = Field(min_length=1)
+    profile: BareName = Field(description="Profile name under exporters/profiles/snmp/, or `auto`: chosen from the "
+                                          "PDU's sysObjectID/sysDescr (exporters/profiles/snmp-auto.yaml).")
+    host: str = "127.0.0.1"
+    port: int = Field(default=SNMP_PORT, ge=1, le=65535)
     outlets: dict[str, str] = Field(default_factory=dict, description="Outlet id -> node it feeds.")
 
 
@@ -320,7 +338,9 @@ class Inventory(Strict):
         "fetched by this agent (TLS verified, status.peer_tls)."))
     gpus: GpuInventory = GpuInventory()
     ports: list[Port] = Field(default_factory=list)
-    cdus: list[CduDevice] = Field(default_factory=list)
+    cdus: list[CduDevice] = Field(default_factory=list, description=(
+        "The rack's CDUs over Modbus TCP, SNMP or BACnet/IP (`protocol`); Redfish CDUs are inventory.redfish "
+        "entries of kind cdu."))
     leak_controllers: list[ModbusDevice] = Field(default_factory=list)
     leak_zones: list[LeakZone] = Field(default_factory=list)
     pdus: list[Pdu] = Field(default_factory=list)
@@ -730,14 +750,18 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
-    def _pdu_retries_fit_the_poll(self) -> "Config":
-        """One SNMP request with its retries must fit the PDU poll's timeout, or the retries never happen."""
-        limit = self.sources.pdu.timeout
-        for p in self.inventory.pdus:
-            worst = p.request_timeout * (p.retries + 1)
+    def _snmp_retries_fit_the_poll(self) -> "Config":
+        """One SNMP request with its retries must fit the poll's timeout (a PDU's, an SNMP CDU's), or the retries
+        never happen. (An SNMP CDU's leak inputs are read on the leak schedule without resends: the next poll,
+        half a second later, is the retry.)"""
+        devices = [("pdus", p, "pdu") for p in self.inventory.pdus]
+        devices += [("cdus", c, "cdu") for c in self.inventory.cdus if c.protocol == "snmp"]
+        for kind, d, source in devices:
+            limit = getattr(self.sources, source).timeout
+            worst = d.request_timeout * (d.retries + 1)
             if worst > limit:
-                raise ValueError(f"inventory.pdus.{p.name}: request_timeout x (retries + 1) = {worst:g}s "
-                                 f"exceeds sources.pdu.timeout ({limit:g}s)")
+                raise ValueError(f"inventory.{kind}.{d.name}: request_timeout x (retries + 1) = {worst:g}s "
+                                 f"exceeds sources.{source}.timeout ({limit:g}s)")
         return self
 
     def dump(self) -> dict[str, Any]:
@@ -780,11 +804,13 @@ def _read_secret(ref: SecretRef, where: str) -> SecretStr:
 
 def _read_secrets(config: Config) -> dict[str, SecretStr]:
     secrets = {name: _read_secret(ref, f"secrets.{name}.file") for name, ref in config.secrets.items()}
-    for pdu in config.inventory.pdus:
-        for attr in ("community_secret", "v3_auth_secret", "v3_priv_secret"):
-            ref_name = getattr(pdu, attr)
+    snmp = [("pdus", p) for p in config.inventory.pdus] + [("cdus", c) for c in config.inventory.cdus
+                                                            if c.protocol == "snmp"]
+    for kind, device in snmp:
+        for attr in SnmpAccess.SECRETS:
+            ref_name = getattr(device, attr)
             if ref_name is not None and ref_name not in secrets:
-                raise ConfigError(f"inventory.pdus.{pdu.name}.{attr}: secret {ref_name!r} not in secrets")
+                raise ConfigError(f"inventory.{kind}.{device.name}.{attr}: secret {ref_name!r} not in secrets")
     for ep in config.inventory.redfish:
         if ep.password_secret is not None and ep.password_secret not in secrets:
             raise ConfigError(f"inventory.redfish.{ep.name}.password_secret: secret {ep.password_secret!r} "
@@ -813,11 +839,13 @@ def _admin_tokens(config: Config, secrets: dict[str, SecretStr], named: dict[str
 def _check_profiles(config: Config) -> None:
     """Every device names a shipped profile that loads: a typo fails check-config, not `run`."""
     from exporters.cooling import modbus_profile
-    from exporters.power import snmp_profile
+    from exporters.snmp import profile as snmp_profile
 
     devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
                for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)
                if getattr(d, "protocol", "modbus") == "modbus"]
+    devices += [(f"inventory.cdus.{d.name}.profile", d.profile, snmp_profile) for d in config.inventory.cdus
+                if d.protocol == "snmp"]
     if any(d.protocol == "bacnet" for d in config.inventory.cdus):
         from exporters.cooling.bacnet import profile as bacnet_profile
 
@@ -842,9 +870,14 @@ def _check_profiles(config: Config) -> None:
             known = ", ".join(sorted(f.stem for f in module.PROFILE_DIR.glob("*.yaml")))
             raise ConfigError(f"{where}: no profile {name!r} (known: {known})")
         try:
-            module.load_profile(name)
+            loaded = module.load_profile(name)
         except Exception as exc:  # a shipped profile that does not load is still this field's problem
             raise ConfigError(cut(f"{where}: profile {name!r} does not load: {exc}", 1000)) from None
+        kind = getattr(loaded, "kind", None) if module is snmp_profile else None
+        want = "cdu" if where.startswith("inventory.cdus.") else "pdu"
+        if kind is not None and kind != want:
+            names = ", ".join(snmp_profile.available_profiles(kind=want))
+            raise ConfigError(f"{where}: {name!r} is a {kind} profile; this entry needs a {want} one ({names})")
     for ep in config.inventory.redfish:
         if ep.ca_file is not None:
             from exporters.model import SourceError

@@ -113,6 +113,8 @@ def _valve_problem(config: "Config", ref: str) -> str | None:
     if cdu_name not in cdus:
         return f"CDU {cdu_name!r} not in inventory.cdus ({_known(set(cdus))})"
     cdu = cdus[cdu_name]
+    if cdu.protocol == "snmp":  # an SNMP CDU's profile maps readings only: nothing it names is writable
+        return f"CDU {cdu_name!r} speaks snmp: it has no writable control points"
     if cdu.protocol == "bacnet":
         profile: Any = bacnet_profile.load_profile(cdu.profile)  # loadable: checked before this pass
         points = {p.name: p for p in profile.points}

@@ -99,9 +99,10 @@ def _probe_modbus(args: argparse.Namespace) -> str:
 
 
 def _snmp_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/snmp/NAME.yaml), or auto: "
-                                                    "chosen from sysObjectID/sysDescr, printed with the reason")
-    p.add_argument("--target", required=True, help="HOST:PORT of the PDU's SNMP agent")
+    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/snmp/NAME.yaml: a PDU's or, "
+                                                    "kind cdu, a CDU's), or auto: a PDU's chosen from "
+                                                    "sysObjectID/sysDescr, printed with the reason")
+    p.add_argument("--target", required=True, help="HOST:PORT of the PDU's or CDU's SNMP agent")
     p.add_argument("--community", default=None, help="v2c community (prefer --community-file)")
     p.add_argument("--community-file", default=None, help="file holding the v2c community")
     p.add_argument("--v3-user", default=None)
@@ -127,26 +128,41 @@ def _read_secret(path: str | None) -> str | None:
 
 
 def _probe_snmp(args: argparse.Namespace) -> str:
+    """A PDU (exporters/power/pdu.py), or a CDU where the profile is of kind cdu (exporters/cooling/snmp_cdu.py)."""
     from exporters.power.pdu import probe_snmp
+    from exporters.snmp.client import MAX_REQUESTS, MAX_ROWS, credentials
 
     host, port = _target(args.target)
-    from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS
-
     community = args.community or _read_secret(args.community_file)
-    if not community and not args.v3_user:
-        community = "public"
+    auth_key, priv_key = _read_secret(args.v3_auth_key_file), _read_secret(args.v3_priv_key_file)
+    limits = dict(timeout=args.timeout, retries=args.retries, max_rows=args.max_walk_rows or MAX_ROWS,
+                  max_requests=args.max_walk_requests or MAX_REQUESTS)
     try:
+        profile = _snmp_cdu_profile(args.profile)
+        if profile is not None:
+            from exporters.cooling.snmp_cdu import probe_snmp_cdu
+
+            creds = credentials(community, args.v3_user, auth_key, priv_key, args.v3_auth_proto, args.v3_priv_proto,
+                                args.v3_context)
+            return asyncio.run(probe_snmp_cdu(profile, host, port, creds, **limits))
         return asyncio.run(probe_snmp(args.profile, host, port, community=None if args.v3_user else community,
-                                      v3_user=args.v3_user, auth_key=_read_secret(args.v3_auth_key_file),
-                                      priv_key=_read_secret(args.v3_priv_key_file),
+                                      v3_user=args.v3_user, auth_key=auth_key, priv_key=priv_key,
                                       auth_protocol=args.v3_auth_proto, priv_protocol=args.v3_priv_proto,
-                                      context=args.v3_context, timeout=args.timeout, retries=args.retries,
-                                      max_rows=args.max_walk_rows or MAX_ROWS,
-                                      max_requests=args.max_walk_requests or MAX_REQUESTS))
+                                      context=args.v3_context, **limits))
     except ProfileError as exc:
         raise ProbeError(str(exc)) from None
     except SourceError as exc:
         raise ProbeError(f"{exc.kind}: {exc}") from None
+
+
+def _snmp_cdu_profile(name: str) -> Any:
+    """The named profile when it is a CDU's (kind cdu); None for auto and PDU profiles (the PDU probe loads those)."""
+    if name == "auto":
+        return None
+    from exporters.snmp.profile import load_profile
+
+    profile = load_profile(name)
+    return profile if profile.kind == "cdu" else None
 
 
 def _redfish_args(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from agent.httpclient import request_json
+from sim.device_set import CDU_PROTOCOLS
 from sim.nvml_personality import PERSONALITIES
 
 PROG = "supernode-sim"
@@ -104,14 +105,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sim.demo import run_demo
+    from sim.device_set import check_cdu_protocol
 
+    try:
+        check_cdu_protocol(args.cdu_protocol)
+    except ValueError as exc:
+        print(f"{PROG} demo: --{exc}", file=sys.stderr)
+        return 2
     return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port,
                     personality=args.personality, cdu_protocol=args.cdu_protocol)
 
 
-CDU_PROTOCOLS = ("modbus", "bacnet")
-CDU_PROTOCOL_HELP = ("what the rack's CDU (cdu1) speaks: modbus (Modbus TCP) or bacnet (BACnet/IP, COV push); the "
-                     "same loop, valves and faults either way")
+CDU_PROTOCOL_HELP = ("what the rack's CDU (cdu1) speaks: modbus (Modbus TCP), snmp, bacnet (BACnet/IP, COV push), or "
+                     "redfish (no cdu1: the Redfish CDU rfcdu1 alone); the same loop and faults (default %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:

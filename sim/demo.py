@@ -56,7 +56,10 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
     from exporters.cooling.modbus_profile import load_profile
 
     # The BACnet reference CDU names its valves as the Modbus one does (zone_valve_N): one valve map either way.
-    valves = {p.name for p in load_profile("reference-cdu").expanded() if p.name.startswith("zone_valve_")}
+    valve_cdu1 = any(c["name"] == "cdu1" and c.get("protocol", "modbus") in ("modbus", "bacnet")
+                     for c in cfg["inventory"].get("cdus", []))
+    valves = {p.name for p in load_profile("reference-cdu").expanded() if p.name.startswith("zone_valve_")
+              } if valve_cdu1 else set()  # an SNMP or Redfish-only rack has no writable zone valve on cdu1
     for i, zone in enumerate(cfg["inventory"].get("leak_zones", [])):
         if f"zone_valve_{i + 1}" in valves:  # the reference CDU isolates two zones; a larger rack's others have none
             zone["valve"] = f"cdu1:zone_valve_{i + 1}"
@@ -246,6 +249,7 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         for node, _, port in procs:
             print(f"status page: http://127.0.0.1:{port}/   ({node}; the admin token shows incidents)")
         print(f"sim: {url}")
+        print(f"cdu: the rack's cooling on {cdu_protocol}: {_cdu_line(sim)}")
         rf = sim.redfish()
         for node, bmc in rf.get("bmcs", {}).items():
             print(f"redfish-bmc: {bmc}/redfish/v1/   ({node}'s tray BMC)")
@@ -330,6 +334,22 @@ try this (another shell, `. .venv/bin/activate` first):
   supernode-sim state | grep -A3 '"redfish"'             # each tray BMC's URL, the CA file, the account
   supernode-sim faults                                   # every fault kind and its parameters
 Ctrl-C stops the simulator, Slurm and every agent."""
+
+
+def _cdu_line(sim: Simulator) -> str:
+    """Where the rack's CDU answers, by the protocol it speaks."""
+    dev = sim.devices.get("cdu1")
+    if dev is None:
+        return "rfcdu1 (Redfish CoolingUnit) alone"
+    from sim.snmp_cdu import SimSnmpCdu
+
+    host, port = dev.endpoint
+    if isinstance(dev, SimSnmpCdu):
+        return (f"cdu1 SNMP v2c udp://{host}:{port} community public, profile {dev.profile.profile} "
+                f"(supernode-agent probe snmp --profile {dev.profile.profile} --target {host}:{port}); it has no "
+                f"pumps and no writable valve: the leak and flow stories below apply, pump-fail and the valve close "
+                f"do not")
+    return f"cdu1 Modbus TCP {host}:{port}, profile {dev.profile.name}"
 
 
 def run_demo(nodes: int = 2, gpus: int = 4, duration: float | None = None, base_port: int = 0,

@@ -48,7 +48,9 @@ class Simulator:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="supernode-sim-"))
         self.advertise = advertise
         self.redfish_session_timeout = redfish_session_timeout  # idle seconds before a Redfish session expires
-        self.cdu_protocol = cdu_protocol  # what the rack's CDU (cdu1) speaks: modbus, or bacnet (sim/bacnet_cdu.py)
+        from sim.device_set import check_cdu_protocol
+
+        self.cdu_protocol = check_cdu_protocol(cdu_protocol)  # what the rack CDU cdu1 speaks (sim/device_set.py)
         self.devices: dict[str, SimDevice] = {}
         self.active_faults: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None

@@ -55,7 +55,7 @@ def test_a_bacnet_cdu_loads_on_the_bacnet_port_and_builds_one_client_for_its_two
      "device_instance: BACnet only"),
     (lambda c: c["inventory"]["cdus"][0].update(device_instance=4194303), "device_instance",
      "less than or equal to 4194302"),
-    (lambda c: c["inventory"]["cdus"][0].update(protocol="knx"), "inventory.cdus.0.protocol", "'modbus' or 'bacnet'"),
+    (lambda c: c["inventory"]["cdus"][0].update(protocol="knx"), "inventory.cdus.0.protocol", "'modbus', 'snmp' or 'bacnet'"),
     (lambda c: c["inventory"]["leak_zones"][0].update(valve="cdu1:secondary_flow"),
      "inventory.leak_zones.zone-a.valve", "'secondary_flow' of profile 'reference-cdu' is not a control point"),
     (lambda c: c.setdefault("sources", {}).update(bacnet={"cov_lifetime_seconds": 5}),
