@@ -77,6 +77,8 @@ def agent_for(rack, cluster, node: str, tmp_path) -> dict:
     cfg["remediation"]["slurm"]["checkpoint_signal"] = "USR1"
     # each test's drill drains node01 again seconds after the last one's undo: the cooldown is not under test here
     cfg["remediation"]["guardrails"]["cooldown_seconds"] = 0
+    # a leak's incident clears 2 s after its zone reads dry (shipped: 10 s), so each undo starts that much sooner
+    cfg["remediation"]["detectors"] = {"leak": {"fire_seconds": 0.0, "clear_seconds": 2.0}}
     # The shipped leak poll timeout (0.4 s) is for a leak controller on its own network; here the Modbus servers
     # share the test process with everything else on a loaded 2-core host, and every poll past the timeout makes
     # the zone's detectors unreadable, which restarts the leak's dry hold (no undo before every detector read dry
@@ -296,15 +298,17 @@ def test_an_agent_restarted_mid_drill_keeps_the_incident_a_drill_and_abort_undoe
     """Last of the module: it restarts the rig's agent (the same state dir, so the journal restores the incident)."""
     agent, cluster = rig.agent, rig.cluster
     after = held_drill(rig, tmp_path)
+    iid = next(i["id"] for i in json.loads(agent.get("/api/v1/incidents", token=TOKEN)[1])["open"]
+               if i["detector"] == "leak" and i["detail"].get("drill"))
     agent.stop()
     agent.start()
 
-    def restored() -> list[dict]:
+    def cleared() -> list[dict]:
         found = json.loads(agent.get("/api/v1/incidents", token=TOKEN)[1])
-        return [i for i in found["open"] + found["recent"] if i["detector"] == "leak" and i["detail"].get("drill")]
-    # Its synthetic reading went with the old process: the zone reads dry and the incident may clear at once,
-    # but it stays the drill's, and its undo waits for a person (a leak's resume is never automatic).
-    iid = wait_for(restored, 60, what="the drill's incident restored, still marked drill")[0]["id"]
+        return [i for i in found["recent"] if i["id"] == iid and i["detail"].get("drill")]
+    # Its synthetic reading went with the old process: the zone reads dry and the restored incident clears, still
+    # the drill's, its undo waiting for a person as after any leak (a leak's resume is never automatic)
+    wait_for(cleared, 60, what="the drill's incident restored, still marked drill, and cleared")
     assert node_states(cluster)["node01"] in DRAINED
     res = cli(agent, "--abort")
     assert res.returncode == 0 and f"undo approved for {iid}" in res.stdout, res
