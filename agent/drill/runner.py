@@ -253,7 +253,7 @@ class DrillRunner:
         demo's do) is drained with its node, not followed."""
         if self.plan is None or self.plan.job is None:
             return {}
-        events = {job: job_events(self.plan.job.log, job) for job in self.facts["jobs"]}
+        events = {job: job_events(self.plan.job.log, job, since=self.started_at or 0.0) for job in self.facts["jobs"]}
         return {job: ev for job, ev in events.items() if ev.starts or ev.unreadable}
 
     def _course_done(self) -> bool:
