@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from sim.demo import agent_config
+from sim.demo_drill import write_drill_kit
 from sim.harness import sim_rack
 from tests.agentproc import running_agent
 from tests.helpers import REPO, free_port, require_binary, wait_for
@@ -60,14 +61,11 @@ def job_node(cluster, job: str) -> str:
     return wait_for(running, 60, what=f"job {job} running")
 
 
-def drill_job(tmp_path, comment: str = "drill-safe", node: str | None = None):
-    """The reference job, submitted as the README says (requeueable, drill-safe; any node unless `node`)."""
-    log, ckpt = tmp_path / "events.jsonl", tmp_path / "ckpt.json"
-    script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\nexec {sys.executable} {REPO}/examples/drill_job.py --log {log} "
-                      f"--checkpoint {ckpt}\n")
-    return (lambda cluster: batch_job(cluster, script, node=node, args=(f"--comment={comment}", "--requeue",
-                                                                        "--open-mode=append"))), log
+def reference_job(script, comment: str = "drill-safe", node: str | None = None):
+    """The reference job (the demo kit's script), submitted as the README says: requeueable, drill-safe, any node
+    unless `node`."""
+    return lambda cluster: batch_job(cluster, script, node=node, args=(f"--comment={comment}", "--requeue",
+                                                                        "--open-mode=append"))
 
 
 def agent_for(rack, cluster, node: str, tmp_path) -> dict:
@@ -94,12 +92,13 @@ def zone_of(cfg: dict, node: str) -> str:
     return next(z["name"] for z in cfg["inventory"]["leak_zones"] if z["nodes"] == [node])
 
 
-def write_plan(tmp_path, zone: str, node: str, log=None, **extra) -> str:
-    plan = {"name": "leak-drill", "scenario": {"kind": "leak", "zone": zone}, "nodes": [node],
-            "targets": {"detected": 30, "decided": 30, "drained": 60, "signal_delivered": 60, "job_requeued": 120,
-                        "job_resumed": 240, "undo_done": 240}, **extra}
-    if log is not None:
-        plan["job"] = {"log": str(log)}
+TARGETS = {"detected": 30, "decided": 30, "drained": 60, "signal_delivered": 60, "job_requeued": 120,
+           "job_resumed": 240, "undo_done": 240}
+
+
+def write_plan(tmp_path, zone: str, node: str, **extra) -> str:
+    plan = {"name": "leak-drill", "scenario": {"kind": "leak", "zone": zone}, "nodes": [node], "targets": TARGETS,
+            **extra}
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan))
     return str(path)
@@ -145,7 +144,7 @@ def test_a_plan_whose_zone_drains_a_node_outside_it_is_refused_naming_the_field(
 
 
 def test_a_drill_naming_a_node_with_a_foreign_job_is_refused(rig, tmp_path):
-    submit, _ = drill_job(tmp_path, comment="training-run", node="node01")
+    submit = reference_job(write_drill_kit(tmp_path)[1], comment="training-run", node="node01")
     after = since(rig.agent)
     with submit(rig.cluster) as job:
         job_node(rig.cluster, job)
@@ -172,7 +171,14 @@ def placed_on_node01(cluster):
 @pytest.mark.timeout(600)  # a requeue and a restart on a loaded 2-core machine
 def test_a_leak_drill_checkpoints_requeues_and_resumes_the_job_on_the_other_node(rig, tmp_path):
     agent, cluster = rig.agent, rig.cluster
-    submit, log = drill_job(tmp_path)
+    # The demo's drill kit: examples/drill-leak.yaml (zone-a, node01: the rig's) with its job log here, and the
+    # reference job's script; only the targets are the test's (a loaded host), and the abort sooner.
+    plan_path, script = write_drill_kit(tmp_path)
+    kit = yaml.safe_load(plan_path.read_text())
+    assert kit["scenario"] == {"kind": "leak", "zone": rig.zone} and kit["nodes"] == ["node01"], kit
+    log = tmp_path / "drill" / "events.jsonl"
+    assert kit["job"] == {"log": str(log)}
+    submit = reference_job(script)
     with ExitStack() as held:
         with placed_on_node01(cluster):
             job = held.enter_context(submit(cluster))
@@ -181,9 +187,10 @@ def test_a_leak_drill_checkpoints_requeues_and_resumes_the_job_on_the_other_node
         wait_for(lambda: any(e["event"] == "start" for e in events(log)), 60, what="the job's first start")
         after = since(agent)
         assert status_view(agent)["drill"] is None or not status_view(agent)["drill"]["active"]
-        plan = write_plan(tmp_path, rig.zone, "node01", log, abort={"after_seconds": 300})
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(yaml.safe_dump({**kit, "abort": {"after_seconds": 300}, "targets": TARGETS}))
         proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(agent.config_path), "drill",
-                                 plan, "--format", "json", "--wait", "600"], stdout=subprocess.PIPE,
+                                 str(plan), "--format", "json", "--wait", "600"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO)
         valves, others, drill_series, banners = [], [], [], []
         deadline = time.monotonic() + 700
@@ -225,11 +232,11 @@ def test_a_leak_drill_checkpoints_requeues_and_resumes_the_job_on_the_other_node
     assert all(r["detail"]["detail"]["sensors"] == [] and r["detail"]["detail"]["drill_sensors"] == ["drill"]
                for r in inc)  # the synthetic sensor apart from the zone's real ones
     assert any(line.startswith("supernode_leak_detected{") for line in drill_series)
-    assert 'supernode_drill_active{drill="leak-drill",scenario="leak"} 1.0' in drill_series
+    assert 'supernode_drill_active{drill="%s",scenario="leak"} 1.0' % kit["name"] in drill_series
     assert node_states(cluster)["node01"] not in DRAINED  # the undo resumed it
     # the status page: a banner on every page while it ran (no token needed), the report with the token after
     running = [b for b in banners if b and b["active"]]
-    assert running and all(b["name"] == "leak-drill" and b["scenario"] == f"leak in zone {rig.zone}"
+    assert running and all(b["name"] == kit["name"] and b["scenario"] == f"leak in zone {rig.zone}"
                            and b["nodes"] == ["node01"] and "report" not in b for b in running)
     assert not status_view(agent)["drill"]["active"]
     page = status_view(agent, TOKEN)["drill"]
