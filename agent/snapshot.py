@@ -17,6 +17,23 @@ from typing import Callable, Iterable, Iterator
 from exporters.model import Quality, Reading
 
 
+# A fault drill's source (agent/drill/source.py): its readings carry drill="true", and one that has the labels of
+# a real reading besides stands in for it in the detectors' view (`Snapshot.select`) while the drill runs; the
+# flat `readings` (/metrics, the API) keep both, so Prometheus sees the real series and the labelled drill one.
+DRILL_SOURCE = "drill"
+
+
+def _identity(r: Reading) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in r.labels.items() if k != "drill"))
+
+
+def _stand_in(by_name: dict[str, list[Reading]], drill: dict[str, list[Reading]]) -> None:
+    """Each family the drill publishes, without the real readings a drill reading stands in for."""
+    for name, family in drill.items():
+        ids = {_identity(r) for r in family}
+        by_name[name] = [r for r in by_name.get(name, ()) if r.labels.get("drill") == "true" or _identity(r) not in ids]
+
+
 def by_family(readings: Iterable[Reading]) -> dict[str, list[Reading]]:
     """Readings grouped by metric family name, in their order."""
     index: dict[str, list[Reading]] = {}
@@ -172,6 +189,14 @@ class SnapshotStore:
                 state.stale_after = interval * stale_after_intervals
             return state
 
+    def family(self, name: str, without_source: str | None = None) -> list[Reading]:
+        """The fresh readings of one family as their sources published them (no drill stands in for any),
+        without those of `without_source`: what a drill's stand-in is computed from."""
+        now = self._clock()
+        with self._lock:
+            return [r for s in self._states.values() if s.source != without_source and s.fresh(now)
+                    for r in s.index.get(name, ())]
+
     def unregister(self, source: str, device: str) -> None:
         with self._lock:
             if self._states.pop((source, device), None) is not None:
@@ -269,6 +294,9 @@ class SnapshotStore:
                             by_name[name] = family  # shared, never mutated: publish swaps in new lists
                         else:
                             by_name[name] = merged + family
+                for state in fresh:
+                    if state.source == DRILL_SOURCE:
+                        _stand_in(by_name, state.index)
                 view = self._view = (self._generation, ids, by_name, [s.readings for s in fresh])
         # the index is shared between snapshots of one view: nobody mutates it (publish builds new lists)
         return Snapshot(now, (), states, view[2], self._mono(), parts=view[3])

@@ -124,7 +124,9 @@ async def _keep_jobs(slurm: Any, sim_url: str, jobdir: Path, every: float = 2.0)
                 script.write_text(f"#!/bin/sh\ncd '{repo}'\nexec '{sys.executable}' -m sim.demo_job --sim '{sim_url}' "
                                   f"--node '{node}'\n")
                 script.chmod(0o755)
-                await asyncio.to_thread(subprocess.run, ["sbatch", "-w", node, "-J", f"demo-{node}", "-o",
+                # drill-safe: it checkpoints and ends on the drain's signal (a fault drill may drain its node)
+                await asyncio.to_thread(subprocess.run, ["sbatch", "-w", node, "-J", f"demo-{node}",
+                                                         "--comment=drill-safe", "-o",
                                                          str(jobdir / f"{node}-%j.out"), str(script)],
                                         capture_output=True, env=slurm.env, timeout=20)
         except (OSError, subprocess.SubprocessError) as exc:  # Slurm busy: the next round tries again
@@ -274,6 +276,9 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
             print("etcd: not installed; every agent polls the shared devices and node01 leads (static)")
         if slurm:
             print(f"slurm: SLURM_CONF={slurm.conf}   (sinfo -N, scontrol show node)")
+            from sim.demo_drill import drill_lines
+
+            print(drill_lines(workdir, slurm.conf, next(iter(sim.model.nodes))))
         else:
             print("slurm: not installed; agents drain through the SIMULATED scheduler (no real Slurm)")
         first_port = procs[0][2]

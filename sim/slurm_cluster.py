@@ -35,6 +35,8 @@ from sim.slurmd_supervisor import SUPERVISOR_MODULE, time_namespaces_work
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESUME_TIMEOUT_SECONDS = 60  # a reboot not back by then is marked down by slurmctld
+CRED_EXPIRE_SECONDS = 10  # AuthInfo cred_expire: also how long a requeued batch job waits (slurm.conf(5))
+SCHED_INTERVAL_SECONDS = 2  # SchedulerParameters sched_interval: the main scheduling pass (default 60 s)
 
 
 def _binary(name: str) -> str | None:
@@ -119,7 +121,13 @@ class SlurmCluster:
             "SlurmUser=root", "SlurmdUser=root",
             f"SlurmctldPort={self.ctld_port}",
             "AuthType=auth/munge", "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire: a requeued batch job may not start again before its credential's lifetime has
+            # passed (slurmctld's batch_requeue_fini sets its BeginTime to now + cred_expire + 1; default 120 s,
+            # minimum 5). 10 s still covers a launch on a loaded host; the drill's requeue then resumes in
+            # seconds, not two minutes. sched_interval: the main scheduling pass every 2 s instead of 60, so a
+            # job whose BeginTime passed starts at once (a pass is cheap on a rack of 18 nodes).
+            f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_SECONDS}",
+            f"SchedulerParameters=sched_interval={SCHED_INTERVAL_SECONDS}",
             f"StateSaveLocation={d / 'state'}",
             f"SlurmdSpoolDir={d / 'spool'}/%n",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",

@@ -53,8 +53,12 @@ class AgentProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(self.config_path), "run"],
                                      stdout=self._log, stderr=self._log, env=env, cwd=REPO,
                                      preexec_fn=self.preexec)
-        wait_for(lambda: self.healthy() or self.proc.poll() is not None, 20, what="agent /healthz")
-        assert self.proc.poll() is None, f"agent exited: {self.log()}"
+        try:
+            wait_for(lambda: self.healthy() or self.proc.poll() is not None, 20, what="agent /healthz")
+            assert self.proc.poll() is None, f"agent exited: {self.log()}"
+        except BaseException:
+            self.stop()  # a start that failed must not leave the process running (and loading the host) for good
+            raise
         return self
 
     def healthy(self) -> bool:

@@ -130,6 +130,25 @@ def test_the_dry_history_restarts_on_a_wet_or_unreadable_reading_and_a_vanished_
          "dry_seconds": 0.0, "last_read_at": None}])
 
 
+def test_a_bmc_stand_in_unreadable_before_its_first_walk_is_superseded_by_its_named_detectors():
+    """A tray BMC that timed out before its first walk: the leak watch reported the service as a whole (sensor =
+    the BMC) unreadable. Once its detectors are read by name, that stand-in no longer holds the tray's dry hold."""
+    h = DryHistory()
+    h.observe("z", "bmc-n1", "unreadable", 0.0)
+    h.vanished([("z", "bmc-n1")])
+    h.observe("z", "bmc-n1/Chassis/LD1", "dry", 10.0)
+    h.vanished([("z", "bmc-n1/Chassis/LD1")])
+    tray = lambda zone, sensor: sensor.split("/", 1)[0] == "bmc-n1"  # noqa: E731
+    dry, rows = h.verdict(tray, [], 20.0, 5.0)
+    assert dry and [r["sensor"] for r in rows] == ["bmc-n1/Chassis/LD1"]
+    # a BMC whose detectors are still unnamed stays unreadable, as does a named one that vanished
+    h.observe("z", "bmc-n2", "unreadable", 0.0)
+    h.vanished([("z", "bmc-n1/Chassis/LD1")])
+    assert h.rows[("z", "bmc-n2")].state == "unreadable"
+    h.vanished([])
+    assert h.rows[("z", "bmc-n1/Chassis/LD1")].state == "unreadable"
+
+
 # -- the engine with real Slurm, on the test clock ---------------------------------------------------------
 
 

@@ -71,8 +71,9 @@ def cli_drill(url: str, token_file: str | None, plan_path: str | None, allow_job
         data = _call(url, "/api/v1/drill/abort", token_file, method="POST")
         if isinstance(data, int):
             return data
-        print(f"drill: abort asked ({data.get('state')}); resolved {', '.join(data.get('resolved', [])) or '-'}")
-        return 0 if data.get("state") != "idle" or data.get("resolved") else 1
+        print(f"drill: abort asked ({data.get('state')}); resolved {', '.join(data.get('resolved', [])) or '-'}; "
+              f"undo approved for {', '.join(data.get('resolved', []) + data.get('undoing', [])) or '-'}")
+        return 0 if data.get("state") != "idle" or data.get("resolved") or data.get("undoing") else 1
     if not plan_path:
         print("supernode-agent drill: which plan? (a YAML file, see examples/drill-leak.yaml)", file=sys.stderr)
         return 2

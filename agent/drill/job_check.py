@@ -14,14 +14,16 @@ from typing import Any
 
 @dataclass
 class JobEvents:
-    starts: list[dict[str, Any]] = field(default_factory=list)
-    checkpoint: dict[str, Any] | None = None  # the first checkpoint written on the signal
+    starts: list[dict[str, Any]] = field(default_factory=list)  # every start of the job, before the drill too
+    checkpoint: dict[str, Any] | None = None  # the first checkpoint written on the signal, since the drill began
     resumed: dict[str, Any] | None = None  # the first start after it, from that checkpoint, on another node
     unreadable: str | None = None
 
 
-def job_events(log: Path, job: str) -> JobEvents:
-    """The events of job `job` in `log`; a missing file is no event yet, a bad line is skipped and said."""
+def job_events(log: Path, job: str, since: float = 0.0) -> JobEvents:
+    """The events of job `job` in `log`, its checkpoint and resume those written at or after `since` (the drill's
+    start: a job drilled before carries an earlier drill's checkpoint and resume in its log); a missing file is
+    no event yet, a bad line is skipped and said."""
     out = JobEvents()
     try:
         lines = Path(log).read_text().splitlines()
@@ -45,5 +47,9 @@ def job_events(log: Path, job: str) -> JobEvents:
                     and ev.get("step") == cp.get("step") and ev.get("node") != cp.get("node")):
                 out.resumed = ev
         elif ev.get("event") == "checkpoint" and out.checkpoint is None:
-            out.checkpoint = ev
+            ts = ev.get("ts")
+            if not isinstance(ts, (int, float)):
+                out.unreadable = f"{log}: line {n}: a checkpoint without its time (ts)"
+            elif ts >= since:
+                out.checkpoint = ev
     return out

@@ -7,10 +7,12 @@ number or an action name nobody knows is refused with the field named, never run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Literal
 
 from exporters.safe_yaml import InputError, load_yaml_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .scenarios import Rack, Scenario, acted_on, describe
 
 # Scheduler actions: they move jobs, never hardware. `checkpoint_signal` and `resume` are the drain's own parts
 # (the signal before it, the resume as its undo), so they are real exactly when `drain` is.
@@ -19,12 +21,17 @@ SCHEDULER_ACTIONS = ("drain", "checkpoint_signal", "requeue", "resume")
 DESTRUCTIVE_ACTIONS = ("cdu_write", "tray_power", "pdu_outlet", "gpu_reset", "node_reboot")
 # Kept real in every drill: they change no hardware state that outlives the drill's undo.
 ALWAYS_REAL = ("notify", "gpu_power_cap", "job_notify")
-STAGES = ("detected", "decided", "drained", "signal_delivered", "job_requeued", "job_resumed", "undo_done")
+# The stage a drill's fault is mitigated at, by the action its playbook takes: a drain (leak, tray leak, link
+# down, a reset- or reboot-class XID), the caps (flow loss), the notice (switch fault), the job told (app XID).
+ACTION_STAGE = {"drain": "drained", "gpu_power_cap": "capped", "notify": "notified", "job_notify": "job_notified"}
+STAGES = ("detected", "decided", *ACTION_STAGE.values(), "signal_delivered", "job_requeued", "job_resumed",
+          "undo_done")
 JOB_STAGES = ("signal_delivered", "job_requeued", "job_resumed")
 DRILL_SAFE = "drill-safe"  # a job whose Slurm comment contains this word may run on a drilled node
 
-DEFAULT_TARGETS = {"detected": 5.0, "decided": 10.0, "drained": 30.0, "signal_delivered": 30.0,
-                   "job_requeued": 60.0, "job_resumed": 180.0, "undo_done": 120.0}
+DEFAULT_TARGETS = {"detected": 5.0, "decided": 10.0, "drained": 30.0, "capped": 30.0, "notified": 30.0,
+                   "job_notified": 30.0, "signal_delivered": 30.0, "job_requeued": 60.0, "job_resumed": 180.0,
+                   "undo_done": 120.0}
 
 
 class PlanError(ValueError):
@@ -33,21 +40,6 @@ class PlanError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class LeakScenario(_Strict):
-    kind: Literal["leak"]
-    zone: str = Field(min_length=1, description="the leak zone (inventory.leak_zones) whose sensor reads wet")
-
-
-class XidScenario(_Strict):
-    kind: Literal["xid"]
-    node: str = Field(min_length=1)
-    gpu: int = Field(ge=0)
-    xid: int = Field(ge=1, description="the XID the GPU reports (its class comes from the XID catalogue)")
-
-
-Scenario = Annotated[Union[LeakScenario, XidScenario], Field(discriminator="kind")]
 
 
 class JobCheck(_Strict):
@@ -88,8 +80,10 @@ class DrillPlan(_Strict):
         """Actions that run for real on this drill's incidents (everything else is journaled as dry_run)."""
         return frozenset(ALWAYS_REAL) | frozenset(self.real)
 
-    def stages(self) -> tuple[str, ...]:
-        return STAGES if self.job is not None else tuple(s for s in STAGES if s not in JOB_STAGES)
+    def stages(self, acts_by: str = "drain") -> tuple[str, ...]:
+        """The stages of this drill, whose fault is mitigated by `acts_by` (the job's only behind a drain)."""
+        jobs = JOB_STAGES if self.job is not None and acts_by == "drain" else ()
+        return ("detected", "decided", ACTION_STAGE[acts_by], *jobs, "undo_done")
 
 
 def drill_dry_run(detail: dict, action: str, real: frozenset[str] | None) -> bool:
@@ -129,18 +123,16 @@ def load_plan(path: Path | str) -> DrillPlan:
     return parse_plan(data, str(path))
 
 
-def check_against_inventory(plan: DrillPlan, nodes: list[str], zones: dict[str, list[str]]) -> None:
+def check_against_inventory(plan: DrillPlan, rack: Rack) -> None:
     """The plan's nodes exist, and the fault it fakes acts only on them (PlanError naming the field)."""
-    unknown = [n for n in plan.nodes if nodes and n not in nodes]
+    unknown = [n for n in plan.nodes if rack.nodes and n not in rack.nodes]
     if unknown:
         raise PlanError(f"nodes: {', '.join(unknown)} not in this rack's inventory")
-    sc = plan.scenario
-    if isinstance(sc, LeakScenario):
-        if sc.zone not in zones:
-            raise PlanError(f"scenario.zone: {sc.zone!r} is not a leak zone of this rack ({', '.join(zones) or 'none'})")
-        outside = [n for n in zones[sc.zone] if n not in plan.nodes]
-        if outside:
-            raise PlanError(f"nodes: a leak in zone {sc.zone} drains {', '.join(zones[sc.zone])}; "
-                            f"{', '.join(outside)} not in the plan's nodes")
-    elif sc.node not in plan.nodes:
-        raise PlanError(f"scenario.node: {sc.node} is not in the plan's nodes")
+    try:
+        acts = acted_on(plan.scenario, rack)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    outside = [n for n in acts if n not in plan.nodes]
+    if outside:
+        raise PlanError(f"nodes: a {describe(plan.scenario)} acts on {', '.join(acts)}; "
+                        f"{', '.join(outside)} not in the plan's nodes")

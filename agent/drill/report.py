@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from .job_check import JobEvents
-from .plan import DrillPlan
+from .scenarios import describe
+from .plan import ACTION_STAGE, DrillPlan
 
 
 def _first(entries: list[Any], **match: Any) -> Any:
@@ -37,17 +38,25 @@ def build_report(plan: DrillPlan, t0: float, entries: Iterable[Any], facts: dict
     def at(stage: str, row: Any, why: str, ts: float | None = None) -> None:
         stages[stage] = ((ts if ts is not None else row.ts) - t0, [row.seq], "") if row else (None, [], why)
 
+    acts_by = facts.get("acts_by", "drain")
     at("detected", inc_row, "no drill incident opened: the detector did not fire on the drill's reading")
-    at("decided", next((e for e in mine if e.kind in ("intent", "approval") or e.kind == "result"), None),
+    at("decided", next((e for e in mine if e.kind in ("intent", "approval", "result", "blocked")), None),
        "the incident has no step: no playbook acted on it")
-    drain = _first(mine, kind="result", action="drain", result="done", detail_phase="apply")
-    at("drained", drain, "no drain of the zone's nodes succeeded")
-    undo = [e for e in mine if is_undo(e) and e.action == "drain"]
-    at("undo_done", undo[-1] if undo else None, "the drained nodes were not resumed (undo not done)")
-    if plan.job is not None:
+    acted = _first(mine, kind="result", action=acts_by, result="done", detail_phase="apply")
+    drain = acted if acts_by == "drain" else None
+    at(ACTION_STAGE[acts_by], acted, f"no {acts_by} step of the incident's playbook succeeded" + (
+        f" (it ended {last.result}: {last.detail.get('why', '')})" if (last := next(
+            (e for e in reversed(mine) if e.kind in ("result", "blocked") and e.action == acts_by), None)) else ""))
+    if acts_by in ("notify", "job_notify"):  # nothing to give back: over when the incident resolved
+        at("undo_done", next((e for e in mine if e.kind == "incident" and e.result == "resolved"), None),
+           "the incident did not resolve after the fault ended")
+    else:
+        undo = [e for e in mine if is_undo(e) and e.action == acts_by]
+        at("undo_done", undo[-1] if undo else None, f"the {acts_by} steps were not undone")
+    if plan.job is not None and acts_by == "drain":
         _job_stages(stages, plan, t0, rows, drain, facts, jobs)
     lines = []
-    for stage in plan.stages():
+    for stage in plan.stages(acts_by):
         seconds, seqs, why = stages.get(stage, (None, [], "not reached"))
         target = plan.target(stage)
         ok = seconds is not None and seconds <= target
@@ -57,7 +66,8 @@ def build_report(plan: DrillPlan, t0: float, entries: Iterable[Any], facts: dict
                       "result": "PASS" if ok else "FAIL", "journal": seqs, "why": why})
     dry = [{"action": e.action, "target": e.target, "seq": e.seq} for e in mine if e.result == "dry_run"]
     touched = sorted({e.target for e in mine if e.kind == "result" and e.result == "done" and e.target})
-    return {"drill": plan.name, "scenario": plan.scenario.model_dump(), "state": state, "started_at": t0,
+    return {"drill": plan.name, "scenario": {**plan.scenario.model_dump(), "what": describe(plan.scenario)},
+            "state": state, "started_at": t0,
             "nodes": plan.nodes, "incident": iid, "stages": lines,
             "passed": all(li["result"] == "PASS" for li in lines), "dry_run": dry, "touched": touched,
             "versions": facts.get("versions", {}), "by": facts.get("by"), "aborted_by": facts.get("aborted_by")}
@@ -67,7 +77,8 @@ def _job_stages(stages: dict, plan: DrillPlan, t0: float, rows: list[Any], drain
                 jobs: dict[str, JobEvents]) -> None:
     if not jobs:
         for s in ("signal_delivered", "job_requeued", "job_resumed"):
-            stages[s] = (None, [], "no drill-safe job ran on the plan's nodes at injection")
+            stages[s] = (None, [], "no drill-safe job of the plan's nodes writes to the plan's job log "
+                                   f"{plan.job.log} (the reference job, examples/drill_job.py)")  # type: ignore
         return
     sig, req, res = [], [], []
     for job, ev in jobs.items():
@@ -99,7 +110,8 @@ def _job_stages(stages: dict, plan: DrillPlan, t0: float, rows: list[Any], drain
 
 
 def format_text(rep: dict[str, Any]) -> str:
-    out = [f"drill {rep['drill']} ({rep['scenario']['kind']}, nodes {', '.join(rep['nodes'])}): {rep['state']}"
+    out = [f"drill {rep['drill']} ({rep['scenario'].get('what', rep['scenario']['kind'])}, nodes "
+           f"{', '.join(rep['nodes'])}): {rep['state']}"
            f"{' by ' + rep['aborted_by'] if rep.get('aborted_by') else ''}"]
     for li in rep["stages"]:
         t = "-" if li["seconds"] is None else f"{li['seconds']:.1f} s"
@@ -117,7 +129,8 @@ def format_text(rep: dict[str, Any]) -> str:
 
 def format_markdown(rep: dict[str, Any]) -> str:
     out = [f"# Drill {rep['drill']}: {'PASS' if rep['passed'] else 'FAIL'}", "",
-           f"Scenario {rep['scenario']}, nodes {', '.join(rep['nodes'])}, incident {rep['incident']}, "
+           f"Scenario: {rep['scenario'].get('what', rep['scenario']['kind'])}, nodes {', '.join(rep['nodes'])}, "
+           f"incident {rep['incident']}, "
            f"agent {rep['versions'].get('agent')}, driver {rep['versions'].get('driver')}.", "",
            "| stage | time from injection | target | journal rows | result |", "| --- | --- | --- | --- | --- |"]
     for li in rep["stages"]:

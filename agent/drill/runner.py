@@ -18,7 +18,8 @@ from typing import Any
 from agent import __version__
 
 from .job_check import JobEvents, job_events
-from .plan import DRILL_SAFE, DrillPlan, PlanError, check_against_inventory
+from .plan import ACTION_STAGE, DRILL_SAFE, DrillPlan, PlanError, check_against_inventory
+from .scenarios import describe, mitigation, rack_of
 from .report import build_report, is_undo
 from .source import DrillSource
 
@@ -44,6 +45,7 @@ class DrillRunner:
         self._task: asyncio.Task | None = None
         self._abort = asyncio.Event()
         self.report: dict[str, Any] | None = None
+        self._page_report: tuple[float, dict[str, Any] | None] = (0.0, None)
 
     @property
     def engine(self) -> Any:
@@ -58,16 +60,22 @@ class DrillRunner:
             raise DrillRefused(f"drill {self.plan.name} is running: wait for it or `drill --abort`")  # type: ignore
         eng = self.engine
         try:
-            check_against_inventory(plan, list(eng.inventory.nodes),
-                                    {z.name: list(z.nodes) for z in eng.inventory.leak_zones})
-            source = DrillSource(self.store, plan)
+            rack = rack_of(eng.inventory, eng.identity.node, eng.settings.leak_scope.watch_below_trays)
+            check_against_inventory(plan, rack)
+            judge = eng.detectors.gpu_faults
+            acts_by = mitigation(plan.scenario, lambda code: judge.rules.class_of(
+                judge.entries.get(code), judge.actions_of(code)[0])[0])
+            if plan.job is not None and acts_by != "drain":
+                raise PlanError(f"job: a {describe(plan.scenario)} drains no node, so no job is moved: leave job out")
+            source = DrillSource(self.store, plan, rack)
         except (PlanError, ValueError) as exc:
             raise DrillRefused(str(exc)) from None
         jobs = await self._jobs_on(plan, allow_jobs)
         self.plan, self.source, self.state, self.report = plan, source, "running", None
+        self._page_report = (0.0, None)
         self._abort = asyncio.Event()
         self.started_at = time.time()
-        self.facts = {"jobs": jobs, "requeued": {}, "by": who, "versions": self._versions()}
+        self.facts = {"jobs": jobs, "requeued": {}, "by": who, "versions": self._versions(), "acts_by": acts_by}
         eng.drill_real = plan.real_actions()
         self.start_seq = eng.journal.append("drill", result="injected", target=",".join(plan.nodes), detail={
             "drill": True, "plan": plan.model_dump(mode="json"), "by": who, "jobs": jobs, "allow_jobs": allow_jobs},
@@ -103,20 +111,27 @@ class DrillRunner:
                 "vbios": ",".join(vbios) or "unknown", "firmware_drift": len(vbios) > 1}
 
     async def abort(self, who: str) -> dict[str, Any]:
-        """Undo what the drill did: end the fault now; an agent restarted mid-drill has no runner, so its open
-        drill incidents are resolved by hand (the engine's undo runs as for `incidents resolve`)."""
+        """Undo what the drill did: end the fault now. An agent restarted mid-drill has no runner: its open drill
+        incidents are resolved by hand (the engine's undo runs as for `incidents resolve`), and the undo of
+        every drill incident, open or already cleared (its synthetic reading went with the old process, so the
+        zone read dry and the leak's undo waits for a person), is approved by the admin who aborted."""
         if self.active:
             self.facts["aborted_by"] = who
             self._abort.set()
             return self.view()
-        closed = [inc.id for inc in list(self.engine.incidents.open_incidents()) if inc.detail.get("drill")]
+        eng = self.engine
+        closed = [inc.id for inc in list(eng.incidents.open_incidents()) if inc.detail.get("drill")]
         for iid in closed:
-            self.engine.close_by_person(iid, who)
-        if closed:
-            self.engine.journal.append("drill", result="aborted", detail={"drill": True, "by": who,
-                                                                          "incidents": closed, "no_runner": True})
-            self._task = asyncio.get_running_loop().create_task(self._approve_undo(closed, who), name="drill-undo")
-        return {**self.view(), "resolved": closed}
+            eng.close_by_person(iid, who)
+        held = {iid for eff in eng.effects.values() for iid in eff["holders"]}  # what an undo has yet to give back
+        undoing = [inc.id for inc in eng.incidents.recent() if inc.detail.get("drill") and inc.id in held
+                   and inc.id not in closed]
+        if closed or undoing:
+            eng.journal.append("drill", result="aborted", detail={"drill": True, "by": who, "incidents": closed,
+                                                                  "undoing": undoing, "no_runner": True})
+            self._task = asyncio.get_running_loop().create_task(self._approve_undo(closed + undoing, who),
+                                                                name="drill-undo")
+        return {**self.view(), "resolved": closed, "undoing": undoing}
 
     async def _approve_undo(self, incidents: list[str], who: str, for_seconds: float = 300.0) -> None:
         """The undo approvals of drill incidents resolved without their runner (`resume_after_leak`): the admin
@@ -140,11 +155,11 @@ class DrillRunner:
                 await self._sleep()
             aborted = self._abort.is_set() or time.time() >= deadline
             self.state = "ending"
-            self.source.wet = False  # type: ignore[union-attr]
+            self.source.faulty = False  # type: ignore[union-attr]
             undo_by = time.time() + plan.target("undo_done")  # past it, the report says the undo did not happen
             while time.time() < undo_by and not self._undone():
                 await self._approve_pending(phase="undo")
-                await self._sleep()
+                await asyncio.sleep(POLL)  # not _sleep(): the abort is set by now, its wait would never yield
             await self.source.stop()  # type: ignore[union-attr]
             self.engine.drill_real = None
             self.state = "aborted" if aborted else ("passed" if self.build()["passed"] else "failed")
@@ -157,6 +172,8 @@ class DrillRunner:
                 await self.source.stop()
 
     async def _sleep(self) -> None:
+        """Until the next poll, or the abort. Only for the course's loop: once the abort is set, waiting on it
+        returns without yielding to the event loop, so a loop that went on calling this would spin the agent."""
         try:
             async with asyncio.timeout(POLL):
                 await self._abort.wait()
@@ -190,22 +207,25 @@ class DrillRunner:
         """The journal's rows since the drill began (its own `injected` row first)."""
         return self.engine.journal.entries(since_seq=self.start_seq - 1)
 
-    def _drained(self) -> set[str]:
+    def _acted(self, action: str | None = None) -> set[str]:
+        """The targets the drill's incident's playbook has done its mitigating action on (a drain: the nodes)."""
         inc = self.incident()
         if inc is None:
             return set()
-        return {e.target for e in self._rows() if e.incident_id == inc.id
-                and e.kind == "result" and e.action == "drain" and e.result == "done"}
+        action = action or self.facts["acts_by"]
+        return {e.target for e in self._rows() if e.incident_id == inc.id and e.kind == "result"
+                and e.action == action and e.result == "done" and e.detail.get("phase", "apply") == "apply"}
 
     async def _requeue(self) -> None:
         if "requeue" not in self.plan.real:  # type: ignore[union-attr]
             return
         sched = self.engine.executors.scheduler
-        drained = self._drained()
+        drained = self._acted("drain")
+        followed = self._job_events()
         for job, node in self.facts["jobs"].items():
             if job in self.facts["requeued"] or f"node={node}" not in drained:
                 continue
-            if self.plan.job is not None and not job_events(self.plan.job.log, job).checkpoint:  # type: ignore
+            if self.plan.job is not None and (job not in followed or not followed[job].checkpoint):  # type: ignore
                 continue  # the signal has not reached the job yet: requeue only after its checkpoint
             error = None
             try:
@@ -228,33 +248,52 @@ class DrillRunner:
                 self.facts.setdefault("slurm", {})[job] = {**fields, "seen_at": time.time()}
 
     def _job_events(self) -> dict[str, JobEvents]:
+        """The events of the jobs the drill follows: the drill-safe jobs of its nodes that write to the plan's job
+        log (the reference job). Another drill-safe job there (one that checkpoints and ends on the signal, as the
+        demo's do) is drained with its node, not followed."""
         if self.plan is None or self.plan.job is None:
             return {}
-        return {job: job_events(self.plan.job.log, job) for job in self.facts["jobs"]}
+        events = {job: job_events(self.plan.job.log, job, since=self.started_at or 0.0) for job in self.facts["jobs"]}
+        return {job: ev for job, ev in events.items() if ev.starts or ev.unreadable}
 
     def _course_done(self) -> bool:
-        """Everything the drill waits for before it ends the fault: the drain, and each job resumed elsewhere."""
-        inc = self.incident()
-        if not self._drained() or inc is None or inc.state in ("open", "mitigating"):
+        """Everything the drill waits for before it ends the fault: the mitigation (a drain: with each job resumed
+        elsewhere), or its stage's target passed without it (no incident, a step blocked by a guardrail): the
+        fault then ends at once, and the report says which stage did not happen and why."""
+        inc, plan, t0 = self.incident(), self.plan, self.started_at
+        assert plan is not None and t0 is not None
+
+        def late(stage: str) -> bool:
+            return time.time() > t0 + plan.target(stage)
+        if inc is None:
+            return late("detected")
+        if not self._acted():
+            return late(ACTION_STAGE[self.facts["acts_by"]]) or inc.state in ("failed", "resolved")
+        if inc.state in ("open", "mitigating"):
             return False  # the playbook has not finished (a dry-run step may still wait for its approval)
-        if self.plan.job is None:  # type: ignore[union-attr]
+        if plan.job is None:
             return self._held()
         events = self._job_events()
-        return all(job in self.facts.get("slurm", {}) and events[job].resumed is not None
-                   for job in self.facts["jobs"]) and self._held()
+        return bool(events) and all(job in self.facts.get("slurm", {}) and ev.resumed is not None
+                                    for job, ev in events.items()) and self._held()
 
     def _held(self) -> bool:
         """The fault has lasted the plan's `hold_seconds` since the drill began."""
         return time.time() >= self.started_at + self.plan.hold_seconds  # type: ignore[operator,union-attr]
 
     def _undone(self) -> bool:
+        """The fault is over: its incident resolved and every target of its mitigating action given back (a
+        notice has nothing to give back)."""
         inc = self.incident()
+        acts_by = self.facts["acts_by"]
         if inc is None:
-            return not self._drained()
+            return not self._acted()
         if inc.state != "resolved":
             return False
-        undo = [e for e in self._rows() if e.incident_id == inc.id and is_undo(e) and e.action == "drain"]
-        return all(any(u.target == t for u in undo) for t in self._drained())
+        if acts_by in ("notify", "job_notify"):
+            return True
+        undo = [e for e in self._rows() if e.incident_id == inc.id and is_undo(e) and e.action == acts_by]
+        return all(any(u.target == t for u in undo) for t in self._acted())
 
     # -- views ---------------------------------------------------------------------------------------------------
 
@@ -268,3 +307,25 @@ class DrillRunner:
             return {"state": self.state}
         return {"state": self.state, "name": self.plan.name, "started_at": self.started_at,
                 "report": self.report or self.build()}
+
+    def banner(self) -> dict[str, Any] | None:
+        """What every status page shows of the drill (agent/status/): that one runs, or the last one's end, and
+        what it fakes, so nobody takes its leak for a real one; None before the first drill of this process."""
+        if self.plan is None:
+            return None
+        return {"state": self.state, "active": self.active, "name": self.plan.name,
+                "scenario": describe(self.plan.scenario), "nodes": list(self.plan.nodes),
+                "started_at": self.started_at, "by": self.facts.get("by")}
+
+    def page_report(self, max_age: float = 1.0) -> dict[str, Any] | None:
+        """The report for the status page (with the admin token, as incidents): the final one once the drill
+        ended, else built at most every `max_age` seconds (each build reads the drill's journal rows)."""
+        if self.plan is None:
+            return None
+        if self.report is not None:
+            return self.report
+        at, rep = self._page_report
+        if rep is None or time.monotonic() - at >= max_age:
+            rep = self.build()
+            self._page_report = (time.monotonic(), rep)
+        return rep

@@ -100,6 +100,12 @@ class DetectorBase:
         # The GPU fault judge (gpu_faults.py): its memory is the XID history the ladder's four detectors read.
         self.gpu_faults = GpuFaultJudge(rules, catalogue, ctx.recoveries, self.clock, ctx.xid_overrides,
                                         settings.gpu_app_fault.clear_seconds)
+        # A fault drill's XIDs are judged apart, by a judge that lives as long as the drill's XID readings do: they
+        # never enter a GPU's real history (its repeat rules), and the drill's fault ends with the drill, where a
+        # real one waits for a proven recovery (the drill's reset or reboot is dry-run).
+        self.new_drill_judge = lambda: GpuFaultJudge(rules, catalogue, ctx.recoveries, self.clock,
+                                                     ctx.xid_overrides, settings.gpu_app_fault.clear_seconds)
+        self.drill_gpu_faults: GpuFaultJudge | None = None
         self.rates = _Rates()
         self.flow_baselines = FlowBaselines(settings.flow_baseline_window_seconds,
                                             settings.flow_setpoint_settle_seconds)

@@ -24,6 +24,21 @@ from .leak_scope import tray_of_sensor, trays_below, zone_evidence
 SOURCE_DOWN = "source_down"  # the leak watch's fault label (agent/derived.py): the sensor cannot be read
 
 
+def _synthetic(r: Reading) -> bool:
+    """A fault drill's reading (agent/drill/source.py labels every one `drill="true"`)."""
+    return r.label("drill") == "true"
+
+
+def wet_detail(wet: list[Reading]) -> dict[str, Any]:
+    """The wet detectors in a leak incident's detail: `sensors` the real ones (what its undo waits to read dry,
+    leak_resume.py), `drill_sensors` a fault drill's synthetic ones apart (they exist only while the drill
+    runs), and `drill: true` when only a drill's are wet (the incident is the drill's)."""
+    real = sorted({r.label("sensor") for r in wet if not _synthetic(r)})
+    synthetic = sorted({r.label("sensor") for r in wet if _synthetic(r)})
+    return {"sensors": real, **({"drill_sensors": synthetic} if synthetic else {}),
+            **({"drill": True} if synthetic and not real else {})}
+
+
 class CoolingDetectors(DetectorBase):
     """Leaks and coolant, methods of the detector table (`Detectors`)."""
 
@@ -49,6 +64,8 @@ class CoolingDetectors(DetectorBase):
         for zone, rs in zones.items():
             wet_rs = [r for r in rs if r.value >= 0.5]
             for r in rs:
+                if _synthetic(r):
+                    continue  # a drill's sensor exists only while its drill runs: no detector to hold dry
                 self.dry.observe(zone, r.label("sensor"), WET if r.value >= 0.5 else DRY, r.timestamp)
                 seen.append((zone, r.label("sensor")))
             yield from self._leak_scopes(zone, rs, wet_rs)
@@ -84,10 +101,7 @@ class CoolingDetectors(DetectorBase):
         zone_rs = wet_rs if why else rs
         yield Observation("leak", targets_of(zone=zone), "critical", why is not None,
                           sample_ts=max(r.timestamp for r in zone_rs),
-                          detail={"sensors": wet, "scope": "zone", **({"evidence": why} if why else {}),
-                                  # a fault drill's synthetic sensor (agent.drill): its incident says so
-                                  **({"drill": True} if wet_rs and all(r.label("drill") == "true"
-                                                                       for r in wet_rs) else {})})
+                          detail={**wet_detail(wet_rs), "scope": "zone", **({"evidence": why} if why else {})})
         trays: dict[str, list[Reading]] = {}
         for r in rs:
             tray = tray_of_sensor(r.label("sensor"), ctx.tray_bmcs)
@@ -95,7 +109,7 @@ class CoolingDetectors(DetectorBase):
                 trays.setdefault(tray, []).append(r)
         for tray, trs in trays.items():
             twet = [r for r in trs if r.value >= 0.5]
-            detail: dict[str, Any] = {"sensors": sorted(r.label("sensor") for r in twet), "scope": "tray"}
+            detail: dict[str, Any] = {**wet_detail(twet), "scope": "tray"}
             if twet:
                 detail["watched"] = trays_below(ctx.rack_units, tray, ctx.watch_below_trays)
                 detail["evidence"] = f"tray {tray}'s own detectors wet"
@@ -109,7 +123,7 @@ class CoolingDetectors(DetectorBase):
         or supply pressure below the configured floor. Either is named in the evidence; neither readable (no
         baseline yet, no pressure) is no evidence, so the leak stays at its narrower scope."""
         s = self.s
-        wet = sorted({r.label("sensor") for r in snap.select("supernode_leak_detected") if r.ok and r.value >= 0.5})
+        wet_rs = [r for r in snap.select("supernode_leak_detected") if r.ok and r.value >= 0.5]
         for flow in snap.select("supernode_cdu_flow_cubic_meters_per_second", loop="secondary"):
             if not flow.ok:
                 continue
@@ -122,8 +136,8 @@ class CoolingDetectors(DetectorBase):
             floor = s.leak_loop_pressure_floor_pascals
             if floor is not None and pressure is not None and pressure < floor:
                 evidence["supply_pressure_pascals"] = pressure
-            yield Observation("leak_loop", targets_of(cdu=cdu), "critical", bool(wet and evidence),
-                              detail={"sensors": wet, "scope": "loop", **evidence})
+            yield Observation("leak_loop", targets_of(cdu=cdu), "critical", bool(wet_rs and evidence),
+                              detail={**wet_detail(wet_rs), "scope": "loop", **evidence})
 
     def _tray_rack(self, snap: Snapshot) -> Iterator[Observation]:
         """More than `rack_tray_leaks` trays (Redfish services of kind tray) with a wet detector: the rack.
@@ -197,7 +211,8 @@ class CoolingDetectors(DetectorBase):
             return None
         ratio = flow.value / nominal
         cond: bool | None = True if ratio < s.flow_low_ratio else False if ratio >= s.flow_clear_ratio else None
-        detail: dict[str, Any] = {"flow_ratio": round(ratio, 3), "baseline_cubic_meters_per_second": nominal}
+        detail: dict[str, Any] = {"flow_ratio": round(ratio, 3), "baseline_cubic_meters_per_second": nominal,
+                                  **({"drill": True} if _synthetic(flow) else {})}  # a drill's stand-in flow
         if cond:  # which part of the loop failed: the reliability report counts a pump or the CDU
             detail.update(_pump_evidence(snap, cdu))
             detail.update(loop_evidence(snap, cdu))

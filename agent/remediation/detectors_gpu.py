@@ -8,7 +8,7 @@ node or one of its GPUs; nothing here reads the loop or the facility.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from exporters.model import Quality, Reading
 
@@ -54,9 +54,11 @@ class GpuDetectors(DetectorBase):
         The app class is an event (true on the snapshot that brought its XID; its hold clears it); the others
         hold while the judge keeps the fault outstanding, which only a proven recovery ends."""
         judge, ctx = self.gpu_faults, self.ctx
-        r = GpuReadings()
+        r, drill = GpuReadings(), GpuReadings()
         for x in snap.select("supernode_gpu_xid_errors_total"):
-            if x.ok and x.label("xid").isdigit():
+            if x.ok and x.label("xid").isdigit() and x.label("drill") == "true":
+                drill.xids.append((_node(x, ctx), x.label("gpu"), int(x.label("xid")), 1))
+            elif x.ok and x.label("xid").isdigit():
                 d = self.rates.delta(x)
                 r.xids.append((_node(x, ctx), x.label("gpu"), int(x.label("xid")), int(x.value if d is None else d)))
         for x in snap.select("supernode_gpu_recovery_action"):
@@ -75,13 +77,16 @@ class GpuDetectors(DetectorBase):
             if x.label("serial"):
                 r.serials[(_node(x, ctx), x.label("gpu"))] = x.label("serial")
         app_events = judge.update(r)
+        drill_faults, drill_apps = self._drill_xids(drill)
         reboot: dict[str, list[dict]] = {}
         for (node, gpu), g in judge.gpus.items():
-            f = g.fault
+            f, mark = g.fault, {}
+            if f is None and (node, gpu) in drill_faults:  # a real fault of the GPU outranks its drill's
+                f, mark = drill_faults[(node, gpu)], {"drill": True}
             klass = f.klass if f is not None else None
-            detail = {"gpu": gpu, **f.detail()} if f is not None else {}
-            yield Observation("gpu_app_fault", targets_of(node=node, gpu=gpu), "warning", (node, gpu) in app_events,
-                              detail=detail)
+            detail = {"gpu": gpu, **f.detail(), **mark} if f is not None else {}
+            app = (node, gpu) in app_events or bool(mark and (node, gpu) in drill_apps)
+            yield Observation("gpu_app_fault", targets_of(node=node, gpu=gpu), "warning", app, detail=detail)
             yield Observation("gpu_reset_required", targets_of(node=node, gpu=gpu), "critical", klass == "reset",
                               detail=detail)
             yield Observation("gpu_service_required", targets_of(node=node, gpu=gpu), "critical", klass == "service",
@@ -91,8 +96,22 @@ class GpuDetectors(DetectorBase):
             if klass == "reboot":
                 reboot[node].append(detail)
         for node, gpus in reboot.items():
+            drill_only = bool(gpus) and all(d.get("drill") for d in gpus)
             yield Observation("gpu_reboot_required", targets_of(node=node), "critical", bool(gpus),
-                              detail={"gpus": gpus} if gpus else {})
+                              detail={"gpus": gpus, **({"drill": True} if drill_only else {})} if gpus else {})
+
+    def _drill_xids(self, drill: GpuReadings) -> tuple[dict[tuple[str, str], Any], set[tuple[str, str]]]:
+        """(GPU -> the drill's outstanding fault, GPUs with a new app event) from a fault drill's XID readings,
+        each one new event the first time the drill's judge sees it; no drill XID now: no drill judge."""
+        if not drill.xids:
+            self.drill_gpu_faults = None
+            return {}, set()
+        judge = self.drill_gpu_faults
+        if judge is None:
+            judge = self.drill_gpu_faults = self.new_drill_judge()
+        drill.xids = [(n, g, x, 0 if (n, g) in judge.gpus else 1) for n, g, x, _ in drill.xids]
+        apps = judge.update(drill)
+        return {k: g.fault for k, g in judge.gpus.items() if g.fault is not None}, apps
 
     def _gpu_lost(self, snap: Snapshot) -> Iterator[Observation]:
         up: dict[str, int] = {}
@@ -153,13 +172,16 @@ class GpuDetectors(DetectorBase):
                 if r.value > self.s.nvlink_effective_ber:
                     (excluded.setdefault(key, set()).add if r.label("link") in switch else ber[key].append)(
                         r.label("link"))
+        drill: dict[tuple[str, str], bool] = {}  # a GPU whose down links are all a fault drill's stand-ins
         for r in snap.select("supernode_nvlink_up"):
             if r.ok:
                 key = (_node(r, self.ctx), r.label("gpu"))
                 down.setdefault(key, [])
-                if r.value < 0.5:
-                    (excluded.setdefault(key, set()).add if r.label("link") in switch else down[key].append)(
-                        r.label("link"))
+                if r.value < 0.5 and r.label("link") in switch:
+                    excluded.setdefault(key, set()).add(r.label("link"))
+                elif r.value < 0.5:
+                    down[key].append(r.label("link"))
+                    drill[key] = drill.get(key, True) and r.label("drill") == "true"
         worst: dict[tuple[str, str], float] = {}
         for (node, gpu, link), rate in per_link.items():
             if link not in switch:
@@ -167,11 +189,13 @@ class GpuDetectors(DetectorBase):
         for key in set(worst) | set(down) | set(ber):
             rate = worst.get(key, 0.0)
             links_down, links_ber = down.get(key, []), ber.get(key, [])
-            cond = rate > self.s.nvlink_error_rate_per_second or bool(links_down) or bool(links_ber)
+            real = rate > self.s.nvlink_error_rate_per_second or bool(links_ber) or (links_down and not drill[key])
+            cond = bool(real) or bool(links_down)
             yield Observation("nvlink_errors", targets_of(node=key[0], gpu=key[1]), "critical", cond,
                               detail={"errors_per_second": round(rate, 3), "links_down": links_down,
                                       "links_ber_high": links_ber,
-                                      "links_switch_side": sorted(excluded.get(key, ()), key=int)})
+                                      "links_switch_side": sorted(excluded.get(key, ()), key=int),
+                                      **({"drill": True} if cond and not real else {})})
 
     def _nvlink_switch(self, snap: Snapshot) -> Iterator[Observation]:
         """A switch chip the rack attributes its link's failures to (agent.coordination.attribution): one rack
@@ -184,7 +208,8 @@ class GpuDetectors(DetectorBase):
             targets = targets_of(switch_chip=chip, switch_tray=tray) if tray else targets_of(switch_chip=chip)
             yield Observation("nvlink_switch_fault", targets, "warning", leads and r.value >= 0.5,
                               detail={"switch_chip": chip, "switch_tray": tray or None,
-                                      "drain_partition": self.s.nvlink_switch_fault_drain_partition})
+                                      "drain_partition": self.s.nvlink_switch_fault_drain_partition,
+                                      **({"drill": True} if r.label("drill") == "true" else {})})
 
     def _gpu_fabric(self, snap: Snapshot) -> Iterator[Observation]:
         """Per GPU with an NVLink fabric: off it (registration not completed, or completed with a failed status), or

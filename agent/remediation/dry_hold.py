@@ -52,10 +52,19 @@ class DryHistory:
         row.state = state
 
     def vanished(self, seen: Iterable[tuple[str, str]]) -> None:
-        """Detectors known before but without any reading now: unreadable (their source went stale)."""
+        """Detectors known before but without any reading now: unreadable (their source went stale).
+
+        Except a Redfish service's stand-in (sensor = the BMC alone: its detectors unnamed before its first walk,
+        the leak watch's `source_down` for the whole service) once detectors of that BMC are read by name: it is
+        superseded, not unreadable, and kept it would hold every dry hold of its scope unreadable for good."""
         present = set(seen)
-        for key, row in self.rows.items():
-            if key not in present and row.state != UNREADABLE:
+        named = {(zone, sensor.split("/", 1)[0]) for zone, sensor in present if "/" in sensor}
+        for key, row in list(self.rows.items()):
+            if key in present:
+                continue
+            if "/" not in row.sensor and key in named:
+                del self.rows[key]
+            elif row.state != UNREADABLE:
                 self.observe(row.zone, row.sensor, UNREADABLE, 0.0)
 
     def verdict(self, member: Callable[[str, str], bool], required: Iterable[tuple[str, str]], now: float,

@@ -53,13 +53,8 @@ class LeakResumeGate:
         zone = inc.targets.get("zone")
         if scope not in ("tray", "zone") or not zone:
             return set()
-        from agent.drill.source import SENSOR as DRILL_SENSOR  # the drill's synthetic sensor (agent/drill/)
-
-        # A drill's synthetic sensor exists only while its drill runs: once the drill has ended (aborted, or the
-        # agent restarted mid-drill, which has no runner) it is gone for good, which is no unread detector to
-        # wait for. The zone's real detectors still have to read dry for the hold.
-        synthetic = {DRILL_SENSOR} if inc.detail.get("drill") else set()
-        return {(zone, s) for s in inc.detail.get("sensors") or () if isinstance(s, str) and s not in synthetic}
+        # `sensors`: the real detectors that fired (a drill's synthetic ones are recorded apart, detectors_cooling)
+        return {(zone, s) for s in inc.detail.get("sensors") or () if isinstance(s, str)}
 
     async def leak_undo_gate(self, inc: Incident, book: Playbook, step: Step, aid: str, tgt: str,
                              eff: dict[str, Any], approval: str | None,

@@ -80,7 +80,8 @@ class TargetResolver:
     def _leaking_trays(self, inc: Incident) -> list[dict[str, str]]:
         """The trays whose own BMC detectors are wet in this leak (their sensor label starts with the BMC's
         inventory name); a local incident, or any while coordination is lost, acts only on this agent's own tray."""
-        sensors = inc.detail.get("sensors") or ([inc.targets["sensor"]] if "sensor" in inc.targets else [])
+        sensors = [*(inc.detail.get("sensors") or ()), *(inc.detail.get("drill_sensors") or ())] or (
+            [inc.targets["sensor"]] if "sensor" in inc.targets else [])
         bmcs = {s.split("/", 1)[0] for s in sensors if isinstance(s, str)}
         trays = [e for e in getattr(self.inventory, "redfish", []) if e.kind == "tray" and e.name in bmcs]
         if inc.source == "local" or self.rack.role() == "degraded":

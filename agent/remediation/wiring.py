@@ -216,6 +216,7 @@ def attach(agent: AgentContext) -> None:
     from agent.drill.runner import DrillRunner
 
     drill = DrillRunner(agent.store, hook)  # the fault drill feeds the store and watches this hook's engine
+    hook.drill = drill  # the status page's banner and report (agent/status/)
     agent.route_mounts.append(lambda app: add_drill_routes(app, drill, hook.admin_tokens))
 
 
@@ -255,6 +256,7 @@ class RemediationHook:
         engine.repoll = repoll
         # component-time watched (MTBF's numerator), carried across reloads that change the inventory
         self.observed = ObservedTime(component_counts(loaded.config.inventory))
+        self.drill: Any = None  # the fault drill's runner (agent/drill/runner.py), set by attach()
 
     @property
     def mode(self) -> str:

@@ -205,11 +205,16 @@ class StatusHub:
             "coordination": coordination(self._coordination_desc()),
             "remediation_degraded": self.agent.remediation_degraded(),
         }
+        drill = getattr(self.agent.remediation, "drill", None)
+        # the banner for every page (a drill's leak is not a real one); its report, like incidents, needs the token
+        view["drill"] = drill.banner() if drill is not None else None
         engine = self._engine()
         if full and engine is not None:
             rows = await self._incident_rows(engine)
             view["incidents"] = incidents(engine, rows, time.time())
             view["reliability"] = await self._reliability_report(engine)
+            if view["drill"] is not None:
+                view["drill"]["report"] = drill.page_report()
         return shown(view)
 
     async def _incident_rows(self, engine: Any) -> dict[str, list[Any]]:

@@ -191,6 +191,38 @@
     replace("incidents", out);
   }
 
+  // A drill's banner on every page while it runs: its leak (or fault) is synthetic, nobody should run for a bucket.
+  function drillBanner(s) {
+    const d = s.drill;
+    document.getElementById("drill-banner").hidden = !(d && d.active);
+    replace("drill-banner", d && d.active ? [badge("warn", "DRILL"), " fault drill ", el("strong", {}, d.name),
+      " running since " + clock(d.started_at) + ": " + d.scenario + " on " + d.nodes.join(", ") +
+      ". Its readings are synthetic (labelled drill=\"true\"); its incident and journal rows say drill."] : []);
+  }
+
+  function drillSection(s) {
+    const d = s.drill;
+    if (!d) {
+      replace("drill", el("p", { class: "muted" }, "no drill since this agent started (supernode-agent drill PLAN)"));
+      return;
+    }
+    const kind = d.active ? "warn" : d.state === "passed" ? "ok" : "bad";
+    const out = [el("p", { class: "row", "data-drill-state": d.state }, badge(kind, d.state), " " + d.name + " \u00B7 " +
+      d.scenario + " \u00B7 nodes " + d.nodes.join(", ") + " \u00B7 started " + clock(d.started_at) + (d.by ? " by " + d.by : ""))];
+    const r = d.report;
+    if (!r) {
+      out.push(s.incidents ? el("p", { class: "muted" }, "no report yet") : locked());
+    } else {
+      out.push(table(["stage", "from injection", "target", "journal rows", "result"], r.stages.map((x) =>
+        el("tr", { "data-stage": x.stage }, td("stage", x.stage), td("from injection", fmt(x.seconds, "s")),
+          td("target", fmt(x.target, "s", 0)), td("journal rows", x.journal.join(", ") || "\u2013"),
+          td("result", badge(x.result === "PASS" ? "ok" : "bad", x.result), x.why ? " " + x.why : "")))));
+      out.push(el("p", { class: "muted" }, "dry-run (journaled, not done): " +
+        (r.dry_run.map((x) => x.action + " " + x.target).join(", ") || "nothing")));
+    }
+    replace("drill", out);
+  }
+
   const SYM = { ok: "\u00B7", down: "\u2715", errors: "!", ber: "B", unknown: "?" };  // an NVLink cell's symbol
 
   function linkCells(states) {
@@ -464,6 +496,8 @@
     ["approvals", approvalsSection, (s) => [s.incidents && s.incidents.pending_approvals, access && access.locked]],
     ["incidents", incidentsSection, (s) => [s.incidents && [s.incidents.open, s.incidents.recent.map((r) => r.id),
       s.incidents.mode, s.incidents.breaker_open, s.incidents.maintenance], access && access.locked]],
+    ["drill-banner", drillBanner, (s) => s.drill && [s.drill.active, s.drill.name, s.drill.started_at]],
+    ["drill", drillSection, (s) => [s.drill, access && access.locked]],
     ["coolant", coolantSection, (s) => s.coolant],
     ["rack", rackSection, (s) => [s.coordination, s.nodes.map((n) => [n.name, n.reach, n.why, n.card && [n.card.gpus,
       n.card.agent, n.card.incidents_open, n.card.sources_failing, n.card.expected_gpus], n.age_seconds !== undefined &&
