@@ -8,7 +8,7 @@ DEB_PACKAGES := snmp prometheus prometheus-alertmanager prometheus-snmp-exporter
                 iproute2 mbpoll ethtool systemd python3-venv chromium chromium-driver etcd-server etcd-client
 PYTEST_ARGS ?=
 
-.PHONY: demo test fuzz venv peers dashboards bench clean lint deb screenshot gpu-check-deps
+.PHONY: demo test fuzz venv peers dashboards bench clean lint deb screenshot gpu-check-deps bytecode
 
 # The agent and the simulator (a distribution of its own, sim/pyproject.toml: the demo, the tests' rack and the
 # backends a sim-backed config names come from it).
@@ -42,8 +42,14 @@ lint: $(STAMP)
 # the suite mostly waits on real peers, so 2 cores carry several modules at once. Modules are dispatched longest
 # first (tests/module_seconds.py: --no-loadscope-reorder keeps that order). The 25 slowest tests are listed.
 TEST_WORKERS ?= 3
-test: $(STAMP) peers lint
+test: $(STAMP) peers lint bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+
+# The project's own modules compiled once, at both optimisation levels the suite runs them at (the agent daemon
+# runs -OO): every test starts agents and simulators, and where PYTHONDONTWRITEBYTECODE is set (CI images often set
+# it) each of those hundreds of processes would otherwise compile them again (~0.25 s of CPU each).
+bytecode: $(STAMP)
+	$(PY) -m compileall -q -j 0 -o 0 -o 2 agent exporters sim tests bench dashboards >/dev/null
 
 # The property-based tests with the deep hypothesis profile (many random examples; minutes, not seconds), and the
 # repetition loops (`repeat` marker, e.g. promtool's unit tests fifty times) that `make test` leaves out.
