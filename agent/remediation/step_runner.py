@@ -256,6 +256,8 @@ class StepRunner:
                 return  # not ours and nobody of ours holds it: nothing to undo later
             eff = self.effects[(kind, tgt)] = {"before": res.before, "after": res.after, "params": dict(params),
                                                "holders": {}}
+        elif not res.skipped:  # another incident set its value over ours (a lower cap): the undo checks for that one
+            eff["after"] = res.after
         eff["holders"][incident_id] = aid
 
     async def _plan(self, act: Any, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:
