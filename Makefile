@@ -39,10 +39,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # Test modules run on TEST_WORKERS parallel workers (pytest-xdist; a module stays on one worker with its peers):
-# the suite mostly waits on real peers, so 2 cores carry several modules at once. The 25 slowest tests are listed.
+# the suite mostly waits on real peers, so 2 cores carry several modules at once. Modules are dispatched longest
+# first (tests/module_seconds.py: --no-loadscope-reorder keeps that order). The 25 slowest tests are listed.
 TEST_WORKERS ?= 3
 test: $(STAMP) peers lint
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # The property-based tests with the deep hypothesis profile (many random examples; minutes, not seconds), and the
 # repetition loops (`repeat` marker, e.g. promtool's unit tests fifty times) that `make test` leaves out.

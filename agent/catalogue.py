@@ -23,7 +23,8 @@ CATALOGUE = REPO / "docs" / "metrics.md"
 # `python -m sim.reference_tray`): it runs a tray, which this module (no simulator here) cannot. Kept as it is.
 SERIES_MARK = "## Series per tray"
 # Which source fills a family, by the module that declares it (first matching prefix wins).
-SOURCES = (("exporters.gpu", "nvml"), ("exporters.cooling", "modbus"), ("exporters.power", "snmp"),
+SOURCES = (("exporters.gpu", "nvml"), ("exporters.cooling.bacnet", "bacnet"), ("exporters.cooling", "modbus, snmp"),
+           ("exporters.power", "snmp"),
            ("exporters.redfish", "redfish"), ("exporters.imex", "imex (nvidia-imex-ctl)"),
            ("exporters.links.dom", "links (ethtool -m)"), ("exporters.links", "links (sysfs)"),
            ("agent.remediation", "remediation"), ("agent.derived", "derived"), ("agent", "agent"))

@@ -13,12 +13,13 @@ import re
 import socket
 from urllib.parse import urlsplit
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from pydantic_core import PydanticCustomError
 
+from agent.cdu_coverage import coverage_warnings
 from agent.config_refs import deprecation_warnings, exposure_warnings, reference_errors, secret_warnings
 from agent.coordination.settings import Coordination
 from agent.rack_file import RackFileError, with_rack_file
@@ -144,6 +145,9 @@ class ModbusDevice(Strict):
                                      description="Profile leak/valve channel -> leak zone name (inventory leak_zones).")
 
 
+BACNET_PORT = 47808  # BACnet/IP's registered UDP port (0xBAC0)
+
+
 class LeakZone(Strict):
     name: str = Field(min_length=1)
     nodes: list[str] = Field(default_factory=list, description="Nodes whose hardware this zone's leak endangers.")
@@ -151,12 +155,8 @@ class LeakZone(Strict):
     valve: str | None = Field(default=None, description="cdu:point of the zone isolation valve.")
 
 
-class Pdu(Strict):
-    name: str = Field(min_length=1)
-    profile: BareName = Field(description="Profile name under exporters/profiles/snmp/, or `auto`: chosen from the "
-                                          "PDU's sysObjectID/sysDescr (exporters/profiles/snmp-auto.yaml).")
-    host: str = "127.0.0.1"
-    port: int = Field(default=161, ge=1, le=65535)
+class SnmpAccess(Strict):
+    """How the agent speaks SNMP to one device (a PDU, an SNMP CDU): version, credentials by secret name, bounds."""
 
     version: Literal["2c", "3"] = "2c"
     community_secret: str | None = Field(default=None, description="Name in `secrets` holding the community.")
@@ -165,7 +165,7 @@ class Pdu(Strict):
     v3_priv_secret: str | None = None
     v3_auth_protocol: Literal["MD5", "SHA", "SHA224", "SHA256", "SHA384", "SHA512"] = "SHA"
     v3_priv_protocol: Literal["DES", "AES", "AES192", "AES256"] = "AES"
-    v3_context: str = Field(default="", description="SNMPv3 context name (empty on most PDUs).")
+    v3_context: str = Field(default="", description="SNMPv3 context name (empty on most devices).")
     request_timeout: float = Field(default=0.5, gt=0, le=30, description="Seconds to wait for one SNMP reply.")
     retries: int = Field(default=1, ge=0, le=5, description="Resends of an unanswered SNMP request.")
     max_repetitions: int = Field(default=10, ge=1, le=100, description="GETBULK max-repetitions.")
@@ -173,6 +173,55 @@ class Pdu(Strict):
                                description="Rows of one table column per poll at most (a longer column is an error).")
     max_walk_requests: int = Field(default=500, ge=1, le=100_000,
                                    description="GETBULK requests of one poll's walk at most.")
+
+    SECRETS: ClassVar[tuple[str, ...]] = ("community_secret", "v3_auth_secret", "v3_priv_secret")
+
+
+SNMP_FIELDS = frozenset(SnmpAccess.model_fields)
+SNMP_PORT = 161
+
+
+class CduDevice(ModbusDevice, SnmpAccess):
+    """A rack CDU: over Modbus TCP (the default), SNMP (v2c/v3, the PDUs' fields) or BACnet/IP. Whatever the
+    protocol it feeds the same coolant and leak detectors (the same families), its channels map to leak zones, and
+    it is a shared rack device."""
+
+    protocol: Literal["modbus", "snmp", "bacnet"] = Field(default="modbus", description=(
+        "modbus: profile under exporters/profiles/modbus/, port 502; snmp: a `kind: cdu` profile under "
+        "exporters/profiles/snmp/, UDP port 161, with the SNMP fields of a PDU entry; bacnet: profile under "
+        "exporters/profiles/bacnet/, UDP port 47808, Who-Is sent to host:port only (never a broadcast)."))
+    device_instance: int | None = Field(default=None, ge=0, le=4194302, description=(
+        "BACnet: the device object's instance; default: learnt from its I-Am to the Who-Is sent to host:port "
+        "(set it for a device that ignores Who-Is)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_port(cls, data: Any) -> Any:
+        default = {"snmp": SNMP_PORT, "bacnet": BACNET_PORT}.get(data.get("protocol")) if isinstance(data, dict) \
+            else None
+        if default is not None and "port" not in data:
+            return {**data, "port": default}
+        return data
+
+    @model_validator(mode="after")
+    def _protocol_fields(self) -> "CduDevice":
+        if self.protocol != "modbus" and self.unit is not None:
+            raise ValueError("unit: a Modbus unit id; " + ("an SNMP CDU has none" if self.protocol == "snmp"
+                                                           else "a BACnet device is named by device_instance"))
+        if self.protocol != "bacnet" and self.device_instance is not None:
+            raise ValueError(f"device_instance: BACnet only (this CDU's protocol is {self.protocol})")
+        stray = sorted(SNMP_FIELDS & self.model_fields_set) if self.protocol != "snmp" else []
+        if stray:
+            raise ValueError(f"{stray[0]}: SNMP only (this CDU's protocol is {self.protocol})")
+        return self
+
+
+class Pdu(SnmpAccess):
+    name: str = Field(min_length=1)
+    profile: BareName = Field(description="Profile name under exporters/profiles/snmp/, or `auto`: chosen from the "
+                                          "PDU's sysObjectID/sysDescr (exporters/profiles/snmp-auto.yaml).")
+    host: str = "127.0.0.1"
+    port: int = Field(default=SNMP_PORT, ge=1, le=65535)
     outlets: dict[str, str] = Field(default_factory=dict, description="Outlet id -> node it feeds.")
 
 
@@ -289,7 +338,9 @@ class Inventory(Strict):
         "fetched by this agent (TLS verified, status.peer_tls)."))
     gpus: GpuInventory = GpuInventory()
     ports: list[Port] = Field(default_factory=list)
-    cdus: list[ModbusDevice] = Field(default_factory=list)
+    cdus: list[CduDevice] = Field(default_factory=list, description=(
+        "The rack's CDUs over Modbus TCP, SNMP or BACnet/IP (`protocol`); Redfish CDUs are inventory.redfish "
+        "entries of kind cdu."))
     leak_controllers: list[ModbusDevice] = Field(default_factory=list)
     leak_zones: list[LeakZone] = Field(default_factory=list)
     pdus: list[Pdu] = Field(default_factory=list)
@@ -557,6 +608,24 @@ class ThermalResistanceSettings(SourceSettings):
         "Write the learnt baselines to agent.state_dir at most this often (and when one is learnt, and at stop)."))
 
 
+class BacnetSettings(Strict):
+    """The BACnet/IP client of the agent (every BACnet CDU): per-request bounds and COV push. Each CDU's polls
+    keep the cdu and leak sources' intervals and timeouts, as a Modbus CDU's do."""
+
+    request_timeout: float = Field(default=1.0, gt=0, le=30, description=(
+        "Seconds to wait for one BACnet reply (the stack's APDU timeout)."))
+    retries: int = Field(default=0, ge=0, le=3, description=(
+        "Resends of an unanswered request (0: the next poll is the retry; a leak poll runs twice a second)."))
+    cov: bool = Field(default=True, description=(
+        "Subscribe to the profile's COV points (leak and alarm objects): a change is pushed within one round "
+        "trip; polling runs underneath either way, and alone where the device refuses COV."))
+    cov_lifetime_seconds: int = Field(default=300, ge=10, le=86400, description=(
+        "Lifetime asked for each COV subscription; renewed at half of it by the polls."))
+    client_instance: int = Field(default=4194300, ge=0, le=4194302, description=(
+        "The agent's own BACnet device instance (a BACnet client is a device too; unique on the BACnet network). "
+        "The agent answers nothing with it: it only receives I-Am and COV notifications from its CDUs."))
+
+
 class Sources(Strict):
     nvml: NvmlSettings = NvmlSettings()
     # Each source's defaults live in its settings class, so a partial section keeps the others' defaults.
@@ -566,6 +635,7 @@ class Sources(Strict):
     leak: LeakSourceSettings = LeakSourceSettings()
     pdu: PduSourceSettings = PduSourceSettings()
     redfish: RedfishSourceSettings = RedfishSourceSettings()
+    bacnet: BacnetSettings = BacnetSettings()
     imex: ImexSettings = ImexSettings()
     thermal_resistance: ThermalResistanceSettings = ThermalResistanceSettings()
     stale_after_intervals: float = Field(default=2.0, ge=1.0, description=(
@@ -680,14 +750,18 @@ class Config(Strict):
         return self
 
     @model_validator(mode="after")
-    def _pdu_retries_fit_the_poll(self) -> "Config":
-        """One SNMP request with its retries must fit the PDU poll's timeout, or the retries never happen."""
-        limit = self.sources.pdu.timeout
-        for p in self.inventory.pdus:
-            worst = p.request_timeout * (p.retries + 1)
+    def _snmp_retries_fit_the_poll(self) -> "Config":
+        """One SNMP request with its retries must fit the poll's timeout (a PDU's, an SNMP CDU's), or the retries
+        never happen. (An SNMP CDU's leak inputs are read on the leak schedule without resends: the next poll,
+        half a second later, is the retry.)"""
+        devices = [("pdus", p, "pdu") for p in self.inventory.pdus]
+        devices += [("cdus", c, "cdu") for c in self.inventory.cdus if c.protocol == "snmp"]
+        for kind, d, source in devices:
+            limit = getattr(self.sources, source).timeout
+            worst = d.request_timeout * (d.retries + 1)
             if worst > limit:
-                raise ValueError(f"inventory.pdus.{p.name}: request_timeout x (retries + 1) = {worst:g}s "
-                                 f"exceeds sources.pdu.timeout ({limit:g}s)")
+                raise ValueError(f"inventory.{kind}.{d.name}: request_timeout x (retries + 1) = {worst:g}s "
+                                 f"exceeds sources.{source}.timeout ({limit:g}s)")
         return self
 
     def dump(self) -> dict[str, Any]:
@@ -706,7 +780,8 @@ class LoadedConfig:
         self.admin_tokens = admin_tokens if admin_tokens is not None else _admin_tokens(config, secrets, {})
         files = {f"secrets.{name}.file": ref.file for name, ref in config.secrets.items()}
         files.update({f"auth.admin_tokens.{name}.file": ref.file for name, ref in config.auth.admin_tokens.items()})
-        self.warnings: list[str] = secret_warnings(files) + deprecation_warnings(config) + exposure_warnings(config)
+        self.warnings: list[str] = (secret_warnings(files) + deprecation_warnings(config) + exposure_warnings(config)
+                                    + coverage_warnings(config.inventory))
         """Not errors, but an operator should see them (check-config prints them, start logs them)."""
 
     def secret(self, name: str) -> SecretStr:
@@ -729,11 +804,13 @@ def _read_secret(ref: SecretRef, where: str) -> SecretStr:
 
 def _read_secrets(config: Config) -> dict[str, SecretStr]:
     secrets = {name: _read_secret(ref, f"secrets.{name}.file") for name, ref in config.secrets.items()}
-    for pdu in config.inventory.pdus:
-        for attr in ("community_secret", "v3_auth_secret", "v3_priv_secret"):
-            ref_name = getattr(pdu, attr)
+    snmp = [("pdus", p) for p in config.inventory.pdus] + [("cdus", c) for c in config.inventory.cdus
+                                                            if c.protocol == "snmp"]
+    for kind, device in snmp:
+        for attr in SnmpAccess.SECRETS:
+            ref_name = getattr(device, attr)
             if ref_name is not None and ref_name not in secrets:
-                raise ConfigError(f"inventory.pdus.{pdu.name}.{attr}: secret {ref_name!r} not in secrets")
+                raise ConfigError(f"inventory.{kind}.{device.name}.{attr}: secret {ref_name!r} not in secrets")
     for ep in config.inventory.redfish:
         if ep.password_secret is not None and ep.password_secret not in secrets:
             raise ConfigError(f"inventory.redfish.{ep.name}.password_secret: secret {ep.password_secret!r} "
@@ -762,10 +839,18 @@ def _admin_tokens(config: Config, secrets: dict[str, SecretStr], named: dict[str
 def _check_profiles(config: Config) -> None:
     """Every device names a shipped profile that loads: a typo fails check-config, not `run`."""
     from exporters.cooling import modbus_profile
-    from exporters.power import snmp_profile
+    from exporters.snmp import profile as snmp_profile
 
     devices = [(f"inventory.{kind}.{d.name}.profile", d.profile, modbus_profile)
-               for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)]
+               for kind in ("cdus", "leak_controllers") for d in getattr(config.inventory, kind)
+               if getattr(d, "protocol", "modbus") == "modbus"]
+    devices += [(f"inventory.cdus.{d.name}.profile", d.profile, snmp_profile) for d in config.inventory.cdus
+                if d.protocol == "snmp"]
+    if any(d.protocol == "bacnet" for d in config.inventory.cdus):
+        from exporters.cooling.bacnet import profile as bacnet_profile
+
+        devices += [(f"inventory.cdus.{d.name}.profile", d.profile, bacnet_profile)
+                    for d in config.inventory.cdus if d.protocol == "bacnet"]
     if config.inventory.redfish:  # imported only when used: a node without Redfish never holds its models
         from exporters.redfish import profile as redfish_profile
 
@@ -785,9 +870,14 @@ def _check_profiles(config: Config) -> None:
             known = ", ".join(sorted(f.stem for f in module.PROFILE_DIR.glob("*.yaml")))
             raise ConfigError(f"{where}: no profile {name!r} (known: {known})")
         try:
-            module.load_profile(name)
+            loaded = module.load_profile(name)
         except Exception as exc:  # a shipped profile that does not load is still this field's problem
             raise ConfigError(cut(f"{where}: profile {name!r} does not load: {exc}", 1000)) from None
+        kind = getattr(loaded, "kind", None) if module is snmp_profile else None
+        want = "cdu" if where.startswith("inventory.cdus.") else "pdu"
+        if kind is not None and kind != want:
+            names = ", ".join(snmp_profile.available_profiles(kind=want))
+            raise ConfigError(f"{where}: {name!r} is a {kind} profile; this entry needs a {want} one ({names})")
     for ep in config.inventory.redfish:
         if ep.ca_file is not None:
             from exporters.model import SourceError

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -104,6 +104,7 @@ def _redfish_problems(inv, ep, nodes: set[str], zones: set[str]) -> list[str]:
 def _valve_problem(config: "Config", ref: str) -> str | None:
     """Why `cdu:point` names no writable point of a configured CDU, or None when it does."""
     from exporters.cooling import modbus_profile
+    from exporters.cooling.bacnet import profile as bacnet_profile
 
     cdu_name, sep, point_name = ref.partition(":")
     if not sep or not cdu_name or not point_name:
@@ -111,8 +112,15 @@ def _valve_problem(config: "Config", ref: str) -> str | None:
     cdus = {c.name: c for c in config.inventory.cdus}
     if cdu_name not in cdus:
         return f"CDU {cdu_name!r} not in inventory.cdus ({_known(set(cdus))})"
-    profile = modbus_profile.load_profile(cdus[cdu_name].profile)  # loadable: checked before this pass
-    points = {p.name: p for p in profile.expanded()}
+    cdu = cdus[cdu_name]
+    if cdu.protocol == "snmp":  # an SNMP CDU's profile maps readings only: nothing it names is writable
+        return f"CDU {cdu_name!r} speaks snmp: it has no writable control points"
+    if cdu.protocol == "bacnet":
+        profile: Any = bacnet_profile.load_profile(cdu.profile)  # loadable: checked before this pass
+        points = {p.name: p for p in profile.points}
+    else:
+        profile = modbus_profile.load_profile(cdu.profile)
+        points = {p.name: p for p in profile.expanded()}
     if point_name not in points:
         return f"profile {profile.name!r} of CDU {cdu_name!r} has no point {point_name!r}"
     if points[point_name].control is None:

@@ -99,9 +99,10 @@ def _probe_modbus(args: argparse.Namespace) -> str:
 
 
 def _snmp_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/snmp/NAME.yaml), or auto: "
-                                                    "chosen from sysObjectID/sysDescr, printed with the reason")
-    p.add_argument("--target", required=True, help="HOST:PORT of the PDU's SNMP agent")
+    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/snmp/NAME.yaml: a PDU's or, "
+                                                    "kind cdu, a CDU's), or auto: a PDU's chosen from "
+                                                    "sysObjectID/sysDescr, printed with the reason")
+    p.add_argument("--target", required=True, help="HOST:PORT of the PDU's or CDU's SNMP agent")
     p.add_argument("--community", default=None, help="v2c community (prefer --community-file)")
     p.add_argument("--community-file", default=None, help="file holding the v2c community")
     p.add_argument("--v3-user", default=None)
@@ -127,26 +128,41 @@ def _read_secret(path: str | None) -> str | None:
 
 
 def _probe_snmp(args: argparse.Namespace) -> str:
+    """A PDU (exporters/power/pdu.py), or a CDU where the profile is of kind cdu (exporters/cooling/snmp_cdu.py)."""
     from exporters.power.pdu import probe_snmp
+    from exporters.snmp.client import MAX_REQUESTS, MAX_ROWS, credentials
 
     host, port = _target(args.target)
-    from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS
-
     community = args.community or _read_secret(args.community_file)
-    if not community and not args.v3_user:
-        community = "public"
+    auth_key, priv_key = _read_secret(args.v3_auth_key_file), _read_secret(args.v3_priv_key_file)
+    limits = dict(timeout=args.timeout, retries=args.retries, max_rows=args.max_walk_rows or MAX_ROWS,
+                  max_requests=args.max_walk_requests or MAX_REQUESTS)
     try:
+        profile = _snmp_cdu_profile(args.profile)
+        if profile is not None:
+            from exporters.cooling.snmp_cdu import probe_snmp_cdu
+
+            creds = credentials(community, args.v3_user, auth_key, priv_key, args.v3_auth_proto, args.v3_priv_proto,
+                                args.v3_context)
+            return asyncio.run(probe_snmp_cdu(profile, host, port, creds, **limits))
         return asyncio.run(probe_snmp(args.profile, host, port, community=None if args.v3_user else community,
-                                      v3_user=args.v3_user, auth_key=_read_secret(args.v3_auth_key_file),
-                                      priv_key=_read_secret(args.v3_priv_key_file),
+                                      v3_user=args.v3_user, auth_key=auth_key, priv_key=priv_key,
                                       auth_protocol=args.v3_auth_proto, priv_protocol=args.v3_priv_proto,
-                                      context=args.v3_context, timeout=args.timeout, retries=args.retries,
-                                      max_rows=args.max_walk_rows or MAX_ROWS,
-                                      max_requests=args.max_walk_requests or MAX_REQUESTS))
+                                      context=args.v3_context, **limits))
     except ProfileError as exc:
         raise ProbeError(str(exc)) from None
     except SourceError as exc:
         raise ProbeError(f"{exc.kind}: {exc}") from None
+
+
+def _snmp_cdu_profile(name: str) -> Any:
+    """The named profile when it is a CDU's (kind cdu); None for auto and PDU profiles (the PDU probe loads those)."""
+    if name == "auto":
+        return None
+    from exporters.snmp.profile import load_profile
+
+    profile = load_profile(name)
+    return profile if profile.kind == "cdu" else None
 
 
 def _redfish_args(p: argparse.ArgumentParser) -> None:
@@ -180,7 +196,23 @@ def _probe_redfish(args: argparse.Namespace) -> str:
         raise ProbeError(str(exc)) from None
 
 
+def _bacnet_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="profile name (exporters/profiles/bacnet/NAME.yaml)")
+    p.add_argument("--target", required=True, help="HOST:PORT of the BACnet/IP device (UDP; the Who-Is goes there only)")
+    p.add_argument("--device-instance", type=int, default=None,
+                   help="the device object's instance (default: from its I-Am)")
+    p.add_argument("--timeout", type=float, default=2.0, help="seconds one request may take")
+
+
+def _probe_bacnet(args: argparse.Namespace) -> str:
+    from exporters.cooling.bacnet.probe import probe_bacnet
+
+    host, port = _target(args.target)
+    return asyncio.run(probe_bacnet(args.profile, host, port, args.device_instance, timeout=args.timeout))
+
+
 PROBES["modbus"] = (_modbus_args, _probe_modbus)
+PROBES["bacnet"] = (_bacnet_args, _probe_bacnet)
 PROBES["snmp"] = (_snmp_args, _probe_snmp)
 PROBES["redfish"] = (_redfish_args, _probe_redfish)
 

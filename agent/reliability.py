@@ -184,15 +184,42 @@ def _profile_counts(inventory: "Inventory") -> tuple[int, int]:
 
     pumps = 0
     sensors: set[tuple[str, str, str]] = set()
-    for d in inventory.cdus:
+    modbus = [d for d in inventory.cdus if d.protocol == "modbus"]
+    for d in modbus:
         profile = load_profile(d.profile)
         pumps += len({tuple(sorted(p.labels.items())) for p in profile.expanded()
                       if p.metric == mm.PUMP_RUNNING.name})
-    for d in [*inventory.cdus, *inventory.leak_controllers]:
+    for d in [*modbus, *inventory.leak_controllers]:
         if has_leak_points(d.profile):
             src = ModbusSource("leak", d.name, d.profile, d.host, d.port, d.unit, subset="leak", channels=d.channels)
             sensors |= {(d.name, zone, sensor) for zone, sensor in src.leak_sensors()}
-    return pumps, len(sensors)
+    for d in (c for c in inventory.cdus if c.protocol == "bacnet"):
+        from exporters.cooling.bacnet import source as bacnet
+
+        b_profile = bacnet.load_profile(d.profile)
+        pumps += len({tuple(sorted(p.labels.items())) for p in b_profile.points if p.metric == mm.PUMP_RUNNING.name})
+        if bacnet.has_leak_points(b_profile):  # the sensors follow from the profile and wiring: no I/O here
+            src = bacnet.BacnetSource("leak", d.name, b_profile, bacnet.BacnetLink(d.host, d.port), subset="leak",
+                                      channels=d.channels, cov=False)
+            sensors |= {(d.name, zone, sensor) for zone, sensor in src.leak_sensors()}
+    snmp_pumps, snmp_sensors = _snmp_cdu_counts([d for d in inventory.cdus if d.protocol == "snmp"])
+    return pumps + snmp_pumps, len(sensors) + snmp_sensors
+
+
+def _snmp_cdu_counts(cdus: list) -> tuple[int, int]:
+    """Pumps and wired leak inputs of SNMP CDUs, from their profiles' fixed labels and channels (a pump or leak
+    table's rows are known only from the device: not counted)."""
+    from exporters.cooling import modbus_metrics as mm
+    from exporters.snmp.profile import load_profile, template_fields
+
+    pumps = sensors = 0
+    for d in cdus:
+        profile = load_profile(d.profile)
+        fixed = [m for m in profile.metrics if not any(template_fields(t) for t in m.templates().values())]
+        pumps += len({m.labels["pump"] for m in fixed if m.metric == mm.PUMP_RUNNING.name})
+        sensors += len({(m.channel, m.labels["sensor"]) for m in fixed if m.metric == mm.LEAK_DETECTED.name
+                        and (not d.channels or m.channel in {str(k) for k in d.channels})})
+    return pumps, sensors
 
 
 class ObservedTime:

@@ -83,6 +83,8 @@ def _modbus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | Non
 
     out: list[ScheduledSource] = []
     for d in cfg.inventory.cdus:
+        if d.protocol != "modbus":
+            continue
         common = dict(host=d.host, port=d.port, unit=d.unit, channels=d.channels)
         if s.cdu.enabled:
             coolant = CoolantProperties(d.coolant.density_kg_m3, d.coolant.heat_capacity_j_kgk, d.coolant.name)
@@ -99,6 +101,81 @@ def _modbus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | Non
     return out
 
 
+def _bacnet(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | None) -> list[ScheduledSource]:
+    """A BACnet CDU's sources: its coolant poll and (when its profile has leak inputs) its leak poll on the fast
+    leak schedule, as a Modbus CDU's; both share one client (one UDP socket, one set of COV subscriptions each)."""
+    cfg = loaded.config
+    s = cfg.sources
+    cdus = [d for d in cfg.inventory.cdus if d.protocol == "bacnet"]
+    if not cdus:
+        return []
+    from exporters.cooling.bacnet.client import link_for
+    from exporters.cooling.bacnet.source import BacnetSource, has_leak_points
+    from exporters.cooling.coolant import CoolantProperties
+
+    b = s.bacnet
+    out: list[ScheduledSource] = []
+    for d in cdus:
+        def link() -> object:
+            return link_for(d.host, d.port, device_instance=d.device_instance, timeout=b.request_timeout,
+                            retries=b.retries, client_instance=b.client_instance, name=d.name)
+        common = dict(channels=d.channels, cov=b.cov, cov_lifetime=b.cov_lifetime_seconds)
+        if s.cdu.enabled:
+            coolant = CoolantProperties(d.coolant.density_kg_m3, d.coolant.heat_capacity_j_kgk, d.coolant.name)
+            out.append(ScheduledSource(BacnetSource("cdu", d.name, d.profile, link(), subset="cdu", coolant=coolant,
+                                                    rack_power_w=rack_power_w, **common), s.cdu))
+        if s.leak.enabled and has_leak_points(d.profile):
+            out.append(ScheduledSource(BacnetSource("leak", d.name, d.profile, link(), subset="leak",
+                                                    client_metrics=not s.cdu.enabled, **common), s.leak))
+    return out
+
+
+def snmp_credentials(loaded: LoadedConfig, device: Any) -> Any:
+    """A PDU's or SNMP CDU's credentials, its secret names resolved to their values."""
+    from exporters.snmp.client import SnmpCredentials
+
+    def secret(name: str | None) -> str | None:
+        return loaded.secret(name).get_secret_value() if name else None
+
+    return SnmpCredentials(version=device.version, community=secret(device.community_secret) or "public",
+                           v3_user=device.v3_user, auth_key=secret(device.v3_auth_secret),
+                           priv_key=secret(device.v3_priv_secret), auth_protocol=device.v3_auth_protocol,
+                           priv_protocol=device.v3_priv_protocol, context=device.v3_context)
+
+
+def _snmp_cdus(loaded: LoadedConfig, rack_power_w: Callable[[], float | None] | None) -> list[ScheduledSource]:
+    """Each SNMP CDU as two sources on the one device, like a Modbus CDU: its loop on the cdu schedule, its leak
+    inputs (when its profile has any) on the fast leak schedule. A leak poll is one GET without resends that may
+    take the whole leak poll's timeout (as a Modbus leak read may): the next poll, half a second later, is the
+    retry."""
+    cfg = loaded.config
+    s = cfg.sources
+    cdus = [d for d in cfg.inventory.cdus if d.protocol == "snmp"]
+    if not cdus:
+        return []
+    from exporters.cooling.coolant import CoolantProperties
+    from exporters.cooling.leak import LEAK_METRICS
+    from exporters.cooling.snmp_cdu import SnmpCduSource
+    from exporters.snmp.profile import load_profile
+
+    out: list[ScheduledSource] = []
+    for d in cdus:
+        profile = load_profile(d.profile)
+        creds = snmp_credentials(loaded, d)
+        bounds = dict(max_repetitions=d.max_repetitions, max_rows=d.max_walk_rows, max_requests=d.max_walk_requests,
+                      channels=d.channels)
+        if s.cdu.enabled:
+            coolant = CoolantProperties(d.coolant.density_kg_m3, d.coolant.heat_capacity_j_kgk, d.coolant.name)
+            out.append(ScheduledSource(SnmpCduSource(
+                "cdu", d.name, profile, (d.host, d.port), creds, timeout=d.request_timeout, retries=d.retries,
+                subset="cdu", coolant=coolant, rack_power_w=rack_power_w, **bounds), s.cdu))
+        if s.leak.enabled and any(m.metric in LEAK_METRICS for m in profile.metrics):
+            out.append(ScheduledSource(SnmpCduSource(
+                "leak", d.name, profile, (d.host, d.port), creds, timeout=s.leak.timeout, retries=0, subset="leak",
+                **bounds), s.leak))
+    return out
+
+
 def pdu_sources(loaded: LoadedConfig) -> list[ScheduledSource]:
     """The PDU sources of a config: what the agent polls, and what remediation switches outlets through
     (agent/remediation/wiring.py takes each source's control, so one client per PDU does both)."""
@@ -107,16 +184,10 @@ def pdu_sources(loaded: LoadedConfig) -> list[ScheduledSource]:
     if not (cfg.inventory.pdus and s.pdu.enabled):
         return []
     from exporters.power.pdu import PduSource
-    from exporters.power.snmp_client import SnmpCredentials
-
-    def secret(name: str | None) -> str | None:
-        return loaded.secret(name).get_secret_value() if name else None
 
     out: list[ScheduledSource] = []
     for p in cfg.inventory.pdus:
-        creds = SnmpCredentials(version=p.version, community=secret(p.community_secret) or "public",
-                                v3_user=p.v3_user, auth_key=secret(p.v3_auth_secret), priv_key=secret(p.v3_priv_secret),
-                                auth_protocol=p.v3_auth_protocol, priv_protocol=p.v3_priv_protocol, context=p.v3_context)
+        creds = snmp_credentials(loaded, p)
         out.append(ScheduledSource(PduSource(p.name, p.profile, (p.host, p.port), creds, timeout=p.request_timeout,
                                              retries=p.retries, max_repetitions=p.max_repetitions,
                                              outlet_feeds=p.outlets, max_rows=p.max_walk_rows,
@@ -201,6 +272,8 @@ def build_sources(loaded: LoadedConfig, rack_power_w: Callable[[], float | None]
     for builder in BUILDERS:
         sources.extend(builder(loaded))
     sources.extend(_modbus(loaded, rack_power_w))
+    sources.extend(_bacnet(loaded, rack_power_w))
+    sources.extend(_snmp_cdus(loaded, rack_power_w))
     return sources
 
 

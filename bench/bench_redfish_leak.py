@@ -100,14 +100,14 @@ class Journal:
 
 
 def _inject(rack, case: str, i: int) -> None:
-    if case == "modbus":
+    if not case.startswith("redfish"):  # a zone's leak rope (on a Modbus or BACnet CDU, or the leak controller)
         rack.inject("leak", zone="zone-a")
     else:
         rack.inject("tray-leak", node="node01", detector=str(i % 4))
 
 
 def _dry(rack, case: str) -> None:
-    if case == "modbus":
+    if not case.startswith("redfish"):
         rack.clear()
     else:
         with rack.sim.model.lock:  # the tray dries (only its detectors: `clear` would repower trays)

@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from exporters.power.pdu import PduSource  # noqa: E402
-from exporters.power.snmp_client import SnmpCredentials  # noqa: E402
-from exporters.power.snmp_profile import load_profile  # noqa: E402
+from exporters.snmp.client import SnmpCredentials  # noqa: E402
+from exporters.snmp.profile import load_profile  # noqa: E402
 from sim.ports import free_port  # noqa: E402
 
 SIM = r"""

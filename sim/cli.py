@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from agent.httpclient import request_json
+from sim.device_set import CDU_PROTOCOLS
 from sim.nvml_personality import PERSONALITIES
 
 PROG = "supernode-sim"
@@ -87,7 +88,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     setup_logging("info")
 
     async def main() -> None:
-        sim = Simulator(nodes=args.nodes, gpus=args.gpus, port=args.port, personality=args.personality)
+        sim = Simulator(nodes=args.nodes, gpus=args.gpus, port=args.port, personality=args.personality,
+                        cdu_protocol=args.cdu_protocol)
         url = await sim.start()
         print(f"sim: {url}", flush=True)
         stop = asyncio.Event()
@@ -103,9 +105,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from sim.demo import run_demo
+    from sim.device_set import check_cdu_protocol
 
+    try:
+        check_cdu_protocol(args.cdu_protocol)
+    except ValueError as exc:
+        print(f"{PROG} demo: --{exc}", file=sys.stderr)
+        return 2
     return run_demo(nodes=args.nodes, gpus=args.gpus, duration=args.duration, base_port=args.port,
-                    personality=args.personality)
+                    personality=args.personality, cdu_protocol=args.cdu_protocol)
+
+
+CDU_PROTOCOL_HELP = ("what the rack's CDU (cdu1) speaks: modbus (Modbus TCP), snmp, bacnet (BACnet/IP, COV push), or "
+                     "redfish (no cdu1: the Redfish CDU rfcdu1 alone); the same loop and faults (default %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--gpus", type=int, default=4)
     sr.add_argument("--port", type=int, default=0)
     sr.add_argument("--personality", choices=personalities, default="h100", help="GPU model of every node")
+    sr.add_argument("--cdu-protocol", choices=CDU_PROTOCOLS, default="modbus", help=CDU_PROTOCOL_HELP)
     si = sub.add_parser("inject", help=f"inject a fault: KIND [--node N] [--gpu I] [--param value ...]; "
                                        f"see `{PROG} faults`")
     si.add_argument("kind")
@@ -133,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="first agent port (default: free ports)")
     demo.add_argument("--personality", choices=personalities, default="gb200",
                       help="GPU model of every node (default %(default)s: the GB200 NVL72 class this agent is for)")
+    demo.add_argument("--cdu-protocol", choices=CDU_PROTOCOLS, default="modbus", help=CDU_PROTOCOL_HELP)
     return p
 
 

@@ -55,7 +55,11 @@ def agent_config(sim: Simulator, node: str, port: int, workdir: Path, mode: str 
         cfg["inventory"]["agent_urls"] = dict(agent_urls)
     from exporters.cooling.modbus_profile import load_profile
 
-    valves = {p.name for p in load_profile("reference-cdu").expanded() if p.name.startswith("zone_valve_")}
+    # The BACnet reference CDU names its valves as the Modbus one does (zone_valve_N): one valve map either way.
+    valve_cdu1 = any(c["name"] == "cdu1" and c.get("protocol", "modbus") in ("modbus", "bacnet")
+                     for c in cfg["inventory"].get("cdus", []))
+    valves = {p.name for p in load_profile("reference-cdu").expanded() if p.name.startswith("zone_valve_")
+              } if valve_cdu1 else set()  # an SNMP or Redfish-only rack has no writable zone valve on cdu1
     for i, zone in enumerate(cfg["inventory"].get("leak_zones", [])):
         if f"zone_valve_{i + 1}" in valves:  # the reference CDU isolates two zones; a larger rack's others have none
             zone["valve"] = f"cdu1:zone_valve_{i + 1}"
@@ -184,10 +188,11 @@ def _wait_ready(url: str, deadline: float) -> bool:
     return False
 
 
-async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, personality: str) -> int:
+async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, personality: str,
+                cdu_protocol: str = "modbus") -> int:
     workdir = Path(tempfile.mkdtemp(prefix="supernode-demo-"))
     _write_tokens(workdir)
-    sim = Simulator(nodes=nodes, gpus=gpus, workdir=workdir / "sim", personality=personality)
+    sim = Simulator(nodes=nodes, gpus=gpus, workdir=workdir / "sim", personality=personality, cdu_protocol=cdu_protocol)
     url = await sim.start()
     slurm = None
     from sim.slurm_cluster import SlurmCluster, simulator_reboot_command, slurm_available
@@ -244,6 +249,7 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
         for node, _, port in procs:
             print(f"status page: http://127.0.0.1:{port}/   ({node}; the admin token shows incidents)")
         print(f"sim: {url}")
+        print(f"cdu: the rack's cooling on {cdu_protocol}: {_cdu_line(sim)}")
         rf = sim.redfish()
         for node, bmc in rf.get("bmcs", {}).items():
             print(f"redfish-bmc: {bmc}/redfish/v1/   ({node}'s tray BMC)")
@@ -252,6 +258,12 @@ async def _demo(nodes: int, gpus: int, duration: float | None, base_port: int, p
                   f"{', '.join(map(str, sw['chips']))}, {sw['zone']})")
         for name, cdu in rf.get("cdus", {}).items():
             print(f"redfish-cdu: {cdu}/redfish/v1/   ({name})")
+        from sim.bacnet_cdu import SimBacnetCdu
+
+        for name, dev in sim.devices.items():
+            if isinstance(dev, SimBacnetCdu):  # probe it: supernode-agent probe bacnet --profile P --target H:P
+                host, port = dev.endpoint
+                print(f"bacnet-cdu: {host}:{port}   ({name}, BACnet/IP, profile {dev.profile.name})")
         if rf:
             print(f"redfish-login: user {rf['username']}, password file {rf['password_file']}, CA file {rf['ca_file']}")
         if etcd:
@@ -324,11 +336,27 @@ try this (another shell, `. .venv/bin/activate` first):
 Ctrl-C stops the simulator, Slurm and every agent."""
 
 
+def _cdu_line(sim: Simulator) -> str:
+    """Where the rack's CDU answers, by the protocol it speaks."""
+    dev = sim.devices.get("cdu1")
+    if dev is None:
+        return "rfcdu1 (Redfish CoolingUnit) alone"
+    from sim.snmp_cdu import SimSnmpCdu
+
+    host, port = dev.endpoint
+    if isinstance(dev, SimSnmpCdu):
+        return (f"cdu1 SNMP v2c udp://{host}:{port} community public, profile {dev.profile.profile} "
+                f"(supernode-agent probe snmp --profile {dev.profile.profile} --target {host}:{port}); it has no "
+                f"pumps and no writable valve: the leak and flow stories below apply, pump-fail and the valve close "
+                f"do not")
+    return f"cdu1 Modbus TCP {host}:{port}, profile {dev.profile.name}"
+
+
 def run_demo(nodes: int = 2, gpus: int = 4, duration: float | None = None, base_port: int = 0,
-             personality: str = "gb200") -> int:
+             personality: str = "gb200", cdu_protocol: str = "modbus") -> int:
     """The demo rack; GB200 by default, so NVLink5 series (BER) have data on the dashboards."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     from agent.logs import setup_logging
 
     setup_logging("warning")
-    return asyncio.run(_demo(nodes, gpus, duration, base_port, personality))
+    return asyncio.run(_demo(nodes, gpus, duration, base_port, personality, cdu_protocol))

@@ -11,13 +11,46 @@ if TYPE_CHECKING:
     from sim.server import Simulator
 
 
+# What the rack's CDU cdu1 may speak (`supernode-sim demo --cdu-protocol`): each a builder of the devices it adds
+# beside the Redfish CDU every simulated rack has (rfcdu1). redfish: no cdu1, the rack's cooling is rfcdu1 alone.
+CDU_PROTOCOLS = ("modbus", "redfish", "snmp", "bacnet")
+
+
+def _modbus_cdu(sim: "Simulator") -> list[SimDevice]:
+    from sim.modbus_devices import reference_cdu
+
+    return [reference_cdu(sim.model, "cdu1")]
+
+
+def _snmp_cdu(sim: "Simulator") -> list[SimDevice]:
+    from sim.snmp_cdu import SimSnmpCdu
+
+    return [SimSnmpCdu("cdu1", sim.model, "apc-inrow-rc")]
+
+
+def _bacnet_cdu(sim: "Simulator") -> list[SimDevice]:
+    from sim.bacnet_cdu import SimBacnetCdu
+
+    return [SimBacnetCdu("cdu1", sim.model)]  # the same loop and valves as the Modbus one, on BACnet/IP
+
+
+CDU_BUILDERS = {"modbus": _modbus_cdu, "redfish": lambda sim: [], "snmp": _snmp_cdu, "bacnet": _bacnet_cdu}
+
+
+def check_cdu_protocol(protocol: str) -> str:
+    """The protocol, if the simulator has a CDU that speaks it (ValueError naming the choices otherwise)."""
+    if protocol not in CDU_BUILDERS:
+        raise ValueError(f"cdu protocol {protocol!r}: expected one of {', '.join(CDU_PROTOCOLS)}")
+    return protocol
+
+
 def build_devices(sim: "Simulator") -> list[SimDevice]:
     from sim.links_tree import SimLinkTree
-    from sim.modbus_devices import liebert_dcd, reference_cdu, rle_leak_controller
+    from sim.modbus_devices import liebert_dcd, rle_leak_controller
 
     from sim.snmp_pdu import SimulatedRaritanPdu
 
-    devices: list[SimDevice] = [reference_cdu(sim.model, "cdu1"), liebert_dcd(sim.model, "rdhx1"),
+    devices: list[SimDevice] = [*CDU_BUILDERS[sim.cdu_protocol](sim), liebert_dcd(sim.model, "rdhx1"),
                                 rle_leak_controller(sim.model, "leak1"), SimulatedRaritanPdu(sim.model, "pdu-a")]
     for node in sim.model.nodes:
         devices.append(SimLinkTree(sim.model, node, base_dir=sim.workdir / "links"))
@@ -109,14 +142,28 @@ def demo_inventory(sim: "Simulator", node: str, cfg: dict[str, Any]) -> None:
 
     zones = sim.model.zone_nodes
     inv["leak_zones"] = [{"name": z, "nodes": list(nodes)} for z, nodes in sorted(zones.items())]
+    from sim.bacnet_cdu import SimBacnetCdu
+
     cdus, leaks = [], []
     for name, dev in sim.devices.items():
+        if isinstance(dev, SimBacnetCdu):
+            host, port = dev.endpoint
+            cdus.append({"name": name, "protocol": "bacnet", "profile": dev.profile.name, "host": host, "port": port,
+                         "channels": {ch: z for ch, z in dev.zones.items()}})
+            continue
         if not isinstance(dev, SimModbusDevice):
             continue
         host, port = dev.endpoint
         entry = {"name": name, "profile": dev.profile.name, "host": host, "port": port,
                  "channels": {ch: z for ch, z in dev.zones.items()}}
         (leaks if name.startswith("leak") else cdus).append(entry)
+    from sim.snmp_cdu import SimSnmpCdu
+
+    for name, dev in sim.devices.items():
+        if isinstance(dev, SimSnmpCdu):
+            host, port = dev.endpoint
+            cdus.append({"name": name, "protocol": "snmp", "profile": dev.profile.profile, "host": host, "port": port,
+                         "channels": dev.channel_zones(), "request_timeout": 0.3})
     inv["cdus"], inv["leak_controllers"] = cdus, leaks
     src["cdu"] = {"interval": 1.0, "timeout": 0.8}
     src["leak"] = {"interval": 0.5, "timeout": 0.4}

@@ -386,9 +386,10 @@ def _cdu(sim: "Simulator", p: dict[str, Any]) -> str:
     """The CDU named (default: the first): every simulated CDU shows the rack model's one secondary loop."""
     from sim.modbus_devices import SimModbusDevice
     from sim.redfish.cdu import RedfishCdu
+    from sim.snmp_cdu import SimSnmpCdu
 
-    cdus = sorted(n for n, d in sim.devices.items()
-                  if isinstance(d, RedfishCdu) or (isinstance(d, SimModbusDevice) and not n.startswith("leak")))
+    cdus = sorted(n for n, d in sim.devices.items() if isinstance(d, (RedfishCdu, SimSnmpCdu))
+                  or (isinstance(d, SimModbusDevice) and not n.startswith("leak")))
     name = p.get("cdu") or (cdus[0] if cdus else "")
     if cdus and name not in cdus:
         raise FaultError(f"cdu: {name!r} is not a simulated CDU ({', '.join(cdus)})")
@@ -466,9 +467,13 @@ def _sentinel(sim: "Simulator", p: dict[str, Any]) -> str:
     return f"{dev.name}.{p['point']} sentinel"
 
 
-@fault("cdu-offline", "The Modbus device stops answering (connections closed).", DEVICE)
+@fault("cdu-offline", "The Modbus device (connections closed) or the SNMP CDU stops answering.", DEVICE)
 def _offline(sim: "Simulator", p: dict[str, Any]) -> str:
-    dev = _modbus(sim, p)
+    from sim.snmp_cdu import SimSnmpCdu
+
+    dev = sim.devices.get(p.get("device") or "cdu1")
+    if not isinstance(dev, SimSnmpCdu):
+        dev = _modbus(sim, p)
     dev.set_offline(True)
     return f"{dev.name} offline"
 

@@ -36,7 +36,7 @@ class Simulator:
     def __init__(self, nodes: int = 2, gpus: int = 4, nvlinks: int = 18, tick: float = 0.1, port: int = 0,
                  rack: str = "r01", leak_zones: dict[str, list[str]] | None = None, devices: bool = True,
                  workdir: Path | None = None, advertise: bool = True, personality: str = "h100",
-                 redfish_session_timeout: float = 1800.0):
+                 redfish_session_timeout: float = 1800.0, cdu_protocol: str = "modbus"):
         if leak_zones is None:
             # One leak zone per node (a tray's cold-plate manifold): a leak endangers that node only.
             leak_zones = {f"zone-{chr(ord('a') + i)}": [f"node{i + 1:02d}"] for i in range(nodes)}
@@ -48,6 +48,9 @@ class Simulator:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="supernode-sim-"))
         self.advertise = advertise
         self.redfish_session_timeout = redfish_session_timeout  # idle seconds before a Redfish session expires
+        from sim.device_set import check_cdu_protocol
+
+        self.cdu_protocol = check_cdu_protocol(cdu_protocol)  # what the rack CDU cdu1 speaks (sim/device_set.py)
         self.devices: dict[str, SimDevice] = {}
         self.active_faults: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None

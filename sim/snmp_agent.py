@@ -156,3 +156,34 @@ def integer(v: int) -> rfc1902.Integer32:
 
 def text(v: str) -> rfc1902.OctetString:
     return rfc1902.OctetString(v)
+
+
+class SnmpSimDevice:
+    """What every simulated SNMP device shares: its agent bound on 127.0.0.1 (port 0: a free one), a first table
+    from the model at start, and going silent while offline. Subclasses set `agent` and implement `update`."""
+
+    agent: SnmpAgent
+    model: Any
+
+    def __init__(self, port: int = 0):
+        self._port = port
+        self._endpoint: tuple[str, int] = ("127.0.0.1", port)
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return self._endpoint
+
+    async def start(self) -> None:
+        self._endpoint = await self.agent.start("127.0.0.1", self._port)
+        with self.model.lock:
+            self.update(self.model)
+
+    async def stop(self) -> None:
+        self.agent.stop()
+
+    def update(self, model: Any) -> None:
+        raise NotImplementedError
+
+    def set_offline(self, on: bool) -> None:
+        """The device stops answering SNMP (network or management card down) while `on`."""
+        self.agent.offline = on

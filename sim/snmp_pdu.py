@@ -19,7 +19,7 @@ import math
 import threading
 
 from sim.rack import RackModel
-from sim.snmp_agent import Oid, OidTable, SetRefused, SnmpAgent, gauge, integer, text
+from sim.snmp_agent import Oid, OidTable, SetRefused, SnmpAgent, SnmpSimDevice, gauge, integer, text
 
 PDU2 = (1, 3, 6, 1, 4, 1, 13742, 6)
 INLET_VALUE = PDU2 + (5, 2, 3, 1, 4)
@@ -45,16 +45,15 @@ STATE_NORMAL, STATE_ON, STATE_OFF = 4, 7, 8
 WRAP = 1 << 32
 
 
-class SimulatedRaritanPdu:
+class SimulatedRaritanPdu(SnmpSimDevice):
     """A PX3-style PDU: 1 inlet, 3 poles, `outlets` outlets; see the module docstring."""
 
     def __init__(self, model: RackModel, name: str = "pdu-a", port: int = 0, community: str = "public",
                  nodes: list[str] | None = None, outlets_per_node: int = 2, outlets: int = 24,
                  voltage: float = 230.0, power_factor: float = 0.97, energy_start_wh: float = 0.0):
+        super().__init__(port)
         self.name = name
         self.model = model
-        self._port = port
-        self._endpoint: tuple[str, int] = ("127.0.0.1", port)
         self.nodes = list(nodes if nodes is not None else model.nodes)
         self.outlets_per_node = outlets_per_node
         self.outlet_count = max(outlets, len(self.nodes) * outlets_per_node)
@@ -67,19 +66,7 @@ class SimulatedRaritanPdu:
         self._last_time: float | None = None
         self.agent = SnmpAgent(community, self._on_set)
 
-    # -- plug-in contract ---------------------------------------------------------
-
-    @property
-    def endpoint(self) -> tuple[str, int]:
-        return self._endpoint
-
-    async def start(self) -> None:
-        self._endpoint = await self.agent.start("127.0.0.1", self._port)
-        with self.model.lock:
-            self.update(self.model)
-
-    async def stop(self) -> None:
-        self.agent.stop()
+    # -- plug-in contract (start, stop, endpoint: SnmpSimDevice) ------------------------
 
     def feeds(self) -> dict[str, str]:
         """Outlet id -> node, as the inventory's `pdus[].outlets` should say."""
@@ -187,10 +174,6 @@ class SimulatedRaritanPdu:
             self.update(self.model)
 
     # -- faults -----------------------------------------------------------------------
-
-    def set_offline(self, on: bool) -> None:
-        """The PDU stops answering (network or management card down) while `on`."""
-        self.agent.offline = on
 
     def counter_wrap(self, margin_wh: float = 5.0) -> None:
         """Jump the inlet and outlet energy counters to `margin_wh` below 2^32, so they wrap shortly."""

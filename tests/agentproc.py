@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -132,3 +133,18 @@ def running_agent(config: dict[str, Any], workdir: Path, env: dict[str, str] | N
         yield agent
     finally:
         agent.stop()
+
+
+def metric(agent: "AgentProcess", name: str, **labels: str) -> float | None:
+    """The value of the series `name` with exactly these labels on the agent's /metrics, or None."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    m = re.search(rf"^{name}\{{{re.escape(want)}\}} (\S+)$", agent.metrics(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def incidents(agent: "AgentProcess", token: str) -> dict[str, Any]:
+    """GET /api/v1/incidents with an admin token: open, recent, pending approvals."""
+    status, body = agent.get("/api/v1/incidents", token=token)
+    assert status == 200, body
+    return json.loads(body)
+

@@ -30,7 +30,7 @@ from pysnmp.proto import api
 from sim.snmp_agent import Oid, OidTable, SnmpAgent, gauge
 from sim.snmp_pdu import OUTLET_DIGITS, OUTLET_VALUE, POWER
 # The agent's own BER primitives, without encode_oid's bounds: this peer must be able to break them.
-from exporters.power.snmp_v2c import _subid, _tlv
+from exporters.snmp.v2c import _subid, _tlv
 
 P = api.PROTOCOL_MODULES[api.SNMP_VERSION_2C]
 MODES = ("huge_subid", "endless_column", "not_increasing", "oversize_integers", "bad_digits", "spoofed",

@@ -58,4 +58,7 @@ def pytest_collection_modifyitems(config, items):
         kept.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    # Longest modules first (tests/module_seconds.py: why), so the parallel workers finish together.
+    from tests.module_seconds import load, longest_first
+
+    items[:] = longest_first(kept, load())

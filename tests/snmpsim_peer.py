@@ -72,7 +72,7 @@ def run_snmpsim(workdir: Path, data_dirs: list[Path], probe_community: str) -> I
 
 
 def recordings() -> list[Path]:
-    """The recording folders, read in place (community = file stem: apc-8641, apc-7902b, raritan-pdu2, and the
-    crafted recordings of crafted/README.md)."""
+    """The recording folders, read in place (community = file stem: apc-8641, apc-7902b, raritan-pdu2,
+    vertiv-pdu_mn03edr1, vertiv-pdu_mg02e4w1, and the crafted recordings of crafted/README.md)."""
     return [recording("snmprec/apc-8641.snmprec").parent, recording("snmpwalk/raritan-pdu2.snmpwalk").parent,
-            recording("crafted/README.md").parent]
+            recording("librenms/vertiv-pdu_mn03edr1.snmprec").parent, recording("crafted/README.md").parent]

@@ -147,3 +147,9 @@ def test_the_cli_works_in_the_daemons_environment_without_docstrings(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import sys; print(sys.flags.optimize)"], capture_output=True,
                            text=True, env={**os.environ, **DAEMON_ENV})
     assert probe.stdout.strip() == "2"  # the variable really takes effect: the commands above ran at level 2
+
+
+def test_demo_cdu_protocol_is_a_choice_of_the_four_protocols_a_cdu_speaks():
+    out = sim_cli("demo", "--cdu-protocol", "profibus")
+    assert out.returncode == 2 and "invalid choice: 'profibus'" in out.stderr
+    assert all(p in out.stderr for p in ("modbus", "redfish", "snmp", "bacnet"))

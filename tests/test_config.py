@@ -189,6 +189,43 @@ def test_pdu_profile_auto_is_accepted_and_a_typo_still_is_not(tmp_path):
                                            tmp_path)
 
 
+SNMP_CDU = {"name": "cdu2", "protocol": "snmp", "profile": "apc-inrow-rc", "channels": {1: "z"}}
+
+
+@pytest.mark.parametrize("entry, path, expect", [
+    ({**SNMP_CDU, "unit": 3}, "inventory.cdus.0", "unit: a Modbus unit id; an SNMP CDU has none"),
+    ({"name": "cdu2", "profile": "reference-cdu", "community_secret": "c"}, "inventory.cdus.0",
+     "community_secret: SNMP only (this CDU's protocol is modbus)"),
+    ({**SNMP_CDU, "protocol": "bacnet-ish"}, "inventory.cdus.0.protocol", "'modbus', 'snmp' or 'bacnet'"),
+    ({**SNMP_CDU, "profile": "apc-rpdu2"}, "inventory.cdus.cdu2.profile", "is a pdu profile; this entry needs a cdu"),
+    ({**SNMP_CDU, "profile": "reference-cdu"}, "inventory.cdus.cdu2.profile", "no profile 'reference-cdu'"),
+    ({**SNMP_CDU, "community_secret": "missing"}, "inventory.cdus.cdu2.community_secret", "not in secrets"),
+    ({**SNMP_CDU, "request_timeout": 1.5, "retries": 1}, "inventory.cdus.cdu2", "exceeds sources.cdu.timeout"),
+    ({**SNMP_CDU, "version": "1"}, "inventory.cdus.0.version", "'2c' or '3'"),
+])
+def test_snmp_cdu_entry_is_checked_naming_the_field(tmp_path, entry, path, expect):
+    cfg = minimal(tmp_path, inventory={"leak_zones": [{"name": "z"}], "cdus": [entry]})
+    assert_named(cfg, lambda c: None, path, expect, tmp_path)
+
+
+def test_snmp_cdu_builds_its_loop_and_leak_sources_and_refuses_a_valve(tmp_path):
+    from agent.sources import build_sources
+
+    inv = {"leak_zones": [{"name": "z"}], "cdus": [{**SNMP_CDU, "host": "127.0.0.1", "version": "3",
+                                                     "v3_user": "u", "v3_auth_secret": "admin_token"}]}
+    loaded = parse_config(minimal(tmp_path, inventory=inv))
+    cdu = loaded.config.inventory.cdus[0]
+    assert (cdu.protocol, cdu.port) == ("snmp", 161)
+    built = {(s.source.name, s.source.device): s.source for s in build_sources(loaded) if s.source.name != "nvml"}
+    assert set(built) == {("cdu", "cdu2"), ("leak", "cdu2")}
+    assert built[("leak", "cdu2")].leak_sensors() == [("z", "inrow-leak")]
+    assert built[("cdu", "cdu2")].client.where == "127.0.0.1:161"
+    # an SNMP CDU has no writable points: a zone valve on it is refused at load
+    inv["leak_zones"][0]["valve"] = "cdu2:valve"
+    msg = error_of(minimal(tmp_path, inventory=inv), tmp_path)
+    assert "inventory.leak_zones.z.valve" in msg and "speaks snmp: it has no writable control points" in msg
+
+
 def test_check_config_warns_of_an_open_host_header_on_a_routable_listener(tmp_path):
     """DNS rebinding reaches a listener on a routable address that accepts any Host: check-config says so (the
     loopback and an allowed_hosts list are quiet); the default still loads, so Prometheus scrapes keep working."""

@@ -1,6 +1,6 @@
 """A shared fact is checked against what this agent's own source of that device can publish, before it is stored.
 
-Real sources (a Modbus leak controller and CDU, an SNMP PDU, a Redfish CDU, never polled here) declare their
+Real sources (a Modbus leak controller and CDU, an SNMP PDU and CDU, a Redfish CDU, never polled here) declare their
 families and the label values they decide; facts built from those are taken unchanged, and anything else
 (arbitrary JSON, a forged family, label or zone, another device's identity, a time in the future) is a
 RecordError naming why: never another exception, never a reading in the store.
@@ -25,9 +25,10 @@ from agent.coordination.records import RecordError
 from agent.snapshot import SnapshotStore
 from exporters.cooling import modbus_metrics as mm
 from exporters.cooling.modbus import ModbusSource
+from exporters.cooling.snmp_cdu import SnmpCduSource
 from exporters.model import Kind, MetricSpec, Quality, make_reading
 from exporters.power.pdu import PduSource
-from exporters.power.snmp_client import SnmpCredentials
+from exporters.snmp.client import SnmpCredentials
 from exporters.redfish.client import RedfishClient
 from exporters.redfish.source import RedfishSource
 
@@ -40,6 +41,10 @@ SOURCES = {
     "cdu/cdu1": ModbusSource("cdu", "cdu1", "reference-cdu", subset="cdu", channels={1: "zone-a", 2: "zone-b"}),
     "pdu/pdu-a": PduSource("pdu-a", "raritan-pdu2", ("127.0.0.1", 9), SnmpCredentials(version="2c", community="public"),
                            outlet_feeds={"1": "node01", "2": "node02"}),
+    "leak/cdu2": SnmpCduSource("leak", "cdu2", "apc-inrow-rc", ("127.0.0.1", 9), SnmpCredentials(community="public"),
+                               channels={1: "zone-b"}, subset="leak"),
+    "cdu/cdu2": SnmpCduSource("cdu", "cdu2", "apc-inrow-rc", ("127.0.0.1", 9), SnmpCredentials(community="public"),
+                              channels={1: "zone-b"}, subset="cdu"),
     "redfish/rfcdu1": RedfishSource("rfcdu1", RedfishClient("https://127.0.0.1:9"), kind="cdu", zone="zone-a",
                                     events="off"),
 }
@@ -120,6 +125,25 @@ def test_forged_families_labels_and_zones_are_rejected():
         for bad in rows:
             doc["r"] = [row, bad]
             assert _why(json.dumps(doc).encode()) == why, bad
+
+
+def test_an_snmp_cdus_facts_are_checked_like_a_modbus_cdus():
+    t = time.time()
+
+    def fact(job: str, spec, value: float, **labels: str) -> bytes:
+        source, device = job.split("/", 1)
+        return encode(Fact("node01", source, device, True, [make_reading(spec, value, labels, Quality.OK, t)], 0.01,
+                           at=t + 0.01))
+    wet = decode(parse(fact("leak/cdu2", mm.LEAK_DETECTED, 1.0, zone="zone-b", sensor="inrow-leak")),
+                 SCHEMAS["leak/cdu2"], "node01", time.time(), SKEW)
+    assert wet.readings[0].labels == {"zone": "zone-b", "sensor": "inrow-leak"}
+    # its wiring decides the zone, its profile the sensor; its loop is no family of its leak poll
+    assert _why(fact("leak/cdu2", mm.LEAK_DETECTED, 1.0, zone="zone-a", sensor="inrow-leak"),
+                schema=SCHEMAS["leak/cdu2"]) == "label_value"
+    assert _why(fact("leak/cdu2", mm.FLOW, 0.002, cdu="cdu2", loop="secondary"),
+                schema=SCHEMAS["leak/cdu2"]) == "unknown_family"
+    assert _why(fact("cdu/cdu2", mm.FLOW, 0.002, cdu="cdu1", loop="secondary"),
+                schema=SCHEMAS["cdu/cdu2"]) == "label_value"  # another CDU's name
 
 
 def test_the_receivers_own_specs_are_used_whatever_the_payload_declares():

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from tests.bad_snmp_agent import _tlv, int_tlv, oid_tlv, response
 from exporters.cooling import modbus_codec
-from exporters.power import snmp_v2c
+from exporters.snmp import v2c as snmp_v2c
 from exporters.links.dom import module_readings, parse_module
 from exporters.links.links import parse_uint
 from exporters.model import Quality
-from exporters.power.snmp_decode import CounterTracker, decode
-from exporters.power.snmp_profile import load_profile
+from exporters.snmp.decode import CounterTracker, decode
+from exporters.snmp.profile import load_profile
 
 SUBID = st.integers(0, snmp_v2c.MAX_SUBID)
 OIDS = st.tuples(st.integers(0, 1), st.integers(0, 39)).flatmap(

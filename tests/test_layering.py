@@ -143,7 +143,7 @@ def test_a_v2c_only_agent_never_loads_pysnmp():
     import sys
 
     code = ("import sys, agent.daemon, agent.sources, exporters.power.pdu; "
-            "from exporters.power.snmp_client import SnmpClient, SnmpCredentials; "
+            "from exporters.snmp.client import SnmpClient, SnmpCredentials; "
             "c = SnmpClient('127.0.0.1', 161, SnmpCredentials(community='public')); c.close(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pysnmp', 'pysmi', 'cryptography'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -11,7 +11,7 @@ from sim.rack import RackModel
 from sim.snmp_pdu import SimulatedRaritanPdu
 from exporters.model import SourceError
 from exporters.power.pdu import PduSource, rack_power_readings
-from exporters.power.snmp_client import SnmpCredentials
+from exporters.snmp.client import SnmpCredentials
 from tests.helpers import await_for
 
 

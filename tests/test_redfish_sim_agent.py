@@ -16,7 +16,7 @@ import pytest
 
 from exporters.redfish.events import FORCED_BURST
 from sim.demo import agent_config
-from tests.agentproc import running_agent
+from tests.agentproc import incidents, metric, running_agent
 from tests.helpers import free_port, wait_for
 from sim.harness import sim_rack
 from tests.slurm import running_cluster
@@ -43,9 +43,7 @@ def _config(rack, tmp_path, mode: str = "enforce", slurm_conf=None, **redfish) -
 
 
 def _metric(agent, name: str, **labels: str) -> float | None:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    m = re.search(rf"^{name}\{{{re.escape(want)}\}} (\S+)$", agent.metrics(), re.M)
-    return float(m.group(1)) if m else None
+    return metric(agent, name, **labels)
 
 
 def _value(agent, name: str, **labels: str) -> float:
@@ -57,9 +55,7 @@ def _value(agent, name: str, **labels: str) -> float:
 
 
 def _incidents(agent) -> dict:
-    status, body = agent.get("/api/v1/incidents", token=TOKEN)
-    assert status == 200, body
-    return json.loads(body)
+    return incidents(agent, TOKEN)
 
 
 def _open(agent, detector: str) -> list[dict]:

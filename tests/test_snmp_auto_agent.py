@@ -9,7 +9,8 @@ from tests.agentproc import base_config, running_agent
 
 def test_agent_picks_each_pdu_profile_from_sysobjectid(tmp_path):
     secrets = {}
-    for community in ("apc-8641", "vertiv-geist-v5", "servertech-sentry4", "entity-sensor"):
+    for community in ("apc-8641", "apc-7902b", "vertiv-geist-v5", "vertiv-pdu_mn03edr1", "servertech-sentry4",
+                      "entity-sensor"):
         (tmp_path / community).write_text(community + "\n")
         secrets[community] = {"file": str(tmp_path / community)}
     for port in run_snmpsim(tmp_path, recordings(), "apc-8641"):
@@ -22,7 +23,8 @@ def test_agent_picks_each_pdu_profile_from_sysobjectid(tmp_path):
         with running_agent(cfg, tmp_path) as agent:
             def decoded() -> str | None:
                 t = agent.metrics()
-                done = ('pdu="vertiv-geist-v5"' in t and 'pdu="apc-8641"' in t and 'pdu="servertech-sentry4"' in t
+                info = [line for line in t.splitlines() if line.startswith("supernode_pdu_info{")]
+                done = (all(any(f'pdu="{n}"' in line for line in info) for n in secrets if n != "entity-sensor")
                         and 'kind="decode",source="pdu"' in t)
                 return t if done else None
             text = wait_for(decoded, timeout=60, what="three PDUs decoded and the unknown one refused")
@@ -31,6 +33,11 @@ def test_agent_picks_each_pdu_profile_from_sysobjectid(tmp_path):
             assert 'supernode_pdu_phase_voltage_volts{inlet="1",pdu="vertiv-geist-v5",phase="1"} 206.8' in text
             # the breaker circuits of the chosen profile reach the daemon's exposition (VERTIV-V5-MIB centiamps)
             assert 'supernode_pdu_breaker_current_amperes{breaker="4",pdu="vertiv-geist-v5"} 2.56' in text
+            # the real walks' last tables: a Vertiv/Geist unit's inlet lines (pduLineCurrent, centiamps), an AP7902B's
+            # legacy rPDUIdent apparent power, power factor and configured line-to-line voltage
+            assert 'supernode_pdu_breaker_current_amperes{breaker="line2",pdu="vertiv-pdu_mn03edr1"} 12.34' in text
+            assert 'supernode_pdu_inlet_apparent_power_volt_amperes{inlet="1",pdu="apc-7902b"} 192.0' in text
+            assert 'supernode_pdu_inlet_nominal_voltage_volts{inlet="1",pdu="apc-7902b"} 120.0' in text
             assert 'profile="servertech-sentry4"' in text   # Sentry4-MIB lines: hundredth A, limits tenth A
             assert 'supernode_pdu_breaker_current_amperes{breaker="1.1.line1",pdu="servertech-sentry4"} 10.5' in text
             assert ('supernode_pdu_breaker_current_limit_amperes{breaker="1.1.line1",pdu="servertech-sentry4",'

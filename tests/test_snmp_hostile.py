@@ -21,11 +21,11 @@ import pytest
 from sim.rack import RackModel
 from sim.snmp_pdu import SimulatedRaritanPdu
 from tests.bad_snmp_agent import BadSnmpAgent
-from exporters.power import snmp_v2c
+from exporters.snmp import v2c as snmp_v2c
 from exporters.model import Quality, SourceError
 from exporters.power.pdu import PduSource
 from exporters.power.pdu_metrics import OUTLET_POWER
-from exporters.power.snmp_client import SnmpCredentials
+from exporters.snmp.client import SnmpCredentials
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,10 +9,10 @@ import yaml
 
 from exporters.model import Quality, SourceError
 from exporters.power.snmp_autodetect import choose
-from exporters.power.snmp_decode import CounterTracker, decode
-from exporters.power.snmp_profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
+from exporters.snmp.decode import CounterTracker, decode
+from exporters.snmp.profile import PROFILE_DIR, ProfileError, available_profiles, load_profile, parse_profile
 
-SHIPPED = {"raritan-pdu2", "apc-rpdu2", "servertech-sentry4", "vertiv-geist-v5", "entity-sensor"}
+SHIPPED = {"raritan-pdu2", "apc-rpdu2", "servertech-sentry4", "vertiv-geist-v5", "entity-sensor", "apc-inrow-rc"}
 
 
 def test_shipped_profiles_load_and_note_sources():
@@ -44,6 +44,56 @@ def test_bad_profile_is_refused_naming_the_field(mutate, needle):
     with pytest.raises(ProfileError) as err:
         parse_profile(data, "raritan-pdu2.yaml")
     assert needle in str(err.value) and "raritan-pdu2.yaml" in str(err.value)
+
+
+def _inrow() -> dict:
+    return yaml.safe_load((PROFILE_DIR / "apc-inrow-rc.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d["metrics"][5].pop("channel"), "channel: required for a family labelled by zone"),
+    (lambda d: d["metrics"][0].update(channel="1"), "channel: only for a family labelled by zone"),
+    (lambda d: d["metrics"][0].update(metric="supernode_pdu_inlet_power_watts"), "unknown metric"),
+    (lambda d: d["metrics"][0].update(metric="supernode_cdu_heat_removed_watts"), "unknown metric"),  # derived
+    (lambda d: d["metrics"][0].update(labels={"loop": "secondary", "cdu": "x"}), "labels: need exactly ['loop']"),
+    (lambda d: d["tables"]["unit"].update(index=["row"]), "a scalar table has no index"),
+    (lambda d: d["metrics"][0].update(range=[10, 0]), "range: low 10.0 is above high 0.0"),
+    (lambda d: d.update(outlet_control={"table": "unit", "state_column": "leak", "command_oid": "1.3.6.1.1",
+                                        "index": "{outlet}", "power_on": {"command": 1, "state": 1},
+                                        "power_off": {"command": 2, "state": 2}}), "only a PDU switches outlets"),
+])
+def test_bad_cdu_profile_is_refused_naming_the_field(mutate, needle):
+    data = copy.deepcopy(_inrow())
+    mutate(data)
+    with pytest.raises(ProfileError) as err:
+        parse_profile(data, "apc-inrow-rc.yaml")
+    assert needle in str(err.value)
+
+
+def test_cdu_profiles_are_listed_apart_and_auto_never_picks_one():
+    assert available_profiles(kind="cdu") == ["apc-inrow-rc"]
+    assert "apc-inrow-rc" not in available_profiles(kind="pdu")
+    with pytest.raises(SourceError):  # an APC InRow RC's sysObjectID (networkAir) is no PDU
+        choose("1.3.6.1.4.1.318.1.3.14.15", "APC Web/SNMP Management Card (MN:ACRC600)")
+
+
+def test_cdu_decode_rules_fault_value_range_and_missing_object():
+    profile = load_profile("apc-inrow-rc")
+    unit = {c: o.oid for c, o in profile.tables["unit"].columns.items()}
+    columns = {unit["flow"]: {(): None}, unit["entering"]: {(): 180}, unit["leaving"]: {(): 1001},
+               unit["valve"]: {(): -1}, unit["rack_inlet"]: {(): "22.1"}, unit["leak"]: {(): 2}}
+    out = {(r.name, r.labels.get("point", r.labels.get("zone", ""))): r
+           for r in decode(profile, columns, "cdu1", CounterTracker(), zone_of={"1": "zone-a"}.get)}
+    assert out[("supernode_cdu_flow_cubic_meters_per_second", "")].quality is Quality.UNSUPPORTED  # noSuchObject
+    assert out[("supernode_cdu_temperature_celsius", "supply")].value == pytest.approx(18.0)
+    assert out[("supernode_cdu_temperature_celsius", "return")].quality is Quality.SENSOR_FAULT   # above 1000
+    assert out[("supernode_cdu_valve_position_ratio", "")].quality is Quality.SENSOR_FAULT        # below 0
+    assert out[("supernode_cdu_ambient_temperature_celsius", "")].quality is Quality.SENSOR_FAULT  # not a number
+    leak = out[("supernode_leak_detected", "zone-a")]
+    assert (leak.value, leak.quality, leak.labels) == (1.0, Quality.OK, {"zone": "zone-a", "sensor": "inrow-leak"})
+    # a channel the inventory leaves out is not wired: no reading at all
+    assert not [r for r in decode(profile, columns, "cdu1", CounterTracker(), zone_of={"2": "zone-b"}.get)
+                if r.name == "supernode_leak_detected"]
 
 
 def test_profile_name_must_match_file(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 
 from exporters.model import SourceError
 from exporters.power.pdu import PduSource, probe_snmp
-from exporters.power.snmp_client import SnmpCredentials
+from exporters.snmp.client import SnmpCredentials
+from exporters.snmp.decode import CounterTracker, decode
 from tests.helpers import REPO
 from tests.snmpsim_peer import V3_AUTH, V3_PRIV, V3_USER, recordings, run_snmpsim
 
@@ -340,3 +341,101 @@ def test_pdu2_overcurrent_protectors_are_breakers(snmpsim, community):
     assert v[(lim, (("breaker", "2"), ("threshold", "upper_warning")))] == pytest.approx(10.4)
     # the protectors share the inlet's load: 4.212 + 3.255 A = the inlet's 7.467 A
     assert v[("supernode_pdu_inlet_current_amperes", (("inlet", "1"),))] == pytest.approx(4.212 + 3.255)
+
+
+def test_legacy_apc_identity_fills_what_rpdu2_does_not_support(snmpsim):
+    # the real AP7902B answers -1 (not supported) for rPDU2 apparent power and power factor; PowerNet-MIB's legacy
+    # rPDUIdent has them: rPDUIdentDevicePowerVA 192 VA, rPDUIdentDevicePowerFactor 1000 thousandths; its
+    # rPDUIdentDeviceLinetoLineVoltage 120 V is the voltage it is configured with (AP7xxx measure current only)
+    text = asyncio.run(probe_snmp("auto", "127.0.0.1", snmpsim, community="apc-7902b"))
+    assert 'supernode_pdu_inlet_apparent_power_volt_amperes{inlet="1",pdu="probe"} 192.0' in text
+    assert 'supernode_pdu_inlet_power_factor_ratio{inlet="1",pdu="probe"} 1.0' in text
+    assert 'supernode_pdu_inlet_nominal_voltage_volts{inlet="1",pdu="probe"} 120.0' in text
+    assert "supernode_pdu_inlet_voltage_volts" not in text  # a setting is never a measured voltage
+    # the AP8641 measures its power factor (rPDU2 94 hundredths; the legacy 940 thousandths agrees, one series) and
+    # is no AP7xxx: its line-to-line voltage answers -1, no series
+    result, _ = poll(snmpsim, "apc-rpdu2", SnmpCredentials(community="apc-8641"))
+    pf = [r for r in result.readings if r.name == "supernode_pdu_inlet_power_factor_ratio"]
+    assert [(r.value, r.quality.value) for r in pf] == [(pytest.approx(0.94), "ok")]
+    assert [r.quality.value for r in result.readings if r.name == "supernode_pdu_inlet_nominal_voltage_volts"] == \
+        ["unsupported"]
+
+
+def test_vertiv_real_walks_decode_inlet_lines_and_totals_through_auto(snmpsim):
+    # librenms/vertiv-pdu_mn03edr1.snmprec: a delta unit, pduLineCurrent Line A/B/C 1226/1234/1231 centiamps beside
+    # its line-to-line phases AB/BC/CA (712/711/708 centiamps)
+    text = asyncio.run(probe_snmp("auto", "127.0.0.1", snmpsim, community="vertiv-pdu_mn03edr1"))
+    assert text.startswith("# profile auto chose vertiv-geist-v5: Vertiv/Geist V5 rPDU, IMD3")
+    for line, amps in (("1", "12.26"), ("2", "12.34"), ("3", "12.31")):
+        assert f'supernode_pdu_breaker_current_amperes{{breaker="line{line}",pdu="probe"}} {amps}' in text
+    assert 'supernode_pdu_phase_current_amperes{inlet="1",pdu="probe",phase="1"} 7.12' in text
+    assert "supernode_pdu_inlet_power_watts" not in text  # the real unit answers no pduMainTable
+    # librenms/vertiv-pdu_mg02e4w1.snmprec: a wye unit with a pduTotal row; its lines read 0 centiamps
+    text = asyncio.run(probe_snmp("auto", "127.0.0.1", snmpsim, community="vertiv-pdu_mg02e4w1"))
+    assert text.startswith("# profile auto chose vertiv-geist-v5: Vertiv/Geist V5 rPDU, GU1")
+    assert 'supernode_pdu_inlet_power_watts{inlet="1",pdu="probe"} 1017.0' in text
+    assert 'supernode_pdu_inlet_apparent_power_volt_amperes{inlet="1",pdu="probe"} 1067.0' in text
+    assert 'supernode_pdu_inlet_power_factor_ratio{inlet="1",pdu="probe"} 0.95' in text
+    assert 'supernode_pdu_breaker_current_amperes{breaker="line2",pdu="probe"} 0.0' in text
+    assert 'supernode_pdu_phase_voltage_volts{inlet="1",pdu="probe",phase="3"} 236.5' in text
+
+
+# Every sensor value of the MIBs' status tables that the catalogue has a family for (power, apparent power, power
+# factor, energy, current, voltage, outlet state): column -> (MIB object, position of the sensor type in the row
+# index or None, the sensor types a family exists for). Settings and thresholds are not sensor values; neither are
+# columns no family describes (a phase's apparent power or power factor, peaks, Raritan frequency).
+PDU2, APC, VERTIV = "1.3.6.1.4.1.13742.6", "1.3.6.1.4.1.318.1.1", "1.3.6.1.4.1.21239.5.2.3"
+SENSOR_COLUMNS: dict[str, tuple[str, int | None, frozenset[int]]] = {
+    f"{APC}.26.4.3.1.{c}": (n, None, frozenset()) for c, n in (
+        (5, "rPDU2DeviceStatusPower"), (9, "rPDU2DeviceStatusEnergy"), (16, "rPDU2DeviceStatusApparentPower"),
+        (17, "rPDU2DeviceStatusPowerFactor"))} | {
+    f"{APC}.26.6.3.1.{c}": (n, None, frozenset()) for c, n in (
+        (5, "rPDU2PhaseStatusCurrent"), (6, "rPDU2PhaseStatusVoltage"), (7, "rPDU2PhaseStatusPower"))} | {
+    f"{APC}.26.8.3.1.5": ("rPDU2BankStatusCurrent", None, frozenset()),
+    f"{APC}.26.9.2.3.1.5": ("rPDU2OutletSwitchedStatusState", None, frozenset())} | {
+    f"{APC}.26.9.4.3.1.{c}": (n, None, frozenset()) for c, n in (
+        (6, "rPDU2OutletMeteredStatusCurrent"), (7, "rPDU2OutletMeteredStatusPower"),
+        (11, "rPDU2OutletMeteredStatusEnergy"))} | {
+    f"{APC}.12.1.{c}": (n, None, frozenset()) for c, n in (
+        (16, "rPDUIdentDevicePowerWatts"), (17, "rPDUIdentDevicePowerFactor"), (18, "rPDUIdentDevicePowerVA"))} | {
+    f"{APC}.12.2.3.1.1.2": ("rPDULoadStatusLoad", None, frozenset()),
+    f"{APC}.12.3.5.1.1.4": ("rPDUOutletStatusOutletState", None, frozenset()),
+    # PDU2-MIB: one value column per table, the row's sensor type last in its index
+    f"{PDU2}.5.2.3.1.4": ("measurementsInletSensorValue", 2, frozenset({1, 4, 5, 6, 7, 8})),
+    f"{PDU2}.5.2.4.1.4": ("measurementsInletPoleSensorValue", 3, frozenset({1, 4, 5})),
+    f"{PDU2}.5.4.3.1.4": ("measurementsOutletSensorValue", 2, frozenset({1, 4, 5, 8})),
+    f"{PDU2}.5.4.3.1.3": ("measurementsOutletSensorState (onOff)", 2, frozenset({14})),
+    f"{PDU2}.5.3.3.1.4": ("measurementsOverCurrentProtectorSensorValue", 2, frozenset({1})),
+    # VERTIV-V5-MIB (and VERTIV-IMD-MIB, the same columns)
+} | {f"{VERTIV}.{col}": (n, None, frozenset()) for col, n in (
+    ("1.1.9", "pduTotalRealPower"), ("1.1.10", "pduTotalApparentPower"), ("1.1.11", "pduTotalPowerFactor"),
+    ("2.1.4", "pduPhaseVoltage"), ("2.1.8", "pduPhaseCurrent"), ("2.1.12", "pduPhaseRealPower"),
+    ("3.1.4", "pduBreakerCurrent"), ("4.1.4", "pduLineCurrent"), ("6.1.4", "pduOutletMeterVoltage"),
+    ("6.1.8", "pduOutletMeterCurrent"), ("6.1.12", "pduOutletMeterRealPower"))}
+# Real recordings (not crafted), by community, with the profile that reads them: auto wherever the recording has a
+# sysObjectID (the Raritan walk has no system group), and how many sensor values each holds.
+REAL = {"apc-8641": ("auto", 135), "apc-7902b": ("auto", 47), "raritan-pdu2": ("raritan-pdu2", 66),
+        "vertiv-pdu_mn03edr1": ("auto", 18), "vertiv-pdu_mg02e4w1": ("auto", 21)}
+
+
+def test_auto_decodes_every_sensor_value_of_the_real_recordings(snmpsim):
+    """Each real recording's sensor values (SENSOR_COLUMNS, walked from snmpsim) against the values the chosen
+    profile decoded a reading from (ok, or unsupported where the MIB's own 'not supported' value says so; a legacy
+    APC value superseded by the same series from rPDU2 counts as decoded)."""
+    async def count(community: str, profile: str) -> tuple[int, set]:
+        s = PduSource("pdu-a", profile, ("127.0.0.1", snmpsim), SnmpCredentials(community=community), timeout=1.0)
+        try:
+            await s.poll()  # with auto: the device says what it is first
+            walked = await s.client.walk_columns(list(SENSOR_COLUMNS))
+            values = {(c, i) for c, rows in walked.items() for i in rows
+                      if SENSOR_COLUMNS[c][1] is None or i[SENSOR_COLUMNS[c][1]] in SENSOR_COLUMNS[c][2]}
+            columns, _ = await s.reader.read()
+            trace: set = set()
+            decode(s.profile, columns, "pdu-a", CounterTracker(), trace=trace)
+            return len(values), {(SENSOR_COLUMNS[c][0], i) for c, i in values - trace}
+        finally:
+            await s.close()
+    got = {community: asyncio.run(count(community, profile)) for community, (profile, _) in REAL.items()}
+    assert {c: n for c, (n, _) in got.items()} == {c: n for c, (_, n) in REAL.items()}
+    assert {c: sorted(missed) for c, (_, missed) in got.items() if missed} == {}
+    assert sum(n for _, n in REAL.values()) == 287

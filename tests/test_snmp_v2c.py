@@ -10,10 +10,10 @@ from pyasn1.codec.ber import decoder, encoder
 from pysnmp.proto import api, rfc1902, rfc1905
 
 from sim.snmp_agent import OidTable, SnmpAgent, gauge, integer, text
-from exporters.power import snmp_v2c
+from exporters.snmp import v2c as snmp_v2c
 from exporters.model import SourceError
-from exporters.power.snmp_client import MAX_CURSORS, SnmpClient, SnmpCredentials
-from exporters.power.snmp_v3 import to_python
+from exporters.snmp.client import MAX_CURSORS, SnmpClient, SnmpCredentials
+from exporters.snmp.v3 import to_python
 
 P = api.PROTOCOL_MODULES[api.SNMP_VERSION_2C]
 COL_A = (1, 3, 6, 1, 4, 1, 99999, 1, 1, 4)
@@ -65,7 +65,10 @@ class Agent(SnmpAgent):
 
 
 @contextlib.asynccontextmanager
-async def rig(agent: Agent | None = None, items: dict | None = None, timeout: float = 0.5, retries: int = 0):
+async def rig(agent: Agent | None = None, items: dict | None = None, timeout: float = 5.0, retries: int = 0):
+    """An in-process agent and a client of it. The client's default bound is long: the agent encodes its answers with
+    pysnmp on the test's own event loop, and a 31-segment GETBULK answer took more than 0.5 s on a loaded 2-core
+    host (a walk test then failed as a timeout); the tests of timeouts pass their own short bound."""
     agent = agent or Agent()
     agent.table = OidTable(items if items is not None else table())
     host, port = await agent.start("127.0.0.1", 0)

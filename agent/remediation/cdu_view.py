@@ -1,6 +1,7 @@
 """One view of every CDU's loop, whichever protocol serves it: what the coolant detectors read.
 
-Why a mapping layer and not a second set of series: a Modbus CDU publishes
+An SNMP CDU (exporters/cooling/snmp_cdu.py) needs no translation: its profile maps its MIB onto the Modbus CDU's
+own families. Why a mapping layer and not a second set of series for Redfish: a Modbus CDU publishes
 `supernode_cdu_*{cdu, loop, point}`; a Redfish CDU publishes what its
 resources are (`supernode_coolant_connector_*{bmc, equipment, connector,
 loop}`, `supernode_coolant_pump_speed_ratio{bmc, equipment, pump}`, each

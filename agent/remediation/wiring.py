@@ -111,10 +111,17 @@ def build_executors(loaded: "LoadedConfig", rack: Any = None) -> Executors:
         ex.link_read = link_read
     cdus = {d.name: d for d in cfg.inventory.cdus}
     if cdus:
-        from exporters.cooling.modbus_control import read_control_point, write_control_point
+        from exporters.cooling import modbus_control
 
-        ex.cdu_write = lambda cdu, point, value: write_control_point(cdus[cdu], point, float(value))
-        ex.cdu_read = lambda cdu, point: read_control_point(cdus[cdu], point)
+        def control(cdu: str) -> Any:  # the CDU's protocol's control points (Modbus registers, BACnet objects)
+            if cdus[cdu].protocol == "bacnet":
+                from exporters.cooling.bacnet import control as bacnet_control
+
+                return bacnet_control
+            return modbus_control
+
+        ex.cdu_write = lambda cdu, point, value: control(cdu).write_control_point(cdus[cdu], point, float(value))
+        ex.cdu_read = lambda cdu, point: control(cdu).read_control_point(cdus[cdu], point)
         if rack is not None and rack.shared:
             plain_write = ex.cdu_write
 

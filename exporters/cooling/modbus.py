@@ -18,6 +18,7 @@ from typing import Callable, Literal, Mapping
 
 from exporters.cooling import coolant as cool
 from exporters.cooling.coolant_readings import derived_readings
+from exporters.cooling.leak import LEAK_METRICS, apply_leak_faults
 from exporters.cooling import modbus_metrics as mm
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError, make_reading
 from exporters.cooling.modbus_client import Gateway, GatewayStats, ModbusExceptionReply, gateway_for, release_gateway
@@ -25,7 +26,6 @@ from exporters.cooling.modbus_codec import decode
 from exporters.cooling.modbus_profile import Block, Point, Profile, ProfileError, load_profile, plan_blocks
 
 Subset = Literal["all", "leak", "cdu"]
-LEAK_METRICS = {mm.LEAK_DETECTED.name, mm.LEAK_FAULT.name, mm.LEAK_LOCATION.name}
 
 
 def _feeds_leak(p: Point) -> bool:
@@ -104,7 +104,7 @@ class ModbusSource:
                 plan.read(values, now, readings)
         if failed == len(self.blocks) and last_exc is not None:
             raise SourceError("protocol", f"{self.device}: every request refused; last: {last_exc}")
-        readings = _apply_leak_faults(readings)
+        readings = apply_leak_faults(readings)
         if self.profile.kind == "cdu" and self.subset != "leak":
             readings.append(Reading(mm.CDU_INFO, 1.0, {"cdu": self.device, "vendor": self.profile.vendor,
                                                         "model": self.profile.model,
@@ -177,15 +177,7 @@ class ModbusSource:
         return self._gateway
 
     def _labels(self, metric: str, point: Point, extra: Mapping[str, str]) -> dict[str, str]:
-        spec = mm.ALL[metric]
-        labels = {**point.labels, **extra}
-        if "cdu" in spec.labels:
-            labels["cdu"] = self.device
-        if "zone" in spec.labels:
-            labels["zone"] = self.zone(point.channel)
-        if "device" in spec.labels:
-            labels["device"] = self.device
-        return labels
+        return mm.auto_labels(mm.ALL[metric], {**point.labels, **extra}, self.device, self.zone(point.channel))
 
     def leak_sensors(self) -> list[tuple[str, str]]:
         """(zone, sensor) of every wired leak input this source polls, known without asking the device.
@@ -278,17 +270,3 @@ class _PointPlan:
             fault = True
         value = p.to_base(device_value) if not math.isnan(device_value) else device_value
         out.append(make_reading(self.spec, value, self.labels, Quality.SENSOR_FAULT if fault else Quality.OK, now))
-
-
-def _apply_leak_faults(readings: list[Reading]) -> list[Reading]:
-    """A leak input with an active cable-break/contamination/comm-loss fault cannot report a leak."""
-    faulty = {(r.label("zone"), r.label("sensor")) for r in readings
-              if r.spec is mm.LEAK_FAULT and (r.value >= 1 or not r.ok)}
-    if not faulty:
-        return readings
-    out = []
-    for r in readings:
-        if r.spec is mm.LEAK_DETECTED and r.ok and (r.label("zone"), r.label("sensor")) in faulty:
-            r = Reading(r.spec, r.value, r.labels, Quality.SENSOR_FAULT, r.timestamp)
-        out.append(r)
-    return out

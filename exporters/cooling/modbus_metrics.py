@@ -7,6 +7,8 @@ fails at load, not as a missing series on a dashboard.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from exporters.model import MetricSpec, counter, gauge, info
 
 CDU_INFO = info("supernode_cdu_info", "Static facts of a coolant distribution unit (value 1).",
@@ -75,3 +77,16 @@ DERIVED: tuple[MetricSpec, ...] = (HEAT_REMOVED, DEW_POINT, DEW_MARGIN, APPROACH
 
 # Labels the collector fills itself; a profile must not set them.
 AUTO_LABELS = {"cdu", "zone", "device"}
+
+
+def auto_labels(spec: MetricSpec, labels: Mapping[str, str], device: str, zone: str) -> dict[str, str]:
+    """A profile point's labels with the ones the collector fills (AUTO_LABELS) that `spec` has: the CDU or device
+    is the inventory name, the zone the inventory's for the point's channel. Every cooling protocol's collector."""
+    out = dict(labels)
+    if "cdu" in spec.labels:
+        out["cdu"] = device
+    if "zone" in spec.labels:
+        out["zone"] = zone
+    if "device" in spec.labels:
+        out["device"] = device
+    return out

@@ -19,8 +19,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporters.cooling import modbus_metrics
+from exporters import profile_files
 from exporters.errors import ProfileError
-from exporters.safe_yaml import InputError, load_yaml_file
+from exporters.profile_files import load_named, point_names
 from exporters.units import from_base, known_unit, to_base
 from exporters.validation import validate_document
 from exporters.cooling.modbus_codec import WIDTH
@@ -150,13 +151,18 @@ class DeviceSettings(_Strict):
     gap_ms: float = Field(default=0.0, ge=0, le=5000, description="Idle time between requests (RTU gateways).")
 
 
-class Profile(_Strict):
+class CoolingDevice(_Strict):
+    """What every cooling profile says of its device, whatever the protocol (the Modbus and BACnet formats)."""
+
     name: str = Field(min_length=1)
     kind: Literal["cdu", "leak"]
     vendor: str
     model: str
     description: str = ""
-    sources: list[str] = Field(min_length=1, description="Where the facts came from (manual, page, commit).")
+    sources: list[str] = Field(min_length=1, description="Where the facts came from (manual, page, table, commit).")
+
+
+class Profile(CoolingDevice):
     device: DeviceSettings = DeviceSettings()
     points: list[Point] = Field(min_length=1)
 
@@ -168,7 +174,7 @@ class Profile(_Strict):
                 raise ValueError(f"points.{p.name}: name appears twice")
             seen.add(p.name)
             for metric, labels, where in _feeds(p):
-                _check_metric(metric, labels, f"points.{where}")
+                check_metric(metric, labels, f"points.{where}")
         return self
 
     def expanded(self) -> list[Point]:
@@ -199,6 +205,10 @@ class Profile(_Strict):
                 return p
         raise ProfileError(f"profile {self.name}: no point named {name!r}")
 
+    def feeds(self) -> list[tuple[str, dict[str, str]]]:
+        """(family, labels) of every reading the profile publishes, bits included: what the detectors can read."""
+        return [(metric, labels) for p in self.expanded() for metric, labels, _ in _feeds(p)]
+
 
 def _feeds(p: Point) -> list[tuple[str, dict[str, str], str]]:
     out = []
@@ -209,7 +219,9 @@ def _feeds(p: Point) -> list[tuple[str, dict[str, str], str]]:
     return out
 
 
-def _check_metric(metric: str, labels: dict[str, str], where: str) -> None:
+def check_metric(metric: str, labels: dict[str, str], where: str) -> None:
+    """A cooling family the collector knows, with exactly the labels a profile must give it (every cooling profile
+    format, Modbus or BACnet, feeds the same families)."""
     spec = modbus_metrics.ALL.get(metric)
     if spec is None:
         raise ValueError(f"{where}: unknown metric {metric!r}")
@@ -222,35 +234,17 @@ def _check_metric(metric: str, labels: dict[str, str], where: str) -> None:
 
 
 def parse_profile(data: Any, source: str) -> Profile:
-    def point_names(loc: list[Any]) -> list[Any]:
-        """A point's name in the error path instead of its index (data is a mapping once this runs)."""
-        if len(loc) >= 2 and loc[0] == "points" and isinstance(loc[1], int):
-            pts = data.get("points") or []
-            if loc[1] < len(pts) and isinstance(pts[loc[1]], dict) and "name" in pts[loc[1]]:
-                loc[1] = pts[loc[1]]["name"]
-        return loc
-
-    return validate_document(Profile, data, source, "Modbus profile", ProfileError, point_names)
+    return validate_document(Profile, data, source, "Modbus profile", ProfileError, point_names(data))
 
 
 @lru_cache(maxsize=64)
 def load_profile(name: str, directory: Path = PROFILE_DIR) -> Profile:
     """Load and validate `<directory>/<name>.yaml` (cached: profiles are read-only data)."""
-    path = directory / f"{name}.yaml"
-    if not path.is_file():
-        raise ProfileError(f"Modbus profile {name!r} not found in {directory} (known: {', '.join(list_profiles(directory))})")
-    try:
-        data = load_yaml_file(path, "Modbus profile")
-    except InputError as exc:
-        raise ProfileError(str(exc)) from None
-    profile = parse_profile(data, str(path))
-    if profile.name != name:
-        raise ProfileError(f"{path}: name {profile.name!r} does not match the file name {name!r}")
-    return profile
+    return load_named(name, directory, "Modbus profile", parse_profile)
 
 
 def list_profiles(directory: Path = PROFILE_DIR) -> list[str]:
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+    return profile_files.list_profiles(directory)
 
 
 @dataclass(frozen=True)

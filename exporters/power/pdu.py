@@ -1,11 +1,11 @@
 """Rack PDU collector over SNMP v2c/v3: inlets, phases, outlets and energy, decoded by a profile.
 
 One `PduSource` per PDU of the inventory. A poll is one multi-column
-GETBULK walk of the columns the profile needs; the slowly changing scale
-columns (Raritan decimal digits, ENTITY-SENSOR scale/precision) are walked
-on the first poll and then every `scale_refresh` seconds only. Outlet
-switching (`set_outlet`) and the one-shot probe live here too because they
-share the client and the profile.
+GETBULK walk of the columns the profile needs (exporters/snmp/reader.py);
+the slowly changing scale columns (Raritan decimal digits, ENTITY-SENSOR
+scale/precision) are walked on the first poll and then every
+`scale_refresh` seconds only. Outlet switching (`set_outlet`) and the
+one-shot probe live here too because they share the client and the profile.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from typing import Any, Iterable
 from exporters.model import MetricSpec, PollResult, Quality, Reading, SourceError
 from exporters.power.pdu_metrics import (INLET_POWER, OUTLET_INFO, PDU_INFO, PROFILE_METRICS, RACK_BUDGET,
                                          RACK_POWER)
-from exporters.power.snmp_client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials
-from exporters.power.snmp_decode import Columns, CounterTracker, decode
-from exporters.power.snmp_profile import Profile, load_profile, template_fields
+from exporters.snmp.client import MAX_REQUESTS, MAX_ROWS, SnmpClient, SnmpCredentials, credentials
+from exporters.snmp.decode import CounterTracker, decode
+from exporters.snmp.profile import Profile, load_profile, template_fields
+from exporters.snmp.reader import ProfileReader
 from exporters.render import render_probe
 from exporters.power.snmp_autodetect import AUTO, Detection, detect
 
@@ -59,18 +60,17 @@ class PduSource:
         self.client = SnmpClient(self.host, self.port, credentials, timeout=timeout, retries=retries,
                                  max_rows=max_rows, max_requests=max_requests)
         self.counters = CounterTracker()
-        self._slow: Columns = {}
-        self._slow_at = -1e18
         self._info: dict[str, str] = {}
-        self._fast_oids: list[str] = []
-        self._slow_oids: list[str] = []
+        self.reader: ProfileReader | None = None
         if not self.auto:
             self._use(self.profile)
 
     def _use(self, profile: Profile) -> None:
+        if profile.kind != "pdu":
+            raise SourceError("config", f"profile {profile.profile!r} is a {profile.kind} profile, not a PDU's")
         self.profile = profile
-        self._fast_oids = [o for _, _, o in profile.walked_columns(slow=False)]
-        self._slow_oids = [o for _, _, o in profile.walked_columns(slow=True)]
+        self.reader = ProfileReader(self.client, profile, max_repetitions=self.max_repetitions,
+                                     refresh=self.scale_refresh)
 
     async def _resolve(self) -> None:
         """`profile: auto`: ask the device what it is, once (a failed attempt is retried on the next call)."""
@@ -84,32 +84,12 @@ class PduSource:
         """SNMP requests sent so far (benchmark and probe figure)."""
         return self.client.requests
 
-    async def _read_info(self) -> None:
-        if not self.profile.info:
-            return
-        try:
-            got = await self.client.get(list(self.profile.info.values()))
-        except SourceError as exc:
-            if exc.kind in ("timeout", "auth"):
-                raise
-            return  # identity is optional; a device without these scalars still has power readings
-        self._info = {k: str(got[o]) for k, o in self.profile.info.items()
-                      if isinstance(got.get(o), (str, int)) and got[o] != ""}
-
     async def poll(self) -> PollResult:
         await self._resolve()
-        now_m = time.monotonic()
-        refresh = now_m - self._slow_at >= self.scale_refresh
-        oids = self._fast_oids + (self._slow_oids if refresh else [])
-        columns = await self.client.walk_columns(oids, self.max_repetitions)
-        if refresh:
-            self._slow = {o: columns[o] for o in self._slow_oids}
-            self._slow_at = now_m
-            await self._read_info()
-        if not any(columns.get(o) for o in self._fast_oids):
-            raise SourceError("decode", f"{self.client.where}: profile {self.profile.profile!r} matched no rows "
-                                        f"(walked {len(self._fast_oids)} columns; wrong profile or community/context?)")
-        merged = {**columns, **self._slow}
+        assert self.reader is not None
+        merged, refreshed = await self.reader.read()
+        if refreshed:
+            self._info = await self.reader.identity(self._info)
         errors: dict[str, int] = {}
         now = time.time()
         try:
@@ -224,11 +204,7 @@ async def probe_snmp(profile_name: str, host: str, port: int, community: str | N
     Raises SourceError with kind timeout / auth / decode (profile does not
     match the device) / config, and a message naming the problem.
     """
-    if v3_user:
-        creds = SnmpCredentials("3", v3_user=v3_user, auth_key=auth_key, priv_key=priv_key,
-                                auth_protocol=auth_protocol, priv_protocol=priv_protocol, context=context)
-    else:
-        creds = SnmpCredentials("2c", community=community or "public")
+    creds = credentials(community, v3_user, auth_key, priv_key, auth_protocol, priv_protocol, context)
     source = PduSource(pdu_name, profile_name, (host, port), creds, timeout=timeout, retries=retries,
                        max_repetitions=max_repetitions, max_rows=max_rows, max_requests=max_requests)
     try:

@@ -23,6 +23,10 @@ INLET_CURRENT = gauge("supernode_pdu_inlet_current_amperes",
                       "amperes")
 INLET_VOLTAGE = gauge("supernode_pdu_inlet_voltage_volts", "RMS voltage of a PDU inlet, in volts.", ("pdu", "inlet"),
                       "volts")
+INLET_NOMINAL_VOLTAGE = gauge("supernode_pdu_inlet_nominal_voltage_volts",
+                              "Line-to-line voltage a PDU that measures current only is configured with and computes "
+                              "its power from (APC AP7xxx rPDUIdentDeviceLinetoLineVoltage), in volts: a setting, "
+                              "not a measurement.", ("pdu", "inlet"), "volts")
 INLET_POWER_FACTOR = gauge("supernode_pdu_inlet_power_factor_ratio", "Power factor of a PDU inlet (0..1).",
                            ("pdu", "inlet"), "ratio")
 INLET_CURRENT_LIMIT = gauge("supernode_pdu_inlet_current_limit_amperes",
@@ -39,7 +43,8 @@ PHASE_CURRENT_LIMIT = gauge("supernode_pdu_phase_current_limit_amperes",
                             ("pdu", "inlet", "phase"), "amperes")
 BREAKER_CURRENT = gauge("supernode_pdu_breaker_current_amperes",
                         "RMS current through one overcurrent-protected circuit (APC bank, Sentry4 cord line or "
-                        "branch, Vertiv/Geist breaker circuit, Raritan overcurrent protector), in amperes: the one "
+                        "branch, Vertiv/Geist breaker circuit or inlet line, Raritan overcurrent protector), in "
+                        "amperes: the one "
                         "that trips first is what a power playbook watches.", ("pdu", "breaker"), "amperes")
 BREAKER_LIMIT = gauge("supernode_pdu_breaker_current_limit_amperes",
                       "Current limit of one overcurrent-protected circuit read from the device (threshold: "
@@ -63,7 +68,8 @@ RACK_BUDGET = gauge("supernode_rack_power_budget_watts", "Rack power budget from
 
 # Families a profile may map columns onto (the rest are computed by the collector).
 PROFILE_METRICS: dict[str, MetricSpec] = {s.name: s for s in (
-    INLET_POWER, INLET_APPARENT, INLET_ENERGY, INLET_CURRENT, INLET_VOLTAGE, INLET_POWER_FACTOR, INLET_CURRENT_LIMIT,
+    INLET_POWER, INLET_APPARENT, INLET_ENERGY, INLET_CURRENT, INLET_VOLTAGE, INLET_NOMINAL_VOLTAGE, INLET_POWER_FACTOR,
+    INLET_CURRENT_LIMIT,
     PHASE_CURRENT, PHASE_VOLTAGE, PHASE_POWER, PHASE_CURRENT_LIMIT, BREAKER_CURRENT, BREAKER_LIMIT,
     OUTLET_POWER, OUTLET_CURRENT, OUTLET_VOLTAGE, OUTLET_ENERGY, OUTLET_ON)}
 ALL_METRICS: tuple[MetricSpec, ...] = (PDU_INFO, *PROFILE_METRICS.values(), OUTLET_INFO, RACK_POWER, RACK_BUDGET)

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from exporters.model import SourceError
 from exporters.safe_yaml import load_yaml_file
-from exporters.power.snmp_client import SnmpClient
-from exporters.power.snmp_profile import PROFILE_DIR, ProfileError, available_profiles, check_oid
+from exporters.snmp.client import SnmpClient
+from exporters.snmp.profile import PROFILE_DIR, ProfileError, available_profiles, check_oid
 from exporters.validation import error_lines
 
 AUTO = "auto"
@@ -48,8 +48,9 @@ class Rule(BaseModel):
     @field_validator("profile")
     @classmethod
     def _shipped(cls, v: str) -> str:
-        if v not in available_profiles():
-            raise ValueError(f"no profile {v!r} (known: {available_profiles()})")
+        pdus = available_profiles(kind="pdu")
+        if v not in pdus:
+            raise ValueError(f"no PDU profile {v!r} (known: {pdus})")
         return v
 
     def matches(self, sys_object_id: str, sys_descr: str) -> bool:

@@ -15,7 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporters.redfish import metrics as rm
-from exporters.safe_yaml import InputError, load_yaml_file
+from exporters import profile_files
+from exporters.profile_files import load_named
 from exporters.units import known_unit, to_base
 from exporters.validation import validate_document
 from exporters.errors import ProfileError
@@ -172,21 +173,10 @@ def parse_profile(data: Any, source: str) -> Profile:
 
 
 def list_profiles(directory: Path = PROFILE_DIR) -> list[str]:
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+    return profile_files.list_profiles(directory)
 
 
 @lru_cache(maxsize=16)
 def load_profile(name: str, directory: Path = PROFILE_DIR) -> Profile:
     """Load and validate `<directory>/<name>.yaml` (cached: profiles are read-only data)."""
-    path = directory / f"{name}.yaml"
-    if not path.is_file():
-        raise ProfileError(f"Redfish profile {name!r} not found in {directory} "
-                           f"(known: {', '.join(list_profiles(directory))})")
-    try:
-        data = load_yaml_file(path, "Redfish profile")
-    except InputError as exc:
-        raise ProfileError(str(exc)) from None
-    profile = parse_profile(data, str(path))
-    if profile.name != name:
-        raise ProfileError(f"{path}: name {profile.name!r} does not match the file name {name!r}")
-    return profile
+    return load_named(name, directory, "Redfish profile", parse_profile)

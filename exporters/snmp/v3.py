@@ -2,7 +2,7 @@
 
 Why a module of its own: pysnmp, pysmi and the crypto they load cost about
 30 MB of resident memory and a third of a second of start-up; an agent whose
-PDUs all speak v2c never imports this module (exporters/power/snmp_client.py
+PDUs all speak v2c never imports this module (exporters/snmp/client.py
 imports it only for a v3 device).
 """
 
@@ -15,10 +15,10 @@ from pysnmp.hlapi.v3arch.asyncio import (ContextData, ObjectIdentity, ObjectType
 from pysnmp.hlapi.v3arch.asyncio import auth as _auth
 from pysnmp.proto import rfc1902, rfc1905
 
-from exporters.power import snmp_v2c
+from exporters.snmp import v2c as snmp_v2c
 from exporters.model import SourceError
-from exporters.power.snmp_client import SnmpCredentials, Varbinds
-from exporters.power.snmp_v2c import END, Oid
+from exporters.snmp.client import SnmpCredentials, Varbinds
+from exporters.snmp.v2c import END, Oid
 
 AUTH_PROTOCOLS = {
     "MD5": _auth.usmHMACMD5AuthProtocol, "SHA": _auth.usmHMACSHAAuthProtocol,

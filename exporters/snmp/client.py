@@ -5,7 +5,7 @@ to a device the same way, and every transport failure must become one
 `SourceError` kind (timeout, auth, protocol) that `supernode_source_errors_total`
 can count. v2c goes over one UDP socket per device with the agent's own BER
 codec (snmp_v2c: pysnmp's engine cost ~4 ms CPU per request); v3 needs USM
-and stays on pysnmp's engine (exporters/power/snmp_v3.py, imported only when a
+and stays on pysnmp's engine (exporters/snmp/v3.py, imported only when a
 device speaks v3: pysnmp and its crypto cost ~30 MB of resident memory). Walking several columns in one GETBULK, and
 from the second walk on splitting long columns into segments at the rows
 seen last time (snmp_exporter walks one subtree per request chain), keeps
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.power import snmp_v2c
+from exporters.snmp import v2c as snmp_v2c
 from exporters.model import SourceError
-from exporters.power.snmp_v2c import END, TOO_BIG, Oid, error_name
+from exporters.snmp.v2c import END, TOO_BIG, Oid, error_name
 
 @dataclass(frozen=True)
 class SnmpCredentials:
@@ -47,6 +47,17 @@ class SnmpCredentials:
             raise SourceError("config", f"SNMP version {self.version!r} not supported (2c or 3)")
         if not self.v3_user:
             raise SourceError("config", "SNMP v3 needs a user")
+
+
+def credentials(community: str | None = None, v3_user: str | None = None, auth_key: str | None = None,
+                priv_key: str | None = None, auth_protocol: str = "SHA", priv_protocol: str = "AES",
+                context: str = "") -> SnmpCredentials:
+    """v3 when a user is given, else v2c with the community (default public): what `probe snmp` and the one-shot
+    probes build from their arguments."""
+    if v3_user:
+        return SnmpCredentials("3", v3_user=v3_user, auth_key=auth_key, priv_key=priv_key,
+                               auth_protocol=auth_protocol, priv_protocol=priv_protocol, context=context)
+    return SnmpCredentials("2c", community=community or "public")
 
 
 Varbinds = list[tuple[Oid, Any]]  # (oid, python value or END)
@@ -105,7 +116,7 @@ class SnmpClient:
         if credentials.version == "2c":
             self._backend: Any = _V2cBackend(host, port, credentials, timeout, retries)
         else:
-            from exporters.power.snmp_v3 import EngineBackend
+            from exporters.snmp.v3 import EngineBackend
 
             self._backend = EngineBackend(host, port, credentials, timeout, retries)
         self.max_rows, self.max_requests = max_rows, max_requests

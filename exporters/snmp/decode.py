@@ -1,8 +1,9 @@
 """Turn walked SNMP columns into readings, as a profile says; pure functions plus counter state.
 
 Kept apart from the transport so the decoding rules (per-row scale, enums,
-"not supported" values, counter wraps and resets) are testable on plain
-dicts and identical for every vendor.
+"not supported" values, the MIB's fault values and ranges, counter wraps and
+resets) are testable on plain dicts and identical for every vendor and for
+PDUs and CDUs alike.
 
 Device values are untrusted: a value that is not a number in its type's
 range, a scale or digit count outside what its MIB allows, or a result
@@ -14,13 +15,15 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Callable
+
 
 from exporters.model import Quality, Reading, make_reading
-from exporters.power.pdu_metrics import PROFILE_METRICS
-from exporters.power.snmp_profile import MetricMap, Profile
+from exporters.snmp.profile import MetricMap, Profile
 
-Columns = dict[str, dict[tuple[int, ...], Any]]  # column oid -> {index: value}
+Columns = dict[str, dict[tuple[int, ...], Any]]  # column oid -> {index: value}; a scalar's index is ()
+ZoneOf = Callable[[str], "str | None"]  # a CDU's channel -> its leak zone (None: nothing wired there)
+Trace = set[tuple[str, tuple[int, ...]]]  # (column oid, index) of every value a reading came from
 
 # PDU2-MIB DecimalDigits is an Unsigned32; an Unsigned32 value has at most 10 digits, so more than 9
 # decimal digits would turn every reading into a fraction of its least unit: no real sensor does that.
@@ -73,13 +76,16 @@ class _MapPlan:
     a PDU poll decodes ~300 rows and resolving names per row was most of its cost."""
 
     __slots__ = ("m", "spec", "index_names", "n_index", "value_oid", "where", "when", "label_names", "label_oids",
-                 "templates", "unsupported", "scale_kind", "scale_oids", "index_error", "label_error", "labels")
+                 "templates", "unsupported", "invalid", "low", "high", "scale_kind", "scale_oids", "index_error",
+                 "label_error", "labels", "device_label", "channel")
 
     def __init__(self, m: MetricMap, profile: Profile):
         table = profile.tables[m.table]
         cols = {name: c.oid for name, c in table.columns.items()}
+        fam = profile.families
         self.m = m
-        self.spec = PROFILE_METRICS[m.metric]
+        self.spec = fam.specs[m.metric]
+        self.device_label = fam.device_label if fam.device_label in self.spec.labels else None
         self.index_names = tuple(table.index)
         self.n_index = len(table.index)
         self.value_oid = cols[m.column]
@@ -89,7 +95,10 @@ class _MapPlan:
         self.label_names = tuple(m.label_columns(list(table.index)))
         self.label_oids = tuple(cols[n] for n in self.label_names)
         self.templates = tuple(m.labels.items())
+        self.channel = m.channel
         self.unsupported = frozenset(m.unsupported)
+        self.invalid = frozenset(m.invalid)
+        self.low, self.high = m.range if m.range is not None else (-math.inf, math.inf)
         rs = m.row_scale
         if rs is None:
             self.scale_kind, self.scale_oids = None, ()
@@ -101,19 +110,27 @@ class _MapPlan:
                                cols[rs.entity_precision] if rs.entity_precision else None)
         self.index_error = f"{m.table}.{m.column}"
         self.label_error = f"{m.table}.labels"
-        # (pdu, index, id column values) -> the row's labels: the same every poll, built once (bounded)
-        self.labels: dict[tuple, dict[str, str]] = {}
+        # (device, index, id column values, wiring) -> the row's labels (None: a channel nothing is wired to): the
+        # same every poll, built once (bounded)
+        self.labels: dict[tuple, dict[str, str] | None] = {}
 
-    def row_labels(self, pdu: str, index: tuple[int, ...], ids: tuple[int, ...]) -> dict[str, str]:
-        key = (pdu, index, ids)
-        labels = self.labels.get(key)
-        if labels is None:
-            parts: dict[str, Any] = dict(zip(self.index_names, index))
-            parts.update(zip(self.label_names, ids))
-            labels = {"pdu": pdu, **{k: t.format(**parts) for k, t in self.templates}}
-            if len(self.labels) >= _LABEL_CACHE_ROWS:
-                self.labels.clear()
-            self.labels[key] = labels
+    def row_labels(self, device: str, index: tuple[int, ...], ids: tuple[int, ...],
+                   zone_of: ZoneOf | None) -> dict[str, str] | None:
+        key = (device, index, ids, zone_of)  # the wiring too: two sources of one profile may map channels apart
+        if key in self.labels:
+            return self.labels[key]
+        parts: dict[str, Any] = dict(zip(self.index_names, index))
+        parts.update(zip(self.label_names, ids))
+        labels: dict[str, str] | None = {k: t.format(**parts) for k, t in self.templates}
+        if self.device_label is not None:
+            labels = {self.device_label: device, **labels}
+        if self.channel is not None:
+            channel = self.channel.format(**parts)
+            zone = zone_of(channel) if zone_of is not None else f"{device}-ch{channel}"
+            labels = None if zone is None else {**labels, "zone": zone}
+        if len(self.labels) >= _LABEL_CACHE_ROWS:
+            self.labels.clear()
+        self.labels[key] = labels
         return labels
 
     def row_factor(self, columns: Columns, index: tuple[int, ...]) -> float | None:
@@ -148,17 +165,24 @@ def _plans(profile: Profile) -> list[_MapPlan]:
     return plans
 
 
-def decode(profile: Profile, columns: Columns, pdu: str, counters: CounterTracker,
-           errors: dict[str, int] | None = None, now: float | None = None) -> list[Reading]:
-    """All metric readings a profile defines, from walked columns. Rows the profile cannot decode count in `errors`."""
+def decode(profile: Profile, columns: Columns, device: str, counters: CounterTracker,
+           errors: dict[str, int] | None = None, now: float | None = None, maps: frozenset[int] | None = None,
+           zone_of: ZoneOf | None = None, trace: Trace | None = None) -> list[Reading]:
+    """All metric readings a profile defines (or the maps at positions `maps` of `profile.metrics`), from read
+    columns. `device` fills the kind's device label (pdu, cdu); `zone_of` maps a CDU channel to its leak zone (a
+    channel it maps to None is not wired: no reading). Rows the profile cannot decode count in `errors`; `trace`
+    collects the (column, index) of every value a reading came from (what a recording's count of decoded values
+    reads)."""
     now = time.time() if now is None else now
     errors = {} if errors is None else errors
     out: list[Reading] = []
     fallback: set[int] = set()  # positions in `out` of readings from fallback maps
     split: dict[tuple[str, int, int], tuple[dict[int, list[tuple[tuple[int, ...], Any]]], int]] = {}
-    for plan in _plans(profile):
+    for i, plan in enumerate(_plans(profile)):
+        if maps is not None and i not in maps:
+            continue
         start = len(out)
-        _decode_map(plan, columns, pdu, counters, errors, now, out, split)
+        _decode_map(plan, columns, device, counters, errors, now, out, split, zone_of, trace)
         if plan.m.fallback:
             fallback.update(range(start, len(out)))
     return _prefer_primary(out, fallback)
@@ -196,9 +220,10 @@ def _split(column: dict[tuple[int, ...], Any], n_index: int,
     return buckets, bad
 
 
-def _decode_map(plan: _MapPlan, columns: Columns, pdu: str, counters: CounterTracker,
+def _decode_map(plan: _MapPlan, columns: Columns, device: str, counters: CounterTracker,
                 errors: dict[str, int], now: float, out: list[Reading],
-                split: dict[tuple[str, int, int], tuple[dict[int, list[tuple[tuple[int, ...], Any]]], int]]) -> None:
+                split: dict[tuple[str, int, int], tuple[dict[int, list[tuple[tuple[int, ...], Any]]], int]],
+                zone_of: ZoneOf | None, trace: Trace | None) -> None:
     """Append the readings of one metric map to `out`.
 
     Most maps keep one sensor type of a shared column (`where` on one index part): the column is split
@@ -232,13 +257,23 @@ def _decode_map(plan: _MapPlan, columns: Columns, pdu: str, counters: CounterTra
                 # a label must never be guessed: a named id column without a plain integer drops the row
                 errors[plan.label_error] = errors.get(plan.label_error, 0) + 1
                 continue
-        labels = plan.row_labels(pdu, index, ids)
-        if not isinstance(raw, int) or not -RAW_LIMIT < raw < RAW_LIMIT:  # a string, snmp_v2c.BadValue, ...
+        labels = plan.row_labels(device, index, ids, zone_of)
+        if labels is None:  # a CDU channel the inventory wires to no zone
+            continue
+        if trace is not None:
+            trace.add((plan.value_oid, index))
+        if raw is None:  # a scalar the device does not have (noSuchObject / noSuchInstance)
+            out.append(Reading(spec, math.nan, labels, Quality.UNSUPPORTED, now))
+            continue
+        if not isinstance(raw, int) or not -RAW_LIMIT < raw < RAW_LIMIT:  # a string, v2c.BadValue, ...
             errors[m.metric] = errors.get(m.metric, 0) + 1
             out.append(Reading(spec, math.nan, labels, Quality.SENSOR_FAULT, now))
             continue
         if raw in plan.unsupported:
             out.append(Reading(spec, float(raw), labels, Quality.UNSUPPORTED, now))
+            continue
+        if raw in plan.invalid or not plan.low <= raw <= plan.high:  # the MIB's fault value, or out of its span
+            out.append(Reading(spec, float(raw), labels, Quality.SENSOR_FAULT, now))
             continue
         if m.enum is not None:
             if raw not in m.enum:

@@ -1,16 +1,27 @@
-"""SNMP device profiles: which table columns to walk and how a raw integer becomes a metric.
+"""SNMP device profiles (PDUs and CDUs): which objects to read and how a raw integer becomes a metric.
 
-All device knowledge (OIDs, index layout, scaling, enums, counter width)
-lives in `exporters/profiles/snmp/*.yaml`; this module only defines the
-format and refuses a bad profile at load with the path of the bad field.
+All device knowledge (OIDs, index layout, scaling, enums, counter width,
+the MIB's ranges and fault values) lives in `exporters/profiles/snmp/*.yaml`;
+this module only defines the format and refuses a bad profile at load with
+the path of the bad field. One format for both kinds of device: a PDU
+profile maps onto the PDU families (exporters/power/pdu_metrics.py), a CDU
+profile onto the CDU and leak families the Modbus CDU fills
+(exporters/cooling/modbus_metrics.py), so the coolant and leak detectors
+read an SNMP CDU exactly as they read a Modbus one.
 
 Format (see the shipped profiles for complete examples)::
 
     profile: raritan-pdu2            # must equal the file stem
+    kind: pdu                        # pdu (default) or cdu: which families the metrics map onto
     vendor: Raritan
+    model: ""                        # cdu: the model the _info series names
     sources: [...]                   # where every OID and scale was read
     info: {model: <oid>, firmware: <oid>}          # optional scalars (GET)
     tables:
+      unit:
+        scalar: true                               # scalar objects: GET <oid>.0 (no walk); noSuchObject or
+        columns:                                   # noSuchInstance is an `unsupported` reading, never a gap
+          flow: {oid: 1.3.6.1.4.1.318.1.1.13.3.2.2.2.22}
       inlet:
         index: [pdu_id, inlet, sensor]             # names of the index parts
         columns:
@@ -28,6 +39,10 @@ Format (see the shipped profiles for complete examples)::
         scale: 1                     # value = raw * scale * row_scale + offset
         row_scale: {decimal_digits: digits}   # or {entity_scale: s, entity_precision: p}
         unsupported: [-1]            # raw values meaning "not supported"
+        invalid: [-32768]            # raw values the MIB gives a failed sensor: sensor_fault
+        range: [0, 3000]             # the raw value's valid span (the MIB's SYNTAX range): outside, sensor_fault
+        channel: "1"                 # cdu, zone families only: the leak channel (template), mapped to a zone by
+                                     # the inventory's `channels`; a channel the map leaves out is not wired
         enum: {7: 1, 8: 0}           # raw -> value; other raw values are a sensor fault
         counter_bits: 32             # counters only: device counter width for wrap detection
         fallback: false              # true: only where the other maps of this metric give no ok reading
@@ -45,18 +60,43 @@ from __future__ import annotations
 
 import re
 import string
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporters.errors import ProfileError
-from exporters.model import Kind
-from exporters.power.pdu_metrics import PROFILE_METRICS
+from exporters.model import Kind, MetricSpec
 from exporters.safe_yaml import InputError, load_yaml_file
 from exporters.validation import validate_document
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "snmp"
+DeviceKind = Literal["pdu", "cdu"]
+
+
+@dataclass(frozen=True)
+class Families:
+    """What a kind of device maps onto: the families its profile may name, the label naming the device, and the
+    labels the collector fills itself (a profile must not set them)."""
+
+    specs: dict[str, MetricSpec]
+    device_label: str
+    auto: frozenset[str]
+
+
+def families(kind: DeviceKind) -> Families:
+    """The families of a device kind. The domain packages own them (power: the PDU catalogue; cooling: the CDU and
+    leak families every CDU protocol fills); they are imported here, by name, because the profile format must refuse
+    a map onto a family its kind does not have. Neither domain module imports this one at load (no cycle)."""
+    if kind == "pdu":
+        from exporters.power.pdu_metrics import PROFILE_METRICS
+
+        return Families(PROFILE_METRICS, "pdu", frozenset({"pdu"}))
+    from exporters.cooling import modbus_metrics as mm
+
+    own = {mm.CDU_INFO.name, mm.EXCEPTIONS.name, mm.REQUESTS.name} | {s.name for s in mm.DERIVED}
+    return Families({n: s for n, s in mm.ALL.items() if n not in own}, "cdu", frozenset(mm.AUTO_LABELS))
 _OID = re.compile(r"^1(\.(0|[1-9][0-9]*))+$")
 
 
@@ -83,8 +123,19 @@ class Column(_Strict):
 
 
 class Table(_Strict):
-    index: list[str] = Field(min_length=1, description="Names of the index components, in OID order.")
+    index: list[str] = Field(default_factory=list, description="Names of the index components, in OID order.")
     columns: dict[str, Column] = Field(min_length=1)
+    scalar: bool = Field(default=False, description=(
+        "Scalar objects (<oid>.0), read by GET, not walked: an object the device does not have (noSuchObject, "
+        "noSuchInstance) gives an `unsupported` reading."))
+
+    @model_validator(mode="after")
+    def _index(self) -> "Table":
+        if self.scalar and self.index:
+            raise ValueError("index: a scalar table has no index (its objects are <oid>.0)")
+        if not self.scalar and not self.index:
+            raise ValueError("index: name the index components (or `scalar: true` for scalar objects)")
+        return self
 
 
 class RowScale(_Strict):
@@ -116,25 +167,36 @@ class MetricMap(_Strict):
     offset: float = 0.0
     row_scale: RowScale | None = None
     unsupported: list[int] = Field(default_factory=list)
+    invalid: list[int] = Field(default_factory=list, description=(
+        "Raw values the MIB gives for a failed or missing sensor: the reading is `sensor_fault`, never a value."))
+    range: tuple[float, float] | None = Field(default=None, description=(
+        "The raw value's valid span (the MIB's SYNTAX range, or the sensor's span in the vendor's manual): a raw "
+        "value outside it is `sensor_fault`."))
+    channel: str | None = Field(default=None, description=(
+        "CDU leak and valve families (label zone): the device's channel, a template over the index parts and "
+        "columns of the table; the inventory's `channels` maps it to a leak zone."))
     enum: dict[int, float] | None = None
     counter_bits: int | None = Field(default=None, ge=8, le=64)
     fallback: bool = Field(default=False, description=(
         "Used only where no other map of this metric gives an ok reading with the same labels (legacy APC rPDU "
         "scalars for units that answer -1 = not supported in rPDU2)."))
 
+    def templates(self) -> dict[str, str]:
+        """The label templates and, under the key `channel`, the channel template (a CDU leak input's)."""
+        return {**self.labels, **({"channel": self.channel} if self.channel is not None else {})}
+
     def label_columns(self, index: list[str]) -> list[str]:
-        """Names in the label templates that are table columns, not index parts (ids read per row)."""
+        """Names in the label (and channel) templates that are table columns, not index parts (ids read per row)."""
         fields: set[str] = set()
-        for tmpl in self.labels.values():
+        for tmpl in self.templates().values():
             fields |= template_fields(tmpl)
         return sorted(fields - set(index))
 
-    @field_validator("metric")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in PROFILE_METRICS:
-            raise ValueError(f"unknown metric {v!r}; known: {sorted(PROFILE_METRICS)}")
-        return v
+    @model_validator(mode="after")
+    def _ranged(self) -> "MetricMap":
+        if self.range is not None and self.range[0] > self.range[1]:
+            raise ValueError(f"range: low {self.range[0]} is above high {self.range[1]}")
+        return self
 
 
 class Command(_Strict):
@@ -160,7 +222,11 @@ class OutletControl(_Strict):
 
 class Profile(_Strict):
     profile: str
+    kind: DeviceKind = Field(default="pdu", description=(
+        "pdu: a rack PDU (families of exporters/power/pdu_metrics.py); cdu: a coolant distribution unit (the CDU "
+        "and leak families of exporters/cooling/modbus_metrics.py, the same the Modbus CDU fills)."))
     vendor: str
+    model: str = Field(default="", description="The model family, for the CDU's _info series.")
     description: str = ""
     sources: list[str] = Field(min_length=1, description="Where the OIDs and scales were read.")
     info: dict[str, str] = Field(default_factory=dict, description="model/firmware -> scalar OID (GET).")
@@ -176,21 +242,32 @@ class Profile(_Strict):
             raise ValueError(f"unknown info keys {sorted(bad)} (model, firmware, serial)")
         return {k: check_oid(o) for k, o in v.items()}
 
+    @property
+    def families(self) -> Families:
+        return families(self.kind)
+
     @model_validator(mode="after")
     def _references(self) -> "Profile":
+        fam = self.families
         for i, m in enumerate(self.metrics):
             where = f"metrics[{i}] ({m.metric})"
+            if m.metric not in fam.specs:
+                raise ValueError(f"{where}.metric: unknown metric {m.metric!r} for kind {self.kind}; known: "
+                                 f"{sorted(fam.specs)}")
             table = self.tables.get(m.table)
             if table is None:
                 raise ValueError(f"{where}.table: no table {m.table!r}")
             for k in m.where:
                 if k not in table.index:
                     raise ValueError(f"{where}.where: {k!r} is not an index part of {m.table!r} {table.index}")
-            spec = PROFILE_METRICS[m.metric]
-            wanted = set(spec.labels) - {"pdu"}
+            spec = fam.specs[m.metric]
+            wanted = set(spec.labels) - fam.auto
             if set(m.labels) != wanted:
                 raise ValueError(f"{where}.labels: need exactly {sorted(wanted)}, got {sorted(m.labels)}")
-            for k, tmpl in m.labels.items():
+            if ("zone" in spec.labels) != (m.channel is not None):
+                raise ValueError(f"{where}.channel: {'required' if 'zone' in spec.labels else 'only'} for a family "
+                                 f"labelled by zone (the inventory maps the channel to its leak zone)")
+            for k, tmpl in m.templates().items():
                 unknown = template_fields(tmpl) - set(table.index) - set(table.columns)
                 if unknown:
                     raise ValueError(f"{where}.labels.{k}: {sorted(unknown)} not index parts or columns of {m.table!r}")
@@ -202,6 +279,8 @@ class Profile(_Strict):
             if spec.kind is not Kind.COUNTER and m.counter_bits is not None:
                 raise ValueError(f"{where}.counter_bits: only counters wrap")
         oc = self.outlet_control
+        if oc is not None and self.kind != "pdu":
+            raise ValueError("outlet_control: only a PDU switches outlets")
         if oc is not None:
             table = self.tables.get(oc.table)
             if table is None or oc.state_column not in table.columns:
@@ -220,10 +299,14 @@ class Profile(_Strict):
         return [m.column, *(m.row_scale.columns() if m.row_scale else []), *m.when,
                 *m.label_columns(self.tables[m.table].index)]
 
-    def walked_columns(self, slow: bool | None = None) -> list[tuple[str, str, str]]:
-        """(table, column, oid) of every column a metric needs; `slow` filters on the column's refresh class."""
+    def walked_columns(self, slow: bool | None = None, maps: list[MetricMap] | None = None,
+                       scalar: bool = False) -> list[tuple[str, str, str]]:
+        """(table, column, oid) of every column the metrics (`maps`, default all) need; `slow` filters on the
+        column's refresh class, `scalar` picks the scalar tables' objects (GET) instead of the walked columns."""
         seen: dict[tuple[str, str], str] = {}
-        for m in self.metrics:
+        for m in self.metrics if maps is None else maps:
+            if self.tables[m.table].scalar != scalar:
+                continue
             for c in self._needed(m):
                 col = self.tables[m.table].columns[c]
                 if slow is None or col.slow == slow:
@@ -251,5 +334,30 @@ def load_profile(name_or_path: str | Path, directory: Path = PROFILE_DIR) -> Pro
     return profile
 
 
-def available_profiles(directory: Path = PROFILE_DIR) -> list[str]:
-    return sorted(p.stem for p in directory.glob("*.yaml"))
+def available_profiles(directory: Path = PROFILE_DIR, kind: DeviceKind | None = None) -> list[str]:
+    """The shipped profiles (of one kind: read from each file's `kind`, default pdu)."""
+    names = sorted(p.stem for p in directory.glob("*.yaml"))
+    if kind is None:
+        return names
+    return [n for n in names if profile_kind(directory / f"{n}.yaml") == kind]
+
+
+_KINDS: dict[tuple[Path, int], str] = {}  # (file, its mtime) -> kind: listing by kind must not parse every file again
+
+
+def profile_kind(path: Path) -> str:
+    """A profile file's `kind` without validating the whole file (listing); `load_profile` checks everything.
+    Read once per version of the file: `auto` lists the PDU profiles at each device's first poll, and parsing
+    every profile there blocked the agent's loop for seconds on a loaded host."""
+    try:
+        key = (path, path.stat().st_mtime_ns)
+    except OSError:
+        return "?"
+    kind = _KINDS.get(key)
+    if kind is None:
+        try:
+            data = load_yaml_file(path, "SNMP profile")
+        except InputError:
+            return "?"
+        kind = _KINDS[key] = str(data.get("kind", "pdu")) if isinstance(data, dict) else "?"
+    return kind
