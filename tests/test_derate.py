@@ -134,6 +134,12 @@ def test_a_second_incidents_lower_cap_of_the_same_gpu_is_the_effects_value_after
                                         "after": {"limit_watts": 322.0}, "skipped": True})
     eff = rebuild_effects([first, higher])[("gpu_power_cap", "gpu=1,node=node02")]
     assert eff["after"]["limit_watts"] == 322.0 and eff["holders"] == {"modbus": "A", "redfish": "B"}
+    # the second's first apply skipped, its re-plan the first to lower the limit: it holds the cap under its first
+    # apply's id, the one its undo looks for (a re-run's own id would leave the cap held for ever)
+    replan = result(3, "B2", "redfish", {"phase": "apply", "before": {"limit_watts": 322.0, "owned": True},
+                                          "after": {"limit_watts": 275.0}, "rerun_of": "B"})
+    eff = rebuild_effects([first, replan])[("gpu_power_cap", "gpu=1,node=node02")]
+    assert eff["holders"] == {"modbus": "A", "redfish": "B"} and eff["after"]["limit_watts"] == 275.0
 
 
 @pytest.mark.parametrize("params, named", [({"max_delta_t_celsius": -3}, "max_delta_t_celsius"),

@@ -10,8 +10,8 @@ so only the rack's reference (the other trays' loaded GPUs) can show a fouled pl
 - a fouled plate on a two-GPU tray opens cold_plate_degraded against the rack; a tray whose every plate fouled
   opens one incident for the tray;
 - a pump lost while node03's summary is garbage: each tray sheds its own share, journaled as such;
-- a pump lost with every tray's summary: one plan across the trays, the same on both agents, the hotter tray
-  cut more, the cuts summing to the rack's shed; restored when the pump runs again.
+- a pump lost with every tray's summary: one plan across the trays from the summaries sent before the loss, the
+  same on both agents, the hotter tray cut more, the cuts summing to the rack's shed; restored when it runs.
 
 (etcd carries the same vectors through `links/<node>` and the same `LinkShare.accept`; tests/
 test_nvlink_attribution_rack.py runs it there.)
@@ -23,6 +23,7 @@ import asyncio
 import json
 import re
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -162,10 +163,18 @@ def _limits(sim: SimRack, node: str) -> list[float]:
         return [g.power_limit_mw / 1000 for g in sim.sim.model.nodes[node].gpus]
 
 
-def _pump_lost_until_capped(sim: SimRack, agents: list[AgentProcess]) -> tuple[dict, dict]:
+def _sent_at(agent: AgentProcess) -> float:
+    """When the tray vector this agent serves its peers now was built (the first line of its links feed)."""
+    port = agent.config["listen"]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/coordination/links", timeout=10) as feed:
+        return float(json.loads(feed.readline())["at"])
+
+
+def _capped(sim: SimRack, agents: list[AgentProcess], fault: str, **params: Any) -> tuple[dict, dict]:
+    """Inject a fault of the loop; (the limits before, each agent's derate of its two GPUs) once all are capped."""
     since = {a: max((e["seq"] for e in journal(a)), default=0) for a in agents}
     before = {n: _limits(sim, n) for n in ("node01", "node02")}
-    sim.inject("pump-fail", cdu="cdu1", pump=2)
+    sim.inject(fault, **params)
     wait_for(lambda: all(w < b for n in before for w, b in zip(_limits(sim, n), before[n])), 60,
              what="every GPU of both trays capped")
     plans = {a.config["agent"]["node"]: wait_for(lambda: (d := _derates(a, since[a])) and len(d) == 2 and d, 30,
@@ -173,7 +182,8 @@ def _pump_lost_until_capped(sim: SimRack, agents: list[AgentProcess]) -> tuple[d
     return before, plans
 
 
-def _pump_back(sim: SimRack, before: dict[str, list[float]]) -> None:
+def _restored(sim: SimRack, before: dict[str, list[float]]) -> None:
+    """The loop recovers (both pumps run): every limit as it was before the derate."""
     with sim.sim.model.lock:
         sim.sim.model.coolant.pump_running[1] = True
     wait_for(lambda: all(_limits(sim, n) == before[n] for n in before), 90, what="the limits restored")
@@ -181,32 +191,50 @@ def _pump_back(sim: SimRack, before: dict[str, list[float]]) -> None:
 
 def test_a_pump_lost_while_a_loop_trays_summary_is_garbage_sheds_each_trays_own_share(rack):
     sim, peer, agents = rack
-    before, plans = _pump_lost_until_capped(sim, agents)
+    before, plans = _capped(sim, agents, "pump-fail", cdu="cdu1", pump=2)
     try:
         for node, derate in plans.items():
             d = derate["0"]
             assert d["method"] == "thermal_margin" and d["share"] == "tray", d
             assert "node03" in d["share_why"], d["share_why"]
     finally:
-        _pump_back(sim, before)
+        _restored(sim, before)
         _clear(sim, agents)
 
 
 def test_a_pump_lost_is_shed_across_the_trays_by_margin_the_same_plan_on_both_agents(rack):
+    """Each agent plans from every tray's summary as it was sent before the loop changed (the incident's onset
+    less 5 s): both find the same steady figures, which the dies heating after the pump loss have not
+    reordered."""
     sim, peer, agents = rack
+    node01, node02 = agents
     peer.cool = {"cdu": "cdu1", "flow": None, "g": {}}  # node03: a tray with no GPU under power
     for gpu in (0, 1):  # node02's plates run hotter: the smaller margin
         sim.inject("thermal", node="node02", gpu=gpu, celsius=8)
     wait_for(lambda: all(metric(a, "supernode_gpu_thermal_resistance_rack_peers") == 2.0 for a in agents), 60,
              what="node03's summary taken")
-    before, plans = _pump_lost_until_capped(sim, agents)
+    rack_r = "supernode_gpu_thermal_resistance_rack_median_kelvin_per_watt"
+    # node02's hotter plates in the summary it shares: node01's rack reference (node02's R) well above node02's
+    # (node01's R), so both agents plan from the same, hotter, node02
+    wait_for(lambda: (metric(node01, rack_r) or 0) > 1.15 * (metric(node02, rack_r) or 1e9), 60,
+             what="node02's hotter plates in its shared summary")
+    # and both trays' summaries sent in this steady state (the last test's caps undone, the power back) for more
+    # than the 5 s the plan looks back before the onset: both agents plan from steady figures
+    steady = time.time()
+    wait_for(lambda: all(_sent_at(a) > steady + 8 for a in agents), 40, interval=0.5, what="steady summaries sent")
+    before, plans = _capped(sim, agents, "pump-fail", cdu="cdu1", pump=2)
     try:
         one, two = plans["node01"]["0"], plans["node02"]["0"]
         assert one["share"] == two["share"] == "rack" and one["trays"] == ["node01", "node02", "node03"], one
-        # the same plan on both agents: the trays' cuts from the same summaries (each agent read the CDU itself,
-        # a moment apart while the loop settles after the pump: the share to shed may differ by a little)
-        assert one["tray_cuts_watts"] == pytest.approx(two["tray_cuts_watts"], rel=0.03), (one, two)
-        assert one["rack_power_watts"] == pytest.approx(two["rack_power_watts"], abs=1.0)
+        # the same plan on both agents: the same summaries (the rack's power, the split of the shed between the
+        # trays); only the share to shed is each agent's own reading of the CDU, a moment apart while the flow
+        # settles after the pump (the re-plan follows it). The exact equality of plans from the same inputs is
+        # tests/test_derate.py's property.
+        assert one["rack_power_watts"] == two["rack_power_watts"], (one, two)
+
+        def split(plan: dict) -> dict[str, float]:
+            return {n: w / sum(plan["tray_cuts_watts"].values()) for n, w in plan["tray_cuts_watts"].items()}
+        assert split(one) == pytest.approx(split(two), abs=0.002), (one, two)
         cuts = one["tray_cuts_watts"]
         assert cuts["node02"] > cuts["node01"] + 10 and cuts.get("node03", 0.0) == 0.0, cuts
         # what each agent applied: its own tray's cuts of its own plan, the trays summing to the rack's shed
@@ -214,11 +242,14 @@ def test_a_pump_lost_is_shed_across_the_trays_by_margin_the_same_plan_on_both_ag
         for n, plan in plans.items():
             assert applied[n] == pytest.approx(plan["0"]["tray_cuts_watts"][n], abs=1.0), (n, plan["0"])
             assert sum(plan["0"]["tray_cuts_watts"].values()) == pytest.approx(plan["0"]["rack_shed_watts"], abs=1.0)
-        assert sum(applied.values()) == pytest.approx(one["rack_shed_watts"], rel=0.03), (applied, one)
+        # each agent sheds its tray's part of the rack's shed as it computed it: the total applied lies between
+        # the two agents' computed sheds (equal when they read the CDU at the same moment)
+        sheds = sorted(p["0"]["rack_shed_watts"] for p in plans.values())
+        assert sheds[0] - 1.0 <= sum(applied.values()) <= sheds[1] + 1.0, (applied, sheds)
         for n in plans:
             gpus = plans[n]["0"]["gpus"]
             assert [round(w) for w in _limits(sim, n)] == [round(gpus[str(i)]["limit_watts"]) for i in range(2)]
             assert all(gpus[str(i)]["limit_watts"] >= gpus[str(i)]["min_watts"] for i in range(2))
     finally:
-        _pump_back(sim, before)
+        _restored(sim, before)
         _clear(sim, agents)

@@ -15,13 +15,15 @@ returns. Vectors are put when they change and again every `refresh` seconds, so 
 The same vectors carry each tray's load and cooling summaries (agent.coordination.tray_cooling), so the
 rack's references are readings of this source too: the median busy SM clock (stragglers) and the median
 thermal resistance of the other trays' loaded GPUs (cold plates); and the derate by margin plans the rack's
-shed from the trays' margins (`cooling`). On a rack that is no NVLink domain the share still runs, for those
-summaries alone: no verdict is published there (the source keeps its first name, `nvlink_attribution`).
+shed from the trays' margins as they were just before the loop changed (`cooling_before`). On a rack that
+is no NVLink domain the share still runs, for those summaries alone: no verdict is published there (the
+source keeps its first name, `nvlink_attribution`).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, Callable, Iterable
 
 from agent.coordination.attribution import Attribution, attribute, switch_tray_of
@@ -60,6 +62,7 @@ FAMILIES = (NVLINK_SWITCH_FAULT, NVLINK_ATTRIBUTION_TRAYS, NVLINK_TRAY_SIDE_LINK
             GPU_RACK_LOAD_TRAYS, GPU_RACK_THERMAL_RESISTANCE, GPU_RACK_THERMAL_PEERS)
 REFRESH_SECONDS = 5.0
 INTERVAL = 0.5  # how often the verdict is published (its freshness), besides on every vector that changes it
+HISTORY = 24  # vectors kept per tray: two minutes at one every 5 s (a derate looks back before its onset)
 
 
 class LinkShare:
@@ -85,6 +88,9 @@ class LinkShare:
         self.store: Any = None
         self._sent: tuple[dict[str, str], float] | None = None  # the last vector put: (gpus, when)
         self.sent: LinkVector | None = None  # that vector: this tray as the others hold it
+        # each tray's recent vectors (this tray's as sent), oldest first: a derate plans from the summaries sent
+        # before the loop changed (`cooling_before`), which a transient has not reordered yet
+        self.history: dict[str, deque[LinkVector]] = {}
         self.verdict: Attribution | None = None
 
     @classmethod
@@ -127,7 +133,12 @@ class LinkShare:
         if self._sent is not None and self._sent[0] == dict(v.gpus) and now - self._sent[1] < self.refresh:
             return None
         self._sent, self.sent = (dict(v.gpus), now), v
+        self._remember(v)
         return encode(v)
+
+    def _remember(self, v: LinkVector) -> None:
+        if v.cool is not None:
+            self.history.setdefault(v.node, deque(maxlen=HISTORY)).append(v)
 
     def resend(self) -> None:
         """Put the next vector whatever it holds (a new session: the old key went with the old lease)."""
@@ -138,6 +149,7 @@ class LinkShare:
         v = decode(raw, node, self.nodes, self.clock(), self.skew)
         if node != self.node:
             self.vectors[node] = v
+            self._remember(v)
         return v
 
     def forget(self, node: str) -> None:
@@ -156,14 +168,18 @@ class LinkShare:
             self.store.publish(SOURCE, DEVICE, self.readings(a, now), 0.0)
         return a
 
-    def cooling(self, now: float, own_as_sent: bool = False) -> dict[str, TrayCooling]:
-        """The fresh cooling summaries of the rack's trays (node -> summary). `own_as_sent`: this tray's as the
-        others hold it (the last vector put), so every agent plans a derate from the same figures."""
-        out = {n: v.cool for n, v in self.vectors.items() if v.cool is not None and now - v.at <= self.max_age}
-        own = self.sent if own_as_sent else self.vectors.get(self.node)
-        out.pop(self.node, None)
-        if own is not None and own.cool is not None and now - own.at <= self.max_age:
-            out[self.node] = own.cool
+    def cooling(self, now: float) -> dict[str, TrayCooling]:
+        """The fresh cooling summaries of the rack's trays (node -> summary), this tray's latest included."""
+        return {n: v.cool for n, v in self.vectors.items() if v.cool is not None and now - v.at <= self.max_age}
+
+    def cooling_before(self, t: float) -> dict[str, TrayCooling]:
+        """Each tray's summary as it sent it last at or before `t` (and no older than max_age then); this tray's
+        as sent, so every agent that asks for the same `t` holds the same figures."""
+        out = {}
+        for node, past in self.history.items():
+            v = next((v for v in reversed(past) if v.at <= t), None)
+            if v is not None and v.cool is not None and t - v.at <= self.max_age:
+                out[node] = v.cool
         return out
 
     def readings(self, a: Attribution, now: float) -> list[Any]:

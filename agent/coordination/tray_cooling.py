@@ -7,9 +7,9 @@ Why shared: two cooling decisions are the rack's, not the tray's.
   cold_plate_degraded detector reads as `supernode_gpu_thermal_resistance_rack_median_kelvin_per_watt`).
 - A derate sheds the rack's power by thermal margin across the rack's GPUs (agent/remediation/derate.py
   `plan_rack`): the hottest trays cut most. Each agent caps only its own GPUs, so each needs every tray's
-  margins and must reach the same plan from them: each GPU's power (before this tray's derate caps while one
-  holds, so a tray that capped first is not read as one with less to give), its rise over the coolant supply and
-  its lowest limit.
+  margins and must reach the same plan from them: each GPU's power, its rise over the coolant supply and its
+  lowest limit, as each tray last sent them before the loop changed (LinkShare keeps each tray's recent
+  summaries: a steady state no transient has reordered, and no tray's own caps have lowered yet).
 
 It rides on the tray's link vector (agent.coordination.link_vectors, `cool`), the record every agent already
 publishes for the rack (etcd `links/<node>`, a key only that node may write; static: its links feed), so no new
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from agent.coordination.records import RecordError, as_object
 from agent.thermal_baseline import flow_band
@@ -94,13 +94,11 @@ def decode(raw: Any) -> TrayCooling | None:
 
 
 class CoolingBuilder:
-    """This tray's summary from its own snapshot. `frozen_power` (set by remediation's wiring) answers the
-    power of each GPU before this tray's live derate caps, None while no derate holds."""
+    """This tray's summary from its own snapshot."""
 
     def __init__(self, node: str, cdu: str | None):
         self.node = node
         self.cdu = cdu
-        self.frozen_power: Callable[[], Mapping[str, float] | None] = lambda: None
 
     def build(self, snap: Any) -> TrayCooling | None:
         from agent.remediation.cdu_view import loop_value
@@ -121,8 +119,7 @@ class CoolingBuilder:
         power = own("supernode_gpu_power_watts")
         mins = own("supernode_gpu_power_limit_watts", limit="min")
         rs = own("supernode_gpu_thermal_resistance_kelvin_per_watt")
-        frozen = self.frozen_power() or {}
-        gpus = {g: GpuCooling(rs.get(g), frozen.get(g, power[g]), temps[g] - supply, mins[g])
+        gpus = {g: GpuCooling(rs.get(g), power[g], temps[g] - supply, mins[g])
                 for g in sorted(set(temps) & set(power) & set(mins))[:MAX_GPUS]}
         return TrayCooling(self.cdu, flow if flow is not None and 0 <= flow <= MAX_FLOW_M3S else None, gpus) \
             if gpus else None

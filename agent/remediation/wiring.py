@@ -207,11 +207,6 @@ def attach(agent: AgentContext) -> None:
                            lambda job_id: agent.scheduler.poll_now(job_id, queue=True))
     hook.coordination = coordination
     agent.remediation = hook
-    share = getattr(coordination, "links", None)
-    if share is not None and share.builder.cooling is not None:
-        # while a derate holds, this tray's summary says the power before its caps (whichever engine runs now)
-        node = agent.loaded.config.agent.node
-        share.builder.cooling.frozen_power = lambda: _frozen_power(hook, node)
     # only publishes the detectors read (every engine has the same table): the PDU's outlets run none
     agent.store.add_listener(hook.on_snapshot, Detectors.families())
     agent.extra_collectors.append(_CurrentCollector(hook))
@@ -225,11 +220,6 @@ def attach(agent: AgentContext) -> None:
 
     drill = DrillRunner(agent.store, hook)  # the fault drill feeds the store and watches this hook's engine
     agent.route_mounts.append(lambda app: add_drill_routes(app, drill, hook.admin_tokens))
-
-
-def _frozen_power(hook: "RemediationHook", node: str) -> dict[str, float] | None:
-    planner = getattr(hook.engine.actions.get("gpu_power_cap"), "margins", None)
-    return planner.frozen_power(node) if planner is not None else None
 
 
 class _CurrentEngine:

@@ -12,15 +12,16 @@ loop's load is unknown; a GPU's NVML read fails) fall back to the flat
 `fallback_fraction` of the default limit, saying so.
 
 Across the rack (`share: rack`): with every tray of the loop's cooling summary
-fresh (agent.coordination.tray_cooling, through the rack's shared tray
-vectors), the rack's shed is planned over every GPU of the loop and this node
-applies its own GPUs' cuts; its own figures are those it last sent the others
-(`own_as_sent`), so each agent plans from the same inputs. While its derate
-holds, this tray's summary says each GPU's power before the caps
-(`frozen_power`), so a tray that capped first is not read as one with less
-to give. A tray of the loop without a fresh summary (its agent down, its
-record refused), or no peers at all: each tray sheds its own share of its
-own load (`share: tray`, with `share_why`).
+(agent.coordination.tray_cooling, through the rack's shared tray vectors) as
+it was sent just before the loop changed (`rack_trays`), the rack's shed is
+planned over every GPU of the loop and this node applies its own GPUs' cuts.
+Why before: every agent opens its incident a moment apart, and a summary
+read in a transient (the dies heating as the flow falls or the supply
+warms) ranks the trays by when it was read; before the change each agent
+finds the same steady figures (its own as it sent them), none lowered yet
+by a tray's own caps. A tray of the loop without a summary then (its agent
+down, its record refused, just started), or no peers at all: each tray sheds
+its own share of its own load (`share: tray`, with `share_why`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from . import ActionError
 PARAMS = {"mode", "fallback_fraction", "max_delta_t_celsius", "max_return_celsius", "density_kg_m3",
           "heat_capacity_j_kgk"}
 KEEP = 16  # plans remembered (one per open incident and node)
+# How long before the incident's onset (its opening less its detector's fire hold) the trays' margins are taken:
+# before the loop changed, a CDU poll and a vector refresh earlier, so no tray's figures are mid-transient.
+ONSET_MARGIN_SECONDS = 5.0
 
 
 def _param(params: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -99,20 +103,30 @@ class MarginPlanner:
         # the rack's shared tray summaries (agent.coordination.link_share.LinkShare; None: a lone tray), set by
         # the wiring: the derate is planned across the loop's trays from them
         self.share: Any = None
+        self.rack_inputs: OrderedDict[str, dict[str, Any]] = OrderedDict()  # incident -> the trays it planned from
 
-    def frozen_power(self, node: str) -> dict[str, float] | None:
-        """Each GPU's power before the node's live derate (what its tray summary says while one holds)."""
-        base = self.base.get(node)
-        return {k: p for k, (p, _) in base["gpus"].items()} if base is not None else None
-
-    def rack_trays(self, node: str) -> tuple[dict[str, Any], list[str]] | str:
-        """The loop's trays' cooling summaries (this node's as the others hold it) and the trays of the loop
-        without one, or why the rack's trays cannot be asked at all."""
+    def rack_trays(self, node: str, ctx: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]] | str:
+        """The loop's trays' cooling summaries as each last sent them before the loop changed (the incident's
+        onset less ONSET_MARGIN_SECONDS: every agent asks for its own incident's, a moment apart, and finds the
+        same steady figures), with the trays of the loop that sent none then; or why the rack cannot be asked.
+        The first complete answer is kept for the incident, so its re-plans weigh the trays alike."""
         share = self.share
         if share is None:
             return "no other tray to share with (no coordination peers): this tray sheds its own share"
-        cooling = share.cooling(share.clock(), own_as_sent=True)
-        return {n: c for n, c in cooling.items() if n in share.loop_nodes}, sorted(share.loop_nodes - set(cooling))
+        incident = str(ctx.get("incident_id", ""))
+        if incident in self.rack_inputs:
+            return self.rack_inputs[incident], []
+        onset = ctx.get("incident_onset_at")
+        if isinstance(onset, bool) or not isinstance(onset, (int, float)):
+            return "the incident says not when the loop changed: this tray sheds its own share"
+        got = {n: c for n, c in share.cooling_before(float(onset) - ONSET_MARGIN_SECONDS).items()
+               if n in share.loop_nodes}
+        missing = sorted(share.loop_nodes - set(got))
+        if not missing:
+            self.rack_inputs[incident] = got
+            while len(self.rack_inputs) > KEEP:
+                self.rack_inputs.popitem(last=False)
+        return got, missing
 
     def plan_of(self, incident_id: str) -> dict[str, Any] | None:
         """The plan this agent applied for an incident (its node's), if any."""
@@ -139,6 +153,7 @@ class MarginPlanner:
             self.plans.pop(key, None)
             self.locks.pop(key, None)
             self.stale.discard(key)
+            self.rack_inputs.pop(key[0], None)
 
     async def node_plan(self, node: str, lib: Any, indices: list[int], params: Mapping[str, Any],
                         ctx: Mapping[str, Any], call: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
@@ -175,7 +190,7 @@ class MarginPlanner:
                 facts[str(i)] = await call(_gpu_facts, lib, i)
             except Exception as exc:  # NVMLError, a timeout: this GPU's margin is unknown
                 return flat(f"gpu {i}: NVML: {type(exc).__name__}: {exc}")
-        rack = self.rack_trays(node)
+        rack = self.rack_trays(node, ctx)
         trays = rack[0] if not isinstance(rack, str) and not rack[1] and node in rack[0] \
             and set(facts) <= set(rack[0][node].gpus) else None
         if node not in self.base and trays is not None:  # the power this tray said it draws, as the others read it
@@ -197,7 +212,8 @@ class MarginPlanner:
         limits = {k: (facts[k][3] if cuts[k] <= 0 and keep else max(facts[k][0] - cuts[k], facts[k][2]))
                   for k in facts}
         missing = rack if isinstance(rack, str) else \
-            f"no fresh cooling summary of every GPU from {', '.join(rack[1]) or node}: each tray sheds its own share"
+            f"no cooling summary of every GPU from {', '.join(rack[1]) or node} before the loop changed: each tray " \
+            "sheds its own share"
         return {"method": "thermal_margin", "share": "tray", "share_why": missing,
                 "why": f"the uncapped load is {base['load_w']:.0f} W, the loop can carry {cap.capacity_w:.0f} W "
                        f"within {cap.delta_t_allowed_c:.1f} K: shed {shed:.1%} of this node's GPU power",
