@@ -3,7 +3,8 @@
 Why: a cold plate that fouls (deposits, air trapped in the loop, a failing quick-disconnect) shows first as a GPU
 that runs hotter over its coolant for the heat it makes, days before it reaches its slowdown temperature. Every
 input is already in the snapshot: the die temperature and power from NVML, the secondary supply temperature and
-flow from the CDU that feeds the tray. No device is read here (a derived source): when an input goes stale, R
+flow from the CDU that feeds the tray, Modbus or Redfish (read through agent/remediation/cdu_view.py, the one view
+of every CDU's loop the coolant detectors read too). No device is read here (a derived source): when an input goes stale, R
 goes with it and the reason says which input, never a frozen figure.
 
 The gate (ThermalResistanceSettings): R is computed only while the GPU draws at least `min_power_ratio` of its
@@ -19,8 +20,10 @@ samples per GPU, and a GPU sensor does not spike in a way a median would need to
 
 Which coolant supply belongs to a GPU: the tray's CDU, found through the inventory's leak zones that list its
 node: the CDU holding those zones' isolation valve (`valve: cdu1:zone_valve_1`), else the one CDU whose `channels`
-serve them (a rear-door heat exchanger's leak channels may serve the same zone: then the valve decides); with no
-mapping at all and exactly one CDU in the inventory, that one; else none (reason `no_supply_mapping`).
+serve them (a rear-door heat exchanger's leak channels may serve the same zone: then the valve decides); a zone
+with no valve of its own is on the rack's loop when the rack's valves all sit on one CDU (the rack valve's, else
+every zone valve's); with no mapping at all and exactly one CDU in the inventory, that one; else none (reason
+`no_supply_mapping`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent.remediation.cdu_view import loop_value
 from agent.snapshot import Snapshot, SnapshotStore
 from agent.thermal_baseline import FILE_NAME, ThermalBaselines, flow_band
 from exporters.model import PollResult, Reading, gauge
@@ -56,22 +60,41 @@ UNAVAILABLE = gauge("supernode_gpu_thermal_resistance_unavailable", (
 # In the order they are checked: the first that holds is the reason.
 REASONS = ("no_temperature_reading", "no_power_reading", "no_supply_mapping", "no_supply_reading",
            "below_load_gate", "settling")
+# An input missing for a moment (a poll that failed on a loaded host) is no change of the GPU's load: the smoothing
+# and the settle go on from where they were when it returns, unless the gap outlasted GAP_KEPT_TAUS time
+# constants of the smoothing (then it starts afresh, settle included). Restarting at every gap reset R's EWMA and
+# its settle, and the detector's hold with them (bench_cooling's run that warned only at slowdown).
+INPUT_GAPS = frozenset({"no_temperature_reading", "no_power_reading", "no_supply_reading"})
+GAP_KEPT_TAUS = 3.0
 
 
 def supply_cdu(inv: "Inventory", node: str) -> str | None:
     """The CDU whose coolant feeds `node`'s tray, from the leak zones listing the node: the CDU that holds their
     isolation valve (`valve: cdu:point`: the valve that cuts a zone's coolant sits on the CDU feeding it), else
-    the one CDU whose channels serve them, else the inventory's only CDU (Modbus or Redfish kind cdu), else None."""
+    the one CDU whose channels serve them. Failing those (no zone of its own, or channels of several CDUs and no
+    valve of its own): the rack's loop, which is the CDU holding the rack's valve (`inventory.rack_valve`), else
+    the one CDU holding every zone valve of the rack, else the inventory's only CDU (Modbus or Redfish kind cdu),
+    else None (not guessed)."""
+    known = {c.name for c in inv.cdus} | {r.name for r in inv.redfish if r.kind == "cdu"}
+
+    def valve_cdu(point: str | None) -> set[str]:
+        return {point.split(":", 1)[0]} & known if point else set()
+
     zones = [z for z in inv.leak_zones if node in z.nodes]
-    by_valve = sorted({z.valve.split(":", 1)[0] for z in zones if z.valve})
+    by_valve = sorted(set().union(*(valve_cdu(z.valve) for z in zones)))
     if len(by_valve) == 1:
         return by_valve[0]
     names = {z.name for z in zones}
     mapped = sorted({c.name for c in inv.cdus if names & set(c.channels.values())})
     if len(mapped) == 1:
         return mapped[0]
-    every = [c.name for c in inv.cdus] + [r.name for r in inv.redfish if r.kind == "cdu"]
-    return every[0] if len(every) == 1 and not mapped and not by_valve else None
+    if by_valve:
+        return None  # valves of several CDUs: not guessed
+    rack = sorted(valve_cdu(inv.rack_valve)) \
+        or sorted(set().union(*(valve_cdu(z.valve) for z in inv.leak_zones)))
+    if len(rack) == 1 and (not mapped or rack[0] in mapped):
+        return rack[0]
+    return sorted(known)[0] if len(known) == 1 and not mapped else None
 
 
 @dataclass
@@ -115,10 +138,13 @@ class ThermalResistanceSource:
                 or util < self.s.min_utilization_ratio:
             reason = "below_load_gate"
         else:
+            if st.at is not None and now - st.at > GAP_KEPT_TAUS * self.s.smoothing_seconds:
+                st.gate_since, st.r, st.at = None, None, None  # back after a long gap: afresh, settle included
             if st.gate_since is None:
                 st.gate_since = now
             return "settling" if now - st.gate_since < self.s.settle_seconds else None
-        st.gate_since, st.r, st.at = None, None, None  # the gate closed: the next loaded spell starts afresh
+        if reason not in INPUT_GAPS:
+            st.gate_since, st.r, st.at = None, None, None  # the gate closed: the next loaded spell starts afresh
         return reason
 
     def _smooth(self, st: _Gpu, sample: float, now: float) -> float:
@@ -137,9 +163,10 @@ class ThermalResistanceSource:
         limits = _own(snap, "supernode_gpu_power_limit_watts", node, limit="default")
         util = _own(snap, "supernode_gpu_utilization_ratio", node, engine="gpu")
         supply = flow = None
-        if self.cdu is not None:
-            supply = snap.value("supernode_cdu_temperature_celsius", cdu=self.cdu, loop="secondary", point="supply")
-            flow = snap.value("supernode_cdu_flow_cubic_meters_per_second", cdu=self.cdu, loop="secondary")
+        if self.cdu is not None:  # a Modbus CDU's registers or a Redfish CDU's coolant connectors alike
+            supply = loop_value(snap, "supernode_cdu_temperature_celsius", cdu=self.cdu, loop="secondary",
+                                point="supply")
+            flow = loop_value(snap, "supernode_cdu_flow_cubic_meters_per_second", cdu=self.cdu, loop="secondary")
         band = flow_band(flow, self.s.baseline_flow_band_ratio) if flow is not None and flow > 0 else None
         out: list[Reading] = []
         for key in sorted(set(temps) | set(power)):

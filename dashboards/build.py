@@ -286,6 +286,28 @@ def cooling() -> Dashboard:
            "L/min of secondary coolant per kW removed; falling values mean the loop runs hotter for the same load."),
         ts("Pressures", "pressurepa", [
             (f"max by (rack, cdu, loop, point) (supernode_cdu_pressure_pascals{{{RACK}}})", cdu + " {{loop}} {{point}}")]),
+        # Cold plates (issue 35): each loaded GPU's R = (T_gpu - T_supply) / P against its references.
+        ts("Cold-plate thermal resistance", "suffix:K/W", [
+            (f"max by (rack, node, gpu) (supernode_gpu_thermal_resistance_kelvin_per_watt{{{NODE}}})",
+             "{{node}} gpu {{gpu}}"),
+            (f"max by (rack, node, gpu) (supernode_gpu_thermal_resistance_baseline_kelvin_per_watt{{{NODE}}})",
+             "{{node}} gpu {{gpu}} baseline"),
+            (f"max by (rack, node) (supernode_gpu_thermal_resistance_rack_median_kelvin_per_watt{{{NODE}}})",
+             "{{node}} rack reference")],
+           "R of each GPU under load (absent below the load gate), its own learnt baseline at the loop's flow, and "
+           "the median R of the other trays' loaded GPUs. A plate that fouls climbs away from both; "
+           "cold_plate_degraded warns at +15 %."),
+        ts("Cold-plate R over its references", "percentunit", [
+            (f"max by (rack, node, gpu) (supernode_gpu_thermal_resistance_kelvin_per_watt{{{NODE}}})"
+             f" / on (rack, node, gpu) max by (rack, node, gpu) "
+             f"(supernode_gpu_thermal_resistance_baseline_kelvin_per_watt{{{NODE}}}) - 1",
+             "{{node}} gpu {{gpu}} over baseline"),
+            (f"max by (rack, node, gpu) (supernode_gpu_thermal_resistance_kelvin_per_watt{{{NODE}}})"
+             f" / on (rack, node) group_left max by (rack, node) "
+             f"(supernode_gpu_thermal_resistance_rack_median_kelvin_per_watt{{{NODE}}}) - 1",
+             "{{node}} gpu {{gpu}} over the rack")],
+           "How far each GPU's R sits above its baseline and above the rack's reference "
+           "(remediation.detectors.cold_plate_degraded_ratio, 0.15 by default, fires after its hold)."),
         states("Pumps running", "bool_on_off", [
             (f"max by (rack, cdu, pump) (supernode_cdu_pump_running{{{RACK}}})", cdu + " {{pump}}")]),
         ts("Pump speed", "percentunit", [

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from agent.config import ThermalResistanceSettings
 from agent.derived_thermal import ThermalResistanceSource
 from agent.remediation.detectors import Context, Detectors
@@ -133,6 +135,29 @@ def test_a_plate_fouled_30_percent_fires_against_its_peers_while_the_gpu_is_far_
     assert detail["thermal_resistance_kelvin_per_watt"] > detail["peers_median_kelvin_per_watt"] * 1.15
     rack.r[2] = CLEAN  # cleaned: it clears after its clear hold
     assert [e.kind for e in _run(rack, d, 120)] == ["clear"]
+
+
+def test_a_short_gap_in_rs_inputs_restarts_neither_its_smoothing_nor_the_fire_hold(tmp_path):
+    """A loaded host: the CDU's poll fails for 15 s in the middle of a fouled plate's 60 s hold. R's smoothing goes
+    on where it was (no settle again) and the hold is not restarted: the warning comes at the end of the hold that
+    began before the gap (bench_cooling's run that warned only at slowdown). A gap longer than 3 time constants
+    of the smoothing starts R afresh, settle included."""
+    rack, d = Rack(tmp_path, learn_seconds=1e6), _detectors(fire=60.0)
+    _run(rack, d, 60)
+    rack.r[2] = CLEAN * 1.3
+    assert _run(rack, d, 20) == []  # above its peers from the second step (10 s): the hold runs
+    rack.supply = None
+    assert _run(rack, d, 15) == []
+    assert _reasons(rack.step(0.0)) == {str(i): "no_supply_reading" for i in range(4)}
+    rack.supply = SUPPLY
+    back = rack.step(5.0)
+    assert "2" in _values(back, R) and _reasons(back) == {}  # no settle again after a short gap
+    events = _run(rack, d, 35)  # 75 s since the fouling: the hold that began at 10 s has run its 60 s
+    assert [(e.kind, e.targets) for e in events] == [("fire", {"node": "node01", "gpu": "2"})]
+    rack.supply = None
+    _run(rack, d, 35)  # longer than 3 x the 10 s smoothing
+    rack.supply = SUPPLY
+    assert _reasons(rack.step(5.0)) == {str(i): "settling" for i in range(4)}
 
 
 def test_no_r_and_no_incident_at_idle_load_the_gate(tmp_path):
@@ -269,7 +294,7 @@ def test_the_twins_fouling_and_blocked_tray_follow_the_physics_and_clear_undoes_
     assert m.tray_flow_lpm("node02") == pytest.approx(m.tray_flow_lpm("node03"))
 
 
-def test_the_supply_of_a_tray_is_its_zones_valve_cdu_else_its_zones_cdu_else_the_only_cdu():
+def test_the_supply_of_a_tray_is_its_zones_valve_cdu_else_its_zones_cdu_else_the_racks_valve_cdu_else_the_only():
     from agent.config import Inventory
     from agent.derived_thermal import supply_cdu
 
@@ -278,8 +303,12 @@ def test_the_supply_of_a_tray_is_its_zones_valve_cdu_else_its_zones_cdu_else_the
     inv = Inventory(nodes=["n1", "n2", "n3"], cdus=[{"name": "cdu1", **cdu}, {"name": "rdhx1", **cdu}],
                     leak_zones=zones)
     assert supply_cdu(inv, "n1") == "cdu1"  # both serve zone-a's leak channels: the valve's CDU feeds it
-    assert supply_cdu(inv, "n2") is None  # two CDUs serve zone-b, no valve says which: not guessed
-    assert supply_cdu(inv, "n3") is None
+    # zone-b has no valve of its own, and two CDUs serve its channels: the rack's valves all sit on cdu1, the loop
+    assert supply_cdu(inv, "n2") == "cdu1"
+    assert supply_cdu(inv, "n3") == "cdu1"  # in no zone: the rack's loop too
+    two = Inventory(nodes=["n1", "n2"], cdus=[{"name": "cdu1", **cdu}, {"name": "rdhx1", **cdu}],
+                    leak_zones=[{"name": "zone-a", "nodes": ["n1"]}, {"name": "zone-b", "nodes": ["n2"]}])
+    assert supply_cdu(two, "n2") is None  # two CDUs serve zone-b and no valve anywhere says which: not guessed
     one = Inventory(nodes=["n1"], cdus=[{"name": "cdu7", "profile": "reference-cdu"}])
     assert supply_cdu(one, "n1") == "cdu7"
 
@@ -313,3 +342,92 @@ def test_a_baseline_file_that_cannot_be_written_is_kept_in_memory_and_tried_agai
     assert b.pending(110.0) is None  # not again before the persist period
     blocker.unlink()
     assert b.save(131.0) and json.loads((blocker / FILE_NAME).read_text())["gpus"]["GPU-0"]["3"]["r"] == 0.06
+
+
+# -- the rack's reference (issue 35: R judged against the other trays' loaded GPUs) ---------------------------
+
+
+def _with_rack(rack: Rack, median: float | None, peers: int) -> None:
+    """The rack's reference as the tray summaries' share publishes it (agent.coordination.link_share)."""
+    from agent.coordination.link_share import DEVICE, GPU_RACK_THERMAL_PEERS, GPU_RACK_THERMAL_RESISTANCE, SOURCE
+
+    rack.store.register(SOURCE, DEVICE, 0.5, 1e9)
+    out = [Reading(GPU_RACK_THERMAL_PEERS, float(peers), {}, timestamp=rack.t)]
+    if median is not None:
+        out.append(Reading(GPU_RACK_THERMAL_RESISTANCE, median, {}, timestamp=rack.t))
+    rack.store.publish(SOURCE, DEVICE, out, 0.0)
+
+
+def _run_with_rack(rack: Rack, d: Detectors, seconds: float, median: float | None, peers: int) -> list:
+    events = []
+    for _ in range(int(seconds / 5.0)):
+        rack.step(5.0)
+        _with_rack(rack, median, peers)
+        events += [e for e in d.evaluate(rack.store.snapshot()) if e.detector == "cold_plate_degraded"]
+    return events
+
+
+def test_a_fouled_plate_on_a_two_gpu_tray_stands_out_against_the_rack_with_no_tray_median_and_no_history(tmp_path):
+    """Two loaded GPUs: one peer on the tray, below cold_plate_min_peers (2): no tray median; no baseline learnt
+    yet. Only the rack's reference (the other trays' loaded GPUs) shows the fouled plate."""
+    rack = Rack(tmp_path, gpus=2, learn_seconds=1e6)
+    d = _detectors(fire=30.0)
+    rack.r[1] = CLEAN * 1.3
+    assert _run(rack, d, 120.0) == []  # without the rack's reference nothing shows it
+    events = _run_with_rack(rack, d, 90.0, CLEAN, 8)
+    assert [(e.kind, e.targets) for e in events] == [("fire", {"node": "node01", "gpu": "1"})]
+    assert events[0].detail["off"] == ["rack"] and events[0].detail["rack_median_kelvin_per_watt"] == CLEAN
+    # Too few loaded GPUs on the other trays: the reference is not used (nothing new fires, nothing clears).
+    d2 = _detectors(fire=30.0)
+    assert _run_with_rack(rack, d2, 90.0, CLEAN, 1) == []
+
+
+def test_a_tray_whose_every_plate_fouled_is_one_tray_incident_against_the_rack(tmp_path):
+    """Every plate of the tray fouled alike: the tray's median moved with them (peers show nothing), no
+    baseline yet; against the rack the tray stands out: one incident for the tray, not one per GPU; it clears
+    when the plates are clean again."""
+    rack = Rack(tmp_path, gpus=4, learn_seconds=1e6)
+    d = _detectors(fire=30.0, clear=30.0)
+    _run_with_rack(rack, d, 30.0, CLEAN, 8)
+    rack.r = [CLEAN * 1.3] * 4
+    events = _run_with_rack(rack, d, 90.0, CLEAN, 8)
+    assert [(e.kind, e.targets) for e in events] == [("fire", {"node": "node01"})]
+    assert events[0].detail["scope"] == "tray" and events[0].detail["off"] == ["rack"]
+    rack.r = [CLEAN] * 4
+    assert [(e.kind, e.targets) for e in _run_with_rack(rack, d, 120.0, CLEAN, 8)] == [("clear", {"node": "node01"})]
+
+
+def test_the_rack_reference_is_the_median_of_the_other_trays_loaded_gpus_on_the_same_loop_and_flow():
+    from agent.coordination.tray_cooling import GpuCooling, TrayCooling, rack_resistance
+
+    def tray(cdu: str, flow: float | None, *rs: float | None) -> TrayCooling:
+        return TrayCooling(cdu, flow, {str(i): GpuCooling(r, 600.0, 40.0, 200.0) for i, r in enumerate(rs)})
+
+    cooling = {"node01": tray("cdu1", FLOW, 0.09, 0.09),  # every plate of this tray fouled
+               "node02": tray("cdu1", FLOW, 0.06, 0.061, None),  # one GPU idle: not counted
+               "node03": tray("cdu1", FLOW * 1.02, 0.059),
+               "node04": tray("cdu2", FLOW, 0.2),  # another loop
+               "node05": tray("cdu1", FLOW * 2, 0.03)}  # another flow band
+    got = rack_resistance("node01", cooling, 0.1)
+    assert got.median == 0.06 and got.gpus == 3 and got.trays == ("node02", "node03")
+    assert rack_resistance("node09", cooling, 0.1).median is None  # a tray that says nothing has no reference
+
+
+@pytest.mark.parametrize("cool, field", [
+    ({"cdu": "cdu1", "flow": 0.005, "g": {"0": [-0.06, 600, 40, 200]}}, "links.cool.g.0.r"),
+    ({"cdu": "cdu1", "flow": 0.005, "g": {"0": [float("nan"), 600, 40, 200]}}, "links.cool.g.0.r"),
+    ({"cdu": "cdu1", "flow": 0.005, "g": {"0": [0.06, 1e9, 40, 200]}}, "links.cool.g.0.watts"),
+    ({"cdu": "cdu1", "flow": 0.005, "g": {"0": [0.06, 600, 40]}}, "links.cool.g.0"),
+    ({"cdu": "cdu1", "flow": -1, "g": {}}, "links.cool.flow"),
+    ({"cdu": 7, "flow": 0.005, "g": {}}, "links.cool.cdu"),
+    ({"cdu": "cdu1", "flow": 0.005, "g": {"x": [0.06, 600, 40, 200]}}, "links.cool.g"),
+    ("garbage", "links.cool"),
+])
+def test_a_peers_garbage_cooling_summary_refuses_its_whole_vector_naming_the_field(cool, field):
+    from agent.coordination.link_vectors import decode
+    from agent.coordination.records import RecordError
+
+    raw = json.dumps({"v": 1, "node": "node02", "at": 1000.0, "gpus": {}, "cool": cool})
+    with pytest.raises(RecordError) as err:
+        decode(raw, "node02", ["node01", "node02"], 1000.0, 5.0)
+    assert field in err.value.detail

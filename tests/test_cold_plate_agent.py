@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from sim.harness import sim_rack
 from tests.agentproc import running_agent
 from tests.helpers import wait_for
@@ -95,7 +97,7 @@ def test_a_blocked_tray_reads_low_over_redfish_and_opens_tray_flow_low_on_the_le
         with running_agent(cfg, tmp_path) as agent:
             flows = wait_for(lambda: (f := _tray_flows(agent.metrics())) and len(f) == 3 and f, 90,
                              what="the coolant connector flow of the three trays")
-            assert flows["bmc-node01"] * 60000 == __import__("pytest").approx(model.tray_flow_lpm("node01"), rel=1e-3)
+            assert flows["bmc-node01"] * 60000 == pytest.approx(model.tray_flow_lpm("node01"), rel=1e-3)
             rack.inject("tray-flow-blocked", node="node03", percent=60)
 
             def opened() -> dict | None:
@@ -106,3 +108,27 @@ def test_a_blocked_tray_reads_low_over_redfish_and_opens_tray_flow_low_on_the_le
             assert inc["detail"]["share_of_peers"] < 0.7
             rack.clear()
             wait_for(lambda: opened() is None, 90, what="tray_flow_low cleared once the tray is unblocked")
+
+
+def test_a_rack_whose_only_cdu_speaks_redfish_still_gets_r_from_its_coolant_connector(tmp_path):
+    """No Modbus CDU in the inventory (nor its valves): the tray's coolant supply is the Redfish CDU's (rfcdu1, the
+    DMTF CoolingUnit over HTTPS), read through the one CDU view the coolant detectors read; R is the die's rise over
+    that supply per watt, as the simulator's physics has it."""
+    with sim_rack(tmp_path) as rack:
+        cfg = _config(rack, tmp_path)
+        inv = cfg["inventory"]
+        inv["cdus"] = []
+        inv.pop("rack_valve", None)
+        for zone in inv["leak_zones"]:
+            zone.pop("valve", None)
+        cfg["sources"]["thermal_resistance"] = {"interval": 1.0, "timeout": 1.0, "settle_seconds": 2.0,
+                                                "smoothing_seconds": 2.0}
+        gpus = rack.sim.model.nodes["node01"].gpus
+        with running_agent(cfg, tmp_path) as agent:
+            rs = wait_for(lambda: (r := _series(agent.metrics(), R)) and len(r) == len(gpus) and r, 90,
+                          what="R of every GPU from the Redfish CDU's supply")
+            assert "supernode_gpu_thermal_resistance_unavailable{" not in agent.metrics()
+            model = rack.sim.model
+            with model.lock:
+                want = {str(g.index): (g.temp_c - model.coolant.secondary_supply_c) / g.power_w for g in gpus}
+            assert rs == {k: pytest.approx(v, rel=0.05) for k, v in want.items()}

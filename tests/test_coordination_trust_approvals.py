@@ -155,6 +155,38 @@ def test_any_record_never_raises_and_is_never_accepted_without_the_right_proof(r
     assert math.isfinite(got.approved_at) and STEP.created_at - SKEW <= got.approved_at <= NOW + SKEW
 
 
+EVIDENCE = {"leak_scope": "zone", "dry_hold_seconds": 900.0,
+            "dry_history": [{"zone": "zone-b", "sensor": "rope2", "state": "dry", "last_wet_at": NOW - 2000,
+                             "dry_since": NOW - 1000, "last_read_at": NOW - 1}]}
+
+
+def test_a_records_dry_history_is_checked_and_its_dry_seconds_counted_when_shown():
+    from agent.coordination.approval_evidence import view
+
+    doc = pending_record(json.dumps(dict(approved(state="pending"), evidence=EVIDENCE)), NOW, SKEW, EXPIRY)
+    shown = view(doc["evidence"], NOW)
+    assert shown["dry_history"][0]["dry_seconds"] == 1000.0 and shown["dry_hold_passed"] is True
+    assert view(doc["evidence"], NOW - 200)["dry_hold_passed"] is False  # 800 s of 900
+
+
+@pytest.mark.parametrize("row", [{"state": "damp"}, {"dry_since": None}, {"dry_since": "yesterday"},
+                                 {"dry_since": NOW + 3600}, {"sensor": 7}, {"zone": "z" * 500},
+                                 {"last_wet_at": float("inf")}])
+def test_a_garbled_dry_history_refuses_the_whole_record(row):
+    bad = dict(EVIDENCE, dry_history=[dict(EVIDENCE["dry_history"][0], **row)])
+    with pytest.raises(RecordError) as exc:
+        pending_record(json.dumps(dict(approved(state="pending"), evidence=bad)), NOW, SKEW, EXPIRY)
+    assert exc.value.why == "evidence"
+
+
+@given(_JSON)
+def test_any_evidence_never_raises_anything_but_a_record_error(evidence):
+    try:
+        pending_record(json.dumps(dict(approved(state="pending"), evidence=evidence)), NOW, SKEW, EXPIRY)
+    except RecordError:
+        pass
+
+
 @given(_JSON.map(json.dumps) | st.binary(max_size=100))
 def test_pending_record_never_raises_anything_but_a_record_error(raw):
     try:
@@ -322,6 +354,27 @@ def test_an_incident_id_of_an_earlier_episode_approves_nothing_now_neither_apply
         wait_for(lambda: rack.valve_open(zone) is False, 30, what="zone valve closed")
         rack.sim.clear()
         reopen = valve_close_pending(follower, zone, phase="undo")
+        # the leader's dry history of the zone's detectors, shown by a follower from the rack's record (issue 35)
+        assert reopen["leak_scope"] == "zone" and reopen["dry_hold_passed"] is True, reopen
+        assert reopen["dry_history"] and all(r["zone"] == zone and r["state"] == "dry"
+                                             and r["dry_seconds"] >= reopen["dry_hold_seconds"]
+                                             for r in reopen["dry_history"]), reopen["dry_history"]
+        assert any(r["last_wet_at"] for r in reopen["dry_history"])  # the detector that read the leak
+        # an etcd writer garbles the history (a wet detector shown dry would pass for it): refused on every agent,
+        # counted, and the leader writes its record afresh, so the person is never shown a made-up history
+        key = f"{rack.root}/approvals/{reopen['id']}"
+        garbled = json.loads(rack.etcd.get(key))
+        garbled["evidence"]["dry_history"][0].update(state="dry", dry_since="yesterday")
+        rack.etcd.put(key, json.dumps(garbled))
+        wait_for(lambda: [e for e in rows(leader, since, kind="approval", result="refused")
+                          if e["detail"].get("why") == "evidence"], 30, what="the garbled history refused")
+        assert (metric(follower, "supernode_coordination_rejected_records_total", key_kind="approval",
+                       why="evidence") or 0.0) >= 1
+        again = wait_for(lambda: next((p for p in incidents(follower).get("pending_approvals", [])
+                                       if p["id"] == reopen["id"] and p.get("dry_history")), None), 30,
+                         what="the record written afresh, its history whole")
+        assert [r["sensor"] for r in again["dry_history"]] == [r["sensor"] for r in reopen["dry_history"]]
+        assert all(isinstance(r["dry_since"], float) for r in again["dry_history"])
         second = resolved(follower, second["id"])
         assert approval_refused(follower, first["id"])
         assert valve_close_pending(follower, zone, phase="undo")["id"] == reopen["id"]

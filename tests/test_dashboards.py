@@ -24,7 +24,7 @@ from tests.peers import prometheus_server
 # Grafana unit ids used on purpose; anything else (or none) is a mistake.
 UNITS = {"watt", "voltamp", "amp", "volt", "joule", "celsius", "flowlpm", "pressurepa", "percentunit", "bytes",
          "Bps", "hertz", "dBm", "s", "short", "cps", "reqps", "sci", "bool_on_off", "bool_yes_no",
-         "suffix:L/min/kW", "kwatth"}
+         "suffix:L/min/kW", "kwatth", "suffix:K/W"}
 # Labels with one value per NVLink or optic lane: a state timeline keeping them is a row per link.
 PER_LINK_LABELS = ("link", "lane")
 
@@ -189,6 +189,9 @@ SERIES: list[tuple[str, dict, float, float]] = [
     ("supernode_gpu_temperature_celsius", {**GPU, "sensor": "memory"}, 70, 0),
     ("supernode_gpu_temperature_threshold_celsius", {**GPU, "threshold": "slowdown"}, 87, 0),
     ("supernode_gpu_power_watts", GPU, 900, 0),
+    ("supernode_gpu_thermal_resistance_kelvin_per_watt", GPU, 0.041, 0),
+    ("supernode_gpu_thermal_resistance_baseline_kelvin_per_watt", GPU, 0.035, 0),
+    ("supernode_gpu_thermal_resistance_rack_median_kelvin_per_watt", {}, 0.035, 0),
     ("supernode_gpu_power_limit_watts", {**GPU, "limit": "enforced"}, 1200, 0),
     ("supernode_gpu_clock_event_active", {**GPU, "reason": "sw_power_cap"}, 0, 0),
     ("supernode_gpu_ecc_errors_total", {**GPU, "type": "corrected", "scope": "volatile"}, 3, 0.1),

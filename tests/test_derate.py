@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.remediation.derate import GpuMargin, loop_capacity, loop_inputs, plan_cuts, plan_limits
+from agent.remediation.derate import GpuMargin, loop_capacity, loop_inputs, plan_cuts, plan_limits, plan_rack
 
 SUPPLY = 30.0
 
@@ -112,6 +112,36 @@ def test_a_re_planned_cap_is_one_effect_after_a_restart_and_its_undo_ends_every_
     assert rebuild_effects([first, rerun, undo]) == {}
 
 
+def test_a_second_incidents_lower_cap_of_the_same_gpu_is_the_effects_value_after_a_restart_too():
+    """The loop's Modbus and Redfish CDU open one coolant incident each and plan from slightly different readings:
+    the second lands a lower limit over the first's. The undo must look for that value (the one the GPU has), or
+    the last undo finds "not the value we set" and leaves the GPU capped for good; a skipped second apply (its
+    limit was higher) changes nothing."""
+    from agent.remediation.journal_file import Entry
+    from agent.remediation.ownership import rebuild_effects
+
+    def result(seq: int, aid: str, inc: str, detail: dict) -> Entry:
+        return Entry(seq, float(seq), "result", aid, inc, "coolant-degraded", "gpu_power_cap", "gpu=1,node=node02",
+                     "done", detail)
+    first = result(1, "A", "modbus", {"phase": "apply", "before": {"limit_watts": 700.0, "owned": True},
+                                      "after": {"limit_watts": 322.0}})
+    lower = result(2, "B", "redfish", {"phase": "apply", "before": {"limit_watts": 700.0, "owned": True},
+                                       "after": {"limit_watts": 317.0}})
+    eff = rebuild_effects([first, lower])[("gpu_power_cap", "gpu=1,node=node02")]
+    assert eff["before"]["limit_watts"] == 700.0 and eff["after"]["limit_watts"] == 317.0
+    assert eff["holders"] == {"modbus": "A", "redfish": "B"}
+    higher = result(2, "B", "redfish", {"phase": "apply", "before": {"limit_watts": 322.0, "owned": False},
+                                        "after": {"limit_watts": 322.0}, "skipped": True})
+    eff = rebuild_effects([first, higher])[("gpu_power_cap", "gpu=1,node=node02")]
+    assert eff["after"]["limit_watts"] == 322.0 and eff["holders"] == {"modbus": "A", "redfish": "B"}
+    # the second's first apply skipped, its re-plan the first to lower the limit: it holds the cap under its first
+    # apply's id, the one its undo looks for (a re-run's own id would leave the cap held for ever)
+    replan = result(3, "B2", "redfish", {"phase": "apply", "before": {"limit_watts": 322.0, "owned": True},
+                                          "after": {"limit_watts": 275.0}, "rerun_of": "B"})
+    eff = rebuild_effects([first, replan])[("gpu_power_cap", "gpu=1,node=node02")]
+    assert eff["holders"] == {"modbus": "A", "redfish": "B"} and eff["after"]["limit_watts"] == 275.0
+
+
 @pytest.mark.parametrize("params, named", [({"max_delta_t_celsius": -3}, "max_delta_t_celsius"),
                                            ({"fallback_fraction": 1.5}, "fallback_fraction"),
                                            ({"max_delta": 3}, "unknown parameter(s) max_delta")])
@@ -179,3 +209,56 @@ def test_a_re_plan_never_raises_a_limit_another_kind_of_incident_holds_and_does_
         await eng.stop()
         await runner.cleanup()
     asyncio.run(main())
+
+
+# -- across the rack's trays (plan_rack) ----------------------------------------------------------------------
+
+
+@st.composite
+def rack_of_trays(draw) -> dict[str, list[GpuMargin]]:
+    """Trays of GPUs as their summaries give them: power, rise over the supply (temp_c here), minimum limit."""
+    out = {}
+    for t in range(draw(st.integers(1, 5))):
+        gpus = []
+        for i in range(draw(st.integers(1, 4))):
+            lo = draw(st.floats(100.0, 400.0))
+            gpus.append(GpuMargin(str(i), draw(st.floats(0.0, 1200.0)), draw(st.floats(-5.0, 70.0)), lo))
+        out[f"node{t + 1:02d}"] = gpus
+    return out
+
+
+@given(rack_of_trays(), st.floats(0.0, 1.0), st.floats(0.0, 3000.0), st.randoms())
+def test_the_rack_plan_sheds_the_racks_share_by_margin_none_below_minimum_the_same_in_any_order(trays, shed, floor,
+                                                                                              rnd):
+    shed_w, cuts = plan_rack(trays, shed, floor)
+    power = sum(g.power_w for gs in trays.values() for g in gs)
+    headroom = sum(max(g.power_w - g.min_w, 0.0) for gs in trays.values() for g in gs)
+    assert shed_w == pytest.approx(max(shed * power, floor))
+    total = sum(c for per in cuts.values() for c in per.values())
+    if headroom >= shed_w:  # the total is the computed shed, never more (within the bisection's precision)
+        assert shed_w * (1 - 1e-9) - 1e-9 <= total <= shed_w * (1 + 1e-6) + 1e-6
+    else:
+        assert total == pytest.approx(headroom)
+    flat = [(n, g, cuts[n][g.key]) for n, gs in trays.items() for g in gs]
+    for n, g, cut in flat:
+        assert 0.0 <= cut <= max(g.power_w - g.min_w, 0.0) + 1e-9  # no GPU below its minimum limit
+    for n, hot, cut in flat:  # a hotter GPU, on any tray, is cut at least as much unless it sits at its minimum
+        if cut >= max(hot.power_w - hot.min_w, 0.0) - 1e-9:
+            continue
+        assert all(cut >= other - 1e-6 for _, cool, other in flat if cool.temp_c < hot.temp_c)
+    # Each agent holds the trays in the order it got them: the same plan, to the last bit.
+    shuffled = list(trays.items())
+    rnd.shuffle(shuffled)
+    again = plan_rack({n: rnd.sample(gs, len(gs)) for n, gs in shuffled}, shed, floor)
+    assert again == (shed_w, cuts)
+
+
+def test_the_hotter_tray_sheds_more_and_the_trays_cuts_sum_to_the_racks_shed():
+    trays = {"node01": [GpuMargin("0", 600.0, 20.0, 200.0), GpuMargin("1", 600.0, 20.0, 200.0)],
+             "node02": [GpuMargin("0", 600.0, 40.0, 200.0), GpuMargin("1", 600.0, 40.0, 200.0)]}
+    shed_w, cuts = plan_rack(trays, 0.25, 0.0)
+    assert shed_w == pytest.approx(600.0)
+    assert sum(cuts["node02"].values()) == pytest.approx(400.0, rel=1e-6)  # twice the rise: twice the cut
+    assert sum(cuts["node01"].values()) == pytest.approx(200.0, rel=1e-6)
+    # over the PDU budget by more than the loop asks: the rack sheds at least that
+    assert plan_rack(trays, 0.25, 900.0)[0] == 900.0

@@ -112,3 +112,29 @@ def test_a_filter_at_its_rated_service_hours_is_due_and_one_without_a_rating_is_
     rs = hours("1", 9500, 10000) + hours("2", 5791, 10000) + hours("3", 99999, None)
     assert _kinds(d, 1.0, rs, "coolant_service_due") == [
         ("fire", {"cdu": "rfcdu1", "kind": "filter", "resource": "1"})]
+
+
+def test_a_loop_input_that_is_not_ok_or_gone_neither_fires_nor_clears_and_says_sensor_fault():
+    """Missing inputs of the loop-health detectors: a filter pressure drop or a reservoir level that is not ok is a
+    sensor fault (its own warning), never "clean" or "full"; one that is gone (the CDU stale) is no observation:
+    an open incident holds; a service time that is not ok is unknown."""
+    loop = ("filter_clogging", "reservoir_low", "coolant_service_due")
+    d = Detectors(DetectorSettings(**dict.fromkeys(loop, FAST)), Context("n1", "r01"))
+    svc = {"bmc": "rfcdu1", "equipment": "1", "kind": "filter", "resource": "1"}
+
+    def inputs(t: float, q: Quality) -> list[Reading]:
+        return [Reading(mm.PRESSURE, 55_000.0, {"cdu": "cdu1", "loop": "secondary", "point": "filter_differential"},
+                        q, t),
+                Reading(mm.RESERVOIR, 0.2, {"cdu": "cdu1"}, q, t),
+                Reading(rm.SERVICE_TIME, 990 * 3600, svc, q, t), Reading(rm.RATED_SERVICE_TIME, 1000 * 3600, svc,
+                                                                          Quality.OK, t)]
+
+    def events(t: float, readings: list[Reading]) -> set[tuple[str, str]]:
+        return {(e.kind, e.detector) for e in d.evaluate(Snapshot(t, tuple(readings), (), monotonic=t))
+                if e.detector in loop + ("sensor_fault",)}
+
+    assert events(1.0, inputs(1.0, Quality.OK)) == {("fire", name) for name in loop}
+    faulted = events(2.0, inputs(2.0, Quality.SENSOR_FAULT))
+    assert ("fire", "sensor_fault") in faulted and not {e for e in faulted if e[1] in loop}  # held, not cleared
+    assert not {e for e in events(3.0, []) if e[1] in loop}  # gone: held too
+    assert events(4.0, inputs(4.0, Quality.OK)) <= {("clear", "sensor_fault")}  # back and still bad: still open

@@ -42,6 +42,31 @@ def test_power_cap_clamps_reads_back_and_restores(tmp_path):
     asyncio.run(main())
 
 
+def test_two_caps_planned_at_once_never_raise_the_lower_one_and_the_last_undo_restores(tmp_path):
+    """The loop's Modbus and Redfish CDU open one coolant incident each: both cap plans read 700 W, the second
+    lands after the first. It must not raise the first's lower limit: it is skipped, not owned (so the engine
+    counts it a holder of the first's cap, whose undo then waits for both: tests/test_rack_cooling.py)."""
+    async def main():
+        model = RackModel(nodes=1, gpus_per_node=1)
+        runner, url = await nvml_twin_server(model)
+        lib = NvmlTwin(url, "node01")
+        await asyncio.to_thread(lib.nvmlInit)
+        eng = engine(tmp_path, executors=Executors(gpu_libs={"node01": lib}))
+        await eng.start()
+        act = eng.actions["gpu_power_cap"]
+        gpu = {"node": "node01", "gpu": "0"}
+        first = await act.plan(gpu, {"watts": 343}, {})
+        second = await act.plan(gpu, {"watts": 348}, {})
+        assert first["before"]["owned"] and second["before"]["owned"]  # both read 700 W
+        await act.apply(gpu, {"watts": 343}, {}, first)
+        res = await act.apply(gpu, {"watts": 348}, {}, second)
+        assert res.skipped and res.before == {"limit_watts": 343.0, "owned": False}
+        assert model.gpu("node01", 0).power_limit_mw == 343_000
+        await eng.stop()
+        await runner.cleanup()
+    asyncio.run(main())
+
+
 def test_leak_caps_drains_and_resume_waits_for_approval(tmp_path):
     async def main():
         model = RackModel(nodes=2, gpus_per_node=2)

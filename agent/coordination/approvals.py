@@ -41,6 +41,7 @@ from typing import Any, Iterable, Mapping
 
 from pydantic import SecretStr
 
+from agent.coordination import approval_evidence
 from agent.coordination.records import RecordError, as_object, node_name, parse_json, wall_time
 
 MAX_NAME = 200  # a token name, an id, a target: longer is not one of ours
@@ -102,7 +103,8 @@ def _name(value: Any, what: str) -> str:
 def pending_record(raw: bytes | str, now: float, skew: float, expiry: float) -> dict[str, Any]:
     """The fields of a rack approval record every reader relies on, checked (RecordError otherwise):
     ids and step as short strings, a known state, `created_at` a time not in the future, `expires_at` at most
-    `expiry` (+ skew) after it. A record that passes may still be a lie about who wrote it: only a proof
+    `expiry` (+ skew) after it, and the evidence a person is shown, when there is one
+    (agent.coordination.approval_evidence). A record that passes may still be a lie about who wrote it: only a proof
     (`approval_of`) makes it an approval."""
     doc = as_object(parse_json(raw), "approval")
     for f in ("id", "incident_id", "incident_key", "action", "target", "phase", "requested_by"):
@@ -116,6 +118,8 @@ def pending_record(raw: bytes | str, now: float, skew: float, expiry: float) -> 
     if expires - created > expiry + skew:
         raise RecordError("expiry", f"expires_at: {expires - created:.0f} s after created_at; approvals lapse "
                                     f"after {expiry:g} s")
+    if doc.get("evidence") is not None:  # what the person is shown: a leak's dry history (approval_evidence)
+        doc["evidence"] = approval_evidence.check(doc["evidence"], now, skew)
     return doc
 
 

@@ -117,7 +117,7 @@ class EtcdCoordinator(RackState):
         self._maint_out: dict[str, Record | None] = {}  # node -> this agent's record to write (None: delete)
         self._maint_task: asyncio.Task | None = None
         self._links_prefix = f"{self.root}/links/"
-        self.links = LinkShare.of(cfg, self.inventory_nodes, self.skew, clock)  # None: no rack-scale NVLink domain
+        self.links = LinkShare.of(cfg, self.inventory_nodes, self.skew, clock)  # None: a rack of one tray
         self._links_out: bytes | None = None  # this node's next link vector to put (one put in flight)
         self._links_task: asyncio.Task | None = None
 

@@ -10,7 +10,10 @@ The vector also carries the tray's load summary (`load`: how many of its GPUs ar
 and power), so every agent knows the rack's median busy GPU (agent.coordination.rack_load) and a straggler
 detector can see a whole tray running slow, which its own node's median never shows. It rides along: a
 change of load alone does not put the vector again before its refresh. Optional, so an agent that does not
-send it (or an older one) is read as before.
+send it (or an older one) is read as before. And, likewise optional, the tray's cooling summary (`cool`: each
+GPU's thermal resistance and margin, agent.coordination.tray_cooling), for the rack's cold-plate reference and
+the derate by margin across trays. On a rack that is no NVLink domain the vector carries no links, only the
+summaries.
 
 What a reader takes is checked here (`decode`): the node is the key's, an inventory node; the time is a time
 not ahead of the reader's clock by more than the allowed skew; at most MAX_GPUS GPUs of at most MAX_LINKS
@@ -26,7 +29,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from agent.coordination import tray_cooling
 from agent.coordination.records import RecordError, as_object, parse_json, wall_time
+from agent.coordination.tray_cooling import CoolingBuilder, TrayCooling
 
 VERSION = 1
 UP, DOWN, ERRORING = "u", "d", "e"
@@ -53,6 +58,7 @@ class LinkVector:
     at: float  # the publisher's wall clock when it built the vector
     gpus: Mapping[str, str]  # gpu index -> one state character per link index
     load: TrayLoad | None = None  # the tray's busy GPUs, when its agent sends it
+    cool: TrayCooling | None = None  # the tray's cooling summary (agent.coordination.tray_cooling), when sent
 
     def failing(self) -> list[tuple[str, int]]:
         return sorted((g, k) for g, links in self.gpus.items() for k, s in enumerate(links) if s in FAILING)
@@ -62,6 +68,8 @@ def encode(v: LinkVector) -> bytes:
     doc: dict[str, Any] = {"v": VERSION, "node": v.node, "at": v.at, "gpus": dict(v.gpus)}
     if v.load is not None:
         doc["load"] = {"n": v.load.busy, "sm": v.load.sm_clock_hertz, "w": v.load.power_watts}
+    if v.cool is not None:
+        doc["cool"] = tray_cooling.encode(v.cool)
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
@@ -103,7 +111,7 @@ def decode(raw: bytes | str, node: str, nodes: Iterable[str], now: float, skew: 
             raise RecordError("type", f"links.gpus: {gpu[:20]!r} is not a GPU index")
         if not isinstance(links, str) or len(links) > MAX_LINKS or set(links) - {UP, DOWN, ERRORING}:
             raise RecordError("type", f"links.gpus.{gpu}: expected at most {MAX_LINKS} link states of u, d, e")
-    return LinkVector(node, at, dict(gpus), _decode_load(doc.get("load")))
+    return LinkVector(node, at, dict(gpus), _decode_load(doc.get("load")), tray_cooling.decode(doc.get("cool")))
 
 
 class VectorBuilder:
@@ -111,9 +119,11 @@ class VectorBuilder:
     when its effective BER is over `nvlink_effective_ber` or its counted errors rise faster than
     `nvlink_error_rate_per_second` (the local detector's thresholds, so both judge a link alike)."""
 
-    def __init__(self, node: str, settings: Any):
+    def __init__(self, node: str, settings: Any, cooling: CoolingBuilder | None = None, links: bool = True):
         self.node = node
         self.s = settings
+        self.cooling = cooling  # the tray's cooling summary rides along when set
+        self.links = links  # False: the rack is no NVLink domain, the vector carries the summaries only
         self._last: dict[tuple[str, str, str], tuple[float, float, float]] = {}  # (gpu, link, type) -> (t, value, rate)
 
     def build(self, snap: Any, at: float) -> LinkVector | None:
@@ -121,7 +131,9 @@ class VectorBuilder:
         for r in snap.select("supernode_nvlink_up"):
             if r.ok and r.label("link").isdigit() and r.label("node", self.node) == self.node:
                 state.setdefault(r.label("gpu"), {})[int(r.label("link"))] = UP if r.value >= 0.5 else DOWN
-        if not state:
+        if not self.links:
+            state = {}
+        elif not state:
             return None
         for gpu, link in self._erroring(snap):
             links = state.get(gpu)
@@ -129,7 +141,10 @@ class VectorBuilder:
                 links[link] = ERRORING
         gpus = {g: "".join(links.get(k, UP) for k in range(max(links) + 1)) for g, links in state.items()
                 if g.isdigit()}
-        return LinkVector(self.node, at, gpus, self._load(snap))
+        cool = self.cooling.build(snap) if self.cooling is not None else None
+        if not self.links and cool is None:
+            return None
+        return LinkVector(self.node, at, gpus, self._load(snap), cool)
 
     def _load(self, snap: Any) -> TrayLoad:
         """This tray's busy GPUs and their medians (the straggler detector's notion of busy)."""

@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from agent.coordination.etcd import KV, EtcdError, cmp_create, cmp_mod, op_delete, op_get, op_put
 from agent.auth import token_map
+from agent.coordination import approval_evidence
 from agent.coordination.approvals import Step, approval_of, approval_proof, pending_record, rack_approval_id
 from agent.coordination.records import (ActionsDoc, RecordError, Rejections, actions_doc, drains_doc, parse_json,
                                         wall_time)
@@ -274,8 +275,39 @@ class RackState:
             "playbook": pending.playbook, "action": pending.action, "target": pending.target,
             "phase": pending.phase, "approval": pending.approval, "created_at": pending.created_at,
             "expires_at": pending.expires_at, "state": "pending", "requested_by": self.node}
+        if pending.evidence is not None:  # a leak's dry history: shown with the record on every agent
+            pending.rack_doc["evidence"] = approval_evidence.stored(pending.evidence())
         self.local_pending[rid] = pending
-        asyncio.get_running_loop().create_task(self._publish_pending(rid, pending))
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._publish_pending(rid, pending))
+        if pending.evidence is not None:
+            loop.create_task(self._follow_evidence(rid, pending))
+
+    async def _follow_evidence(self, rid: str, p: Any, every: float = 0.5) -> None:
+        """While the step waits, its record's evidence follows the leader's (approval_evidence: only a change of
+        a detector's state rewrites it). A write that loses to a person's approval (or anything else that
+        changed the record) is not retried: the record changed, and the next look starts from it."""
+        key = f"{self.root}/approvals/{rid}"
+        while self.local_pending.get(rid) is p and not p.future.done():
+            await asyncio.sleep(every)
+            kv = self.mirror.get(key)
+            now = approval_evidence.stored(p.evidence())
+            if now == p.rack_doc.get("evidence") or kv is None or p.rack_revision is None \
+                    or kv.create_revision != p.rack_revision or not self.up():
+                continue
+            try:
+                doc = parse_json(kv.value)
+            except RecordError:
+                continue
+            if not isinstance(doc, dict) or doc.get("state") != "pending":
+                continue  # approved (or garbled: _check_approval refuses it and writes it afresh)
+            try:  # our own record, whatever else the key holds now
+                ok, _, _ = await self.client.txn([cmp_mod(key, kv.mod_revision)],
+                                                 [op_put(key, json.dumps(dict(p.rack_doc, evidence=now)))])
+            except EtcdError:
+                continue
+            if ok:
+                p.rack_doc["evidence"] = now
 
     async def _publish_pending(self, rid: str, p: Any, tries: int = 3) -> None:
         """Create the step's pending record; its create revision is what an approval must name. A record
@@ -482,12 +514,13 @@ class RackState:
             except EtcdError:
                 pass
 
-    @staticmethod
-    def _view(rid: str, doc: dict[str, Any]) -> dict[str, Any]:
+    def _view(self, rid: str, doc: dict[str, Any]) -> dict[str, Any]:
+        evidence = doc.get("evidence")  # checked with the record (pending_record); its seconds counted now
         return {"id": rid, "incident_id": doc["incident_id"], "incident_key": doc["incident_key"],
                 "playbook": doc.get("playbook"), "action": doc["action"], "target": doc["target"],
                 "phase": doc["phase"], "approval": doc.get("approval"), "created_at": doc["created_at"],
-                "expires_at": doc["expires_at"], "rack": True, "requested_by": doc["requested_by"]}
+                "expires_at": doc["expires_at"], "rack": True, "requested_by": doc["requested_by"],
+                **(approval_evidence.view(evidence, self.clock()) if evidence is not None else {})}
 
     def pending_view(self) -> list[dict[str, Any]]:
         now = self.clock()

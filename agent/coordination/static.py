@@ -21,7 +21,8 @@ The rack's NVLink attribution (a rack-scale NVLink domain: inventory.switch_tray
 its peers' feeds: every agent serves its tray's link vector (GET /api/v1/coordination/links, a stream of one
 line a change and every refresh, agent.coordination.line_feed) and follows every peer's at `inventory.agent_urls`;
 a vector is taken only as the peer's own tray's (agent.coordination.link_vectors.decode), and a peer whose feed
-is lost is silent (agent.coordination.attribution). The configured leader opens the switch incident.
+is lost is silent (agent.coordination.attribution). The configured leader opens the switch incident. The same
+feeds carry each tray's load and cooling summaries (agent.coordination.tray_cooling) on any rack with peers.
 """
 
 from __future__ import annotations
@@ -153,8 +154,9 @@ class StaticCoordinator:
         self.maintenance_poll = coord.maintenance_poll_seconds if coord is not None else 10.0
         self.peer_timeout = cfg.status.peer_timeout_seconds
         self.maintenance_reach: dict[str, bool] = {}  # peer -> its last maintenance answer came
-        # The rack's NVLink attribution (a rack-scale NVLink domain only): every peer's vector from its feed. With
-        # no peer to follow (no inventory.agent_urls) there is nothing to attribute: each tray judges its own links.
+        # The rack's tray vectors (NVLink attribution on an NVLink domain; everywhere the trays' load and cooling
+        # summaries): every peer's vector from its feed. With no peer to follow (no inventory.agent_urls) there is
+        # nothing to share: each tray judges its own links and plates.
         self.stale_after = cfg.sources.stale_after_intervals
         self.links = LinkShare.of(cfg, cfg.inventory.nodes, skew, time.time) \
             if any(n != self.node for n in self.peers) else None

@@ -19,11 +19,21 @@ coolant.py sizing note); max_return to 50 C, ASHRAE W45's supply limit plus
 and sheds it from its own GPUs: the rack's total cut is that share of the
 rack's GPU power, with no coordination round trip.
 
-Within a node the cut goes by thermal margin: each GPU's weight is its rise
-over the coolant supply (T_gpu - T_supply = R x P: the hottest, and at the
-same power the highest thermal resistance, weigh most); cuts are
-proportional to the weights, water-filled so no GPU goes below its minimum
-limit (one at its minimum passes the rest of its share to the others).
+The cut goes by thermal margin: each GPU's weight is its rise over the
+coolant supply (T_gpu - T_supply = R x P: the hottest, and at the same power
+the highest thermal resistance, weigh most); cuts are proportional to the
+weights, water-filled so no GPU goes below its minimum limit (one at its
+minimum passes the rest of its share to the others).
+
+Across the rack (`plan_rack`): the trays share each GPU's power, rise and
+minimum (agent.coordination.tray_cooling), so the rack's shed (the share of
+the rack's GPU power, and at least what the rack draws over its PDU budget)
+is water-filled over every GPU of the loop at once: a hotter tray sheds more
+than a cooler one. Every agent computes the same plan from the same
+summaries and applies its own tray's cuts. Where a tray of the loop has no
+fresh summary (its agent down, its record refused), its margins are unknown:
+each tray then sheds the same share of its own load, as above, and says so
+(actions/margin_cap.py).
 """
 
 from __future__ import annotations
@@ -96,6 +106,26 @@ def plan_limits(gpus: Sequence[GpuMargin], shed_w: float, supply_c: float) -> di
     """The power limit for each GPU: its power now less its cut, never below its minimum."""
     cuts = plan_cuts(gpus, shed_w, supply_c)
     return {g.key: max(g.power_w - cuts[g.key], g.min_w) for g in gpus}
+
+
+def plan_rack(trays: Mapping[str, Sequence[GpuMargin]], shed_fraction: float, floor_w: float = 0.0
+              ) -> tuple[float, dict[str, dict[str, float]]]:
+    """The rack's shed across every tray's GPUs: (shed in watts, node -> gpu -> cut). The shed is
+    `shed_fraction` of the rack's GPU power, and at least `floor_w` (the rack's power over its PDU budget);
+    each GPU's `temp_c` here is its rise over its tray's coolant supply (so the plan is made with supply 0).
+
+    Deterministic: every agent of the rack holds the same trays' summaries (in whatever order it got them) and
+    must reach the same cuts, each applying its own tray's; so the GPUs are taken in one order (node, gpu),
+    whatever order the mapping has, and the water level is found by a fixed number of bisections."""
+    gpus = [GpuMargin(f"{node}/{g.key}", g.power_w, g.temp_c, g.min_w)
+            for node in sorted(trays) for g in sorted(trays[node], key=lambda g: (len(g.key), g.key))]
+    shed_w = max(shed_fraction * sum(g.power_w for g in gpus), floor_w, 0.0)
+    cuts = plan_cuts(gpus, shed_w, 0.0)
+    out: dict[str, dict[str, float]] = {node: {} for node in trays}
+    for key, cut in cuts.items():
+        node, gpu = key.rsplit("/", 1)
+        out[node][gpu] = cut
+    return shed_w, out
 
 
 def loop_inputs(ctx: Mapping[str, object]) -> tuple[float, float, float] | str:

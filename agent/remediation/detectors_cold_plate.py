@@ -5,15 +5,24 @@ threshold holds for the whole rack; these judge one GPU's plate or one tray's pa
 moment and against its own past, which no threshold on the loop shows. Both warn long before a GPU reaches its
 slowdown temperature, and neither caps nor drains anything: their playbooks only notify.
 
-cold_plate_degraded reads the derived thermal resistance (agent/derived_thermal.py). Two references:
+cold_plate_degraded reads the derived thermal resistance (agent/derived_thermal.py). Three references:
 - peers: the median R of the tray's other loaded GPUs (at least cold_plate_min_peers of them), on the same loop
   at the same moment, so one fouled plate stands out with no history at all;
+- rack: the median R of the OTHER trays' loaded GPUs on the same CDU at comparable flow, from the summaries the
+  trays share (agent.coordination.tray_cooling, `supernode_gpu_thermal_resistance_rack_median_kelvin_per_watt`,
+  used from cold_plate_min_peers GPUs), so a plate stands out on a tray with one or two GPUs under load (no tray
+  median) and on a tray where every plate fouled (its own median moved with it), still with no history;
 - baseline: the GPU's own learnt R at the loop's present flow band (persisted), so a plate that fouls as its
-  tray mates do, or a whole tray, shows too. When every loaded GPU of the tray is above its baseline, that is the
-  tray's (its manifold, its quick-disconnects, air in its branch): one incident with targets {node}, scope tray,
-  instead of one per GPU.
+  tray mates and the rack do (a slow drift of the whole loop) shows too.
+When every loaded GPU of the tray (two or more) is off its baseline, or off the rack, alike, that is the tray's
+(its manifold, its quick-disconnects, air in its branch, or every plate fouled): one incident with targets
+{node}, scope tray, instead of one per GPU.
 A GPU with no R now (below the load gate, no coolant supply reading) is neither fired nor cleared: its state is
-kept (unknown), and the reason is in supernode_gpu_thermal_resistance_unavailable.
+kept (unknown), and the reason is in supernode_gpu_thermal_resistance_unavailable. When the reason is a missing
+input (a CDU poll or an NVML read that failed: INPUT_GAPS), a fire hold already running goes on through the gap
+for up to the hold itself (hysteresis.Tracker gap_grace): on a loaded host such gaps come every few minutes, and
+restarting a 5-minute hold at each one made the warning late or never (bench_cooling's run that warned only at
+slowdown). An idle GPU restarts its hold.
 
 tray_flow_low reads the trays' coolant flow from their BMCs' coolant connectors (Redfish ThermalSubsystem/
 CoolantConnectors, loop chassis). A tray whose flow is below tray_flow_low_ratio of the median of the other
@@ -34,6 +43,11 @@ from .hysteresis import Observation, Tracker, targets_of
 from .settings import DetectorSettings
 
 
+# Why a GPU has no R now that says nothing of its plate: an input is missing for a moment (agent/derived_thermal.py
+# keeps R's smoothing through such a gap); an idle GPU (below the load gate) is no gap: its hold starts again.
+INPUT_GAPS = frozenset({"no_temperature_reading", "no_power_reading", "no_supply_reading"})
+
+
 def _above(value: float, ref: float | None, ratio: float) -> bool:
     return ref is not None and ref > 0 and value > ref * (1 + ratio)
 
@@ -45,8 +59,9 @@ class ColdPlateDetectors(DetectorBase):
 
     def __init__(self, settings: DetectorSettings, ctx: Context, clock: Callable[[], float] | None = None):
         super().__init__(settings, ctx, clock)
-        for name in self.COLD_PLATE_DETECTORS:
-            self.trackers[name] = Tracker(getattr(settings, name))
+        for name in self.COLD_PLATE_DETECTORS:  # a gap in R's inputs shorter than the fire hold does not restart it
+            hold = getattr(settings, name)
+            self.trackers[name] = Tracker(hold, gap_grace=hold.fire_seconds if name == "cold_plate_degraded" else 0.0)
 
     # -- cold plates -------------------------------------------------------------------
 
@@ -58,34 +73,45 @@ class ColdPlateDetectors(DetectorBase):
                 for r in snap.select("supernode_gpu_thermal_resistance_baseline_kelvin_per_watt") if own(r)}
         why = {r.label("gpu"): r.label("reason") for r in snap.select("supernode_gpu_thermal_resistance_unavailable")
                if own(r) and r.value >= 0.5}
+        rack_peers = snap.value("supernode_gpu_thermal_resistance_rack_peers") or 0.0
+        rack = snap.value("supernode_gpu_thermal_resistance_rack_median_kelvin_per_watt") \
+            if rack_peers >= s.cold_plate_min_peers else None
         ratio, inside = s.cold_plate_degraded_ratio, s.cold_plate_degraded_ratio / 2
         over_base = {g for g, r in rs.items() if _above(r, base.get(g), ratio)}
-        tray_wide = len(rs) >= 2 and over_base == set(rs)
-        tray_back = not any(_above(r, base.get(g), inside) for g, r in rs.items())
+        over_rack = {g for g, r in rs.items() if _above(r, rack, ratio)}
+        # Every loaded GPU of the tray off alike (its manifold, its quick-disconnects, air in its branch, or
+        # every plate fouled): the tray's, one incident, whichever reference shows it.
+        wide = [n for n, over in (("baseline", over_base), ("rack", over_rack)) if len(rs) >= 2 and over == set(rs)]
+        tray_back = not any(_above(r, base.get(g), inside) or _above(r, rack, inside) for g, r in rs.items())
         if rs:
-            tray_cond: bool | None = True if tray_wide else False if tray_back else None
-            yield Observation("cold_plate_degraded", targets_of(node=node), "warning", tray_cond,
-                              detail=self._detail(snap, "tray", rs, base, None) if tray_wide else {})
+            tray_cond: bool | None = True if wide else False if tray_back else None
+            detail = self._detail(snap, "tray", rs, base, None, rack) if wide else {}
+            if wide:
+                detail["off"] = wide
+            yield Observation("cold_plate_degraded", targets_of(node=node), "warning", tray_cond, detail=detail)
         for gpu in sorted(set(rs) | set(why), key=lambda g: (len(g), g)):
             targets = targets_of(node=node, gpu=gpu)
             if gpu not in rs:
-                yield Observation("cold_plate_degraded", targets, "warning", None,
-                                  detail={"unknown": why.get(gpu, "no_thermal_resistance")})
+                reason = why.get(gpu, "no_thermal_resistance")
+                yield Observation("cold_plate_degraded", targets, "warning", None, detail={"unknown": reason},
+                                  input_gap=reason in INPUT_GAPS)
                 continue
             r = rs[gpu]
             peers = [v for g, v in rs.items() if g != gpu]
             median = statistics.median(peers) if len(peers) >= s.cold_plate_min_peers else None
-            off_peers = _above(r, median, ratio)
-            off_base = gpu in over_base and not tray_wide
-            back = not _above(r, median, inside) and (tray_wide or not _above(r, base.get(gpu), inside))
-            cond = True if off_peers or off_base else False if back else None
-            detail = self._detail(snap, "gpu", {gpu: r}, base, median) if cond else {}
+            off = {"peers": _above(r, median, ratio),
+                   "rack": gpu in over_rack and "rack" not in wide,
+                   "baseline": gpu in over_base and "baseline" not in wide}
+            back = not _above(r, median, inside) and ("baseline" in wide or not _above(r, base.get(gpu), inside)) \
+                and ("rack" in wide or not _above(r, rack, inside))
+            cond = True if any(off.values()) else False if back else None
+            detail = self._detail(snap, "gpu", {gpu: r}, base, median, rack) if cond else {}
             if cond:
-                detail["off"] = [n for n, off in (("peers", off_peers), ("baseline", off_base)) if off]
+                detail["off"] = [n for n, o in off.items() if o]
             yield Observation("cold_plate_degraded", targets, "warning", cond, detail=detail)
 
     def _detail(self, snap: Snapshot, scope: str, rs: dict[str, float], base: dict[str, float],
-                median: float | None) -> dict:
+                median: float | None, rack: float | None) -> dict:
         """The evidence, with each GPU's temperature and slowdown threshold now (how far from a throttle)."""
         gpus = {}
         for gpu, r in sorted(rs.items()):
@@ -94,7 +120,8 @@ class ColdPlateDetectors(DetectorBase):
                          "temperature_celsius": snap.value("supernode_gpu_temperature_celsius", gpu=gpu, sensor="gpu"),
                          "slowdown_celsius": snap.value("supernode_gpu_temperature_threshold_celsius", gpu=gpu,
                                                         threshold="slowdown")}
-        out: dict = {"scope": scope, "ratio": self.s.cold_plate_degraded_ratio}
+        out: dict = {"scope": scope, "ratio": self.s.cold_plate_degraded_ratio,
+                     "rack_median_kelvin_per_watt": round(rack, 5) if rack is not None else None}
         if scope == "gpu":
             (gpu, one), = gpus.items()
             out.update(one, peers_median_kelvin_per_watt=round(median, 5) if median is not None else None)

@@ -236,12 +236,16 @@ def _pump_evidence(snap: Snapshot, cdu: str) -> dict[str, Any]:
 
 def loop_evidence(snap: Snapshot, cdu: str) -> dict[str, float]:
     """What the derate by margin needs of the loop (agent/remediation/derate.py), as the incident's detail:
-    secondary flow, supply and return. A missing one is left out (the derate then falls back to flat)."""
+    secondary flow, supply and return (a missing one is left out: the derate then falls back to flat), and the
+    rack's power and PDU budget when known."""
     temp = "supernode_cdu_temperature_celsius"
     out = {"flow_cubic_meters_per_second": loop_value(snap, "supernode_cdu_flow_cubic_meters_per_second", cdu=cdu,
                                                       loop="secondary"),
            "supply_celsius": loop_value(snap, temp, cdu=cdu, loop="secondary", point="supply"),
-           "return_celsius": loop_value(snap, temp, cdu=cdu, loop="secondary", point="return")}
+           "return_celsius": loop_value(snap, temp, cdu=cdu, loop="secondary", point="return"),
+           # the rack's draw against its PDU budget: the derate sheds at least what is over it
+           "rack_power_watts": snap.value("supernode_rack_power_watts"),
+           "power_budget_watts": snap.value("supernode_rack_power_budget_watts")}
     return {k: v for k, v in out.items() if v is not None}
 
 

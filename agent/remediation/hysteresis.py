@@ -31,6 +31,9 @@ class Observation:
     cond: bool | None
     sample_ts: float | None = None  # for consecutive-poll counting
     detail: Mapping[str, Any] = field(default_factory=dict)
+    # cond None because an input is missing now (a source stale, a poll failed), not because the value sits
+    # between the thresholds: a tracker with an input-gap grace keeps its fire hold running through it
+    input_gap: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,20 +52,34 @@ class _KeyState:
     clear_since: float | None = None
     count: int = 0
     last_ts: float | None = None
+    gap_since: float | None = None  # the fire hold runs on through an input gap that began then
 
 
 class Tracker:
-    """Hysteresis in time for one detector, per target key."""
+    """Hysteresis in time for one detector, per target key.
 
-    def __init__(self, hold: Hold, consecutive: int = 1):
+    `gap_grace` (seconds, 0: none): an observation that is unknown because an input is missing
+    (`Observation.input_gap`) keeps a running fire hold going for up to that long, instead of restarting it.
+    Why: a slow warning held for minutes (a cold plate's R above its references) whose inputs drop out for a
+    few polls on a loaded host (a CDU poll that times out, an NVML read that fails) would otherwise start its
+    hold again at every gap and warn late or never. It never fires on a gap: only a True observation fires, and
+    a gap longer than the grace restarts the hold as before."""
+
+    def __init__(self, hold: Hold, consecutive: int = 1, gap_grace: float = 0.0):
         self.hold = hold
         self.consecutive = consecutive
+        self.gap_grace = gap_grace
         self.keys: dict[Targets, _KeyState] = {}
 
     def observe(self, obs: Observation, now: float) -> str | None:
         st = self.keys.setdefault(obs.targets, _KeyState())
         new_sample = obs.sample_ts is None or obs.sample_ts != st.last_ts
         st.last_ts = obs.sample_ts if obs.sample_ts is not None else st.last_ts
+        if obs.cond is None and obs.input_gap and self.gap_grace > 0 and st.set_since is not None and not st.active:
+            st.gap_since = now if st.gap_since is None else st.gap_since
+            if now - st.gap_since <= self.gap_grace:
+                return None
+        st.gap_since = None
         if obs.cond:
             st.clear_since = None
             if new_sample:

@@ -89,6 +89,8 @@ def rebuild_effects(entries: Iterable[Any]) -> dict[tuple[str, str], dict[str, A
             holders = eff["holders"] if eff else {}
             eff = effects[key] = {"before": before, "after": after, "params": e.detail.get("params", {}),
                                   "holders": holders, "playbooks": eff["playbooks"] if eff else {}}
-        eff["holders"][e.incident_id] = aid
+        elif not e.detail.get("skipped"):
+            eff["after"] = after  # another incident's value over the first's (a lower cap), as the engine holds it
+        eff["holders"][e.incident_id] = first or aid  # a re-run holds under its first apply's id, as in the engine
         eff["playbooks"][e.incident_id] = e.playbook
     return {k: v for k, v in effects.items() if v["before"].get("owned")}

@@ -18,6 +18,7 @@ from .actions import ActionError, ActionResult, parse_target, target_str
 from .blast import SCHEDULER_UNREACHABLE, check_drain
 from .guardrails import Reservation
 from .incidents import Incident
+from .settings import Hold
 from .ownership import carry_ownership
 from .playbooks import Playbook, Step
 from .recovery_ledger import RECOVERY_ACTIONS, Recovery
@@ -148,8 +149,10 @@ class StepRunner:
             return "duplicate"
         act = self.actions.get(step.action)
         mode = book.effective_mode(self.mode)
+        hold = getattr(self.settings.detectors, inc.detector, None)  # when its condition began (a derate looks back)
         ctx = {"incident_id": inc.id, "detector": inc.detector, **inc.targets,
-               **{k: v for k, v in inc.detail.items() if isinstance(v, (int, float, str))}}
+               **{k: v for k, v in inc.detail.items() if isinstance(v, (int, float, str))},
+               "incident_onset_at": inc.opened_at - (hold.fire_seconds if isinstance(hold, Hold) else 0.0)}
         if attempt:
             ctx["attempt"] = attempt
         if act is None and step.action == "notify":  # nobody to tell is a configuration fact, not a guardrail
@@ -218,7 +221,9 @@ class StepRunner:
         held.commit()
         if isinstance(res, ActionResult):
             if not res.skipped or res.before.get("owned") is False:
-                self._hold(step.action, tgt, inc.id, aid, res, step.params)
+                # held under the first apply's id even by a re-run: the undo looks the effect up by that id (a
+                # re-run can be an incident's first hold, when its first apply was skipped: another cap had landed)
+                self._hold(step.action, tgt, inc.id, action_id(inc.id, idx, tgt), res, step.params)
             rerun = {"rerun_of": action_id(inc.id, idx, tgt)} if ctx.get("attempt") else {}  # ownership.py
             return self._result(inc, book, step, aid, tgt, "done",
                                 {"phase": "apply", "message": res.message, "before": res.before, "after": res.after,
@@ -256,6 +261,8 @@ class StepRunner:
                 return  # not ours and nobody of ours holds it: nothing to undo later
             eff = self.effects[(kind, tgt)] = {"before": res.before, "after": res.after, "params": dict(params),
                                                "holders": {}}
+        elif not res.skipped:  # another incident set its value over ours (a lower cap): the undo checks for that one
+            eff["after"] = res.after
         eff["holders"][incident_id] = aid
 
     async def _plan(self, act: Any, target: Mapping[str, str], params: Mapping[str, Any], ctx: Mapping[str, Any]) -> dict:

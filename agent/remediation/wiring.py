@@ -192,6 +192,9 @@ def build_engine(loaded: "LoadedConfig", coordination: Any = None) -> Remediatio
                                cfg.agent.state_dir / "journal.db", build_executors(loaded, rack))
     if rack is not None:
         engine.use_rack(rack)
+    planner = getattr(engine.actions.get("gpu_power_cap"), "margins", None)
+    if planner is not None:  # the derate by margin plans across the loop's trays from their shared summaries
+        planner.share = getattr(coordination, "links", None)
     return engine
 
 

@@ -88,7 +88,8 @@ class GpuPowerCapAction(GpuActionBase):
         # (derate_watch.py says whether another kind of incident holds a cap here: then never raised)
         owned = want < info["current"] or (derate is not None and bool(ctx.get("attempt"))
                                            and ctx.get("derate_raise_ok") is True and abs(want - info["current"]) > 1.0)
-        out = {"before": {"limit_watts": info["current"], "owned": owned}, "want_watts": want, **info}
+        out = {"before": {"limit_watts": info["current"], "owned": owned}, "want_watts": want,
+               "raise": owned and want >= info["current"], **info}
         if derate is not None:  # the decision this limit comes from, journaled with the step's intent
             out["derate"] = derate
         return out
@@ -101,6 +102,14 @@ class GpuPowerCapAction(GpuActionBase):
             return ActionResult(True, f"limit {before:.0f} W already at or below {want:.0f} W",
                                 before=dict(plan["before"]), after={"limit_watts": before}, skipped=True)
         try:
+            # Read again just before the write: another incident's cap of the same GPU (the loop's Modbus and its
+            # Redfish CDU open one each, planned at the same moment) may have landed since this plan read the
+            # limit, and a cap never raises another's lower limit (only a derate's own re-plan may raise its own)
+            now = await self._call(get_power_limit, lib, index)
+            if not plan.get("raise") and now <= want + 1.0:
+                return ActionResult(True, f"limit {now:.0f} W already at or below {want:.0f} W",
+                                    before={"limit_watts": now, "owned": False}, after={"limit_watts": now},
+                                    skipped=True)
             applied = await self._call(set_power_limit, lib, index, want)
             readback = await self._call(get_power_limit, lib, index)
         except Exception as exc:

@@ -10,6 +10,18 @@ into every step's plan, so the journal's intent says which method was used
 and why. Missing inputs (the incident carries no flow, supply or return; the
 loop's load is unknown; a GPU's NVML read fails) fall back to the flat
 `fallback_fraction` of the default limit, saying so.
+
+Across the rack (`share: rack`): with every tray of the loop's cooling summary
+(agent.coordination.tray_cooling, through the rack's shared tray vectors) as
+it was sent just before the loop changed (`rack_trays`), the rack's shed is
+planned over every GPU of the loop and this node applies its own GPUs' cuts.
+Why before: every agent opens its incident a moment apart, and a summary
+read in a transient (the dies heating as the flow falls or the supply
+warms) ranks the trays by when it was read; before the change each agent
+finds the same steady figures (its own as it sent them), none lowered yet
+by a tray's own caps. A tray of the loop without a summary then (its agent
+down, its record refused, just started), or no peers at all: each tray sheds
+its own share of its own load (`share: tray`, with `share_why`).
 """
 
 from __future__ import annotations
@@ -19,12 +31,15 @@ from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Mapping
 
 from ..derate import (DEFAULT_MAX_DELTA_T_C, DEFAULT_MAX_RETURN_C, GpuMargin, loop_capacity, loop_inputs,
-                      plan_cuts)
+                      plan_cuts, plan_rack)
 from . import ActionError
 
 PARAMS = {"mode", "fallback_fraction", "max_delta_t_celsius", "max_return_celsius", "density_kg_m3",
           "heat_capacity_j_kgk"}
 KEEP = 16  # plans remembered (one per open incident and node)
+# How long before the incident's onset (its opening less its detector's fire hold) the trays' margins are taken:
+# before the loop changed, a CDU poll and a vector refresh earlier, so no tray's figures are mid-transient.
+ONSET_MARGIN_SECONDS = 5.0
 
 
 def _param(params: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
@@ -61,6 +76,14 @@ def check_params(params: Mapping[str, Any]) -> None:
     capacity_params(params)
 
 
+def _over_budget(ctx: Mapping[str, Any]) -> float:
+    """What the rack draws over its PDU budget (watts, 0 within it or when either is unknown): the derate sheds
+    at least that, so the cut also keeps the rack within its budget."""
+    power, budget = ctx.get("rack_power_watts"), ctx.get("power_budget_watts")
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (power, budget))
+    return max(float(power) - float(budget), 0.0) if ok and budget else 0.0  # type: ignore[arg-type]
+
+
 def shed_of(capacity_w: float, load_w: float) -> float:
     """The share of the load to shed so that it fits the capacity (0 when it does)."""
     return max(0.0, 1.0 - capacity_w / load_w) if load_w > 0 else 0.0
@@ -77,6 +100,33 @@ class MarginPlanner:
         # caps, never cutting a cut GPU again; forgotten when the caps are undone
         self.base: dict[str, dict[str, Any]] = {}
         self.stale: set[tuple[str, str]] = set()  # plans to make again at the next step (derate_watch.py)
+        # the rack's shared tray summaries (agent.coordination.link_share.LinkShare; None: a lone tray), set by
+        # the wiring: the derate is planned across the loop's trays from them
+        self.share: Any = None
+        self.rack_inputs: OrderedDict[str, dict[str, Any]] = OrderedDict()  # incident -> the trays it planned from
+
+    def rack_trays(self, node: str, ctx: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]] | str:
+        """The loop's trays' cooling summaries as each last sent them before the loop changed (the incident's
+        onset less ONSET_MARGIN_SECONDS: every agent asks for its own incident's, a moment apart, and finds the
+        same steady figures), with the trays of the loop that sent none then; or why the rack cannot be asked.
+        The first complete answer is kept for the incident, so its re-plans weigh the trays alike."""
+        share = self.share
+        if share is None:
+            return "no other tray to share with (no coordination peers): this tray sheds its own share"
+        incident = str(ctx.get("incident_id", ""))
+        if incident in self.rack_inputs:
+            return self.rack_inputs[incident], []
+        onset = ctx.get("incident_onset_at")
+        if isinstance(onset, bool) or not isinstance(onset, (int, float)):
+            return "the incident says not when the loop changed: this tray sheds its own share"
+        got = {n: c for n, c in share.cooling_before(float(onset) - ONSET_MARGIN_SECONDS).items()
+               if n in share.loop_nodes}
+        missing = sorted(share.loop_nodes - set(got))
+        if not missing:
+            self.rack_inputs[incident] = got
+            while len(self.rack_inputs) > KEEP:
+                self.rack_inputs.popitem(last=False)
+        return got, missing
 
     def plan_of(self, incident_id: str) -> dict[str, Any] | None:
         """The plan this agent applied for an incident (its node's), if any."""
@@ -103,6 +153,7 @@ class MarginPlanner:
             self.plans.pop(key, None)
             self.locks.pop(key, None)
             self.stale.discard(key)
+            self.rack_inputs.pop(key[0], None)
 
     async def node_plan(self, node: str, lib: Any, indices: list[int], params: Mapping[str, Any],
                         ctx: Mapping[str, Any], call: Callable[..., Awaitable[Any]]) -> dict[str, Any]:
@@ -139,11 +190,20 @@ class MarginPlanner:
                 facts[str(i)] = await call(_gpu_facts, lib, i)
             except Exception as exc:  # NVMLError, a timeout: this GPU's margin is unknown
                 return flat(f"gpu {i}: NVML: {type(exc).__name__}: {exc}")
+        rack = self.rack_trays(node, ctx)
+        trays = rack[0] if not isinstance(rack, str) and not rack[1] and node in rack[0] \
+            and set(facts) <= set(rack[0][node].gpus) else None
+        if node not in self.base and trays is not None:  # the power this tray said it draws, as the others read it
+            own = trays[node].gpus
+            self.base[node] = {"load_w": cap.load_w, "gpus": {k: (own[k].power_w, own[k].rise_k + supply)
+                                                              for k in facts if k in own}}
         base = self.base.setdefault(node, {"load_w": cap.load_w,
                                            "gpus": {k: (p, t) for k, (p, t, _, _) in facts.items()}})
         facts = {k: (*base["gpus"].get(k, (p, t)), lo, limit) for k, (p, t, lo, limit) in facts.items()}
         gpus = [GpuMargin(k, p, t, lo) for k, (p, t, lo, _) in facts.items()]
         shed = shed_of(cap.capacity_w, base["load_w"])
+        if trays is not None:  # the rack's power over its PDU budget is the rack's to shed: only a rack plan can
+            return self._rack_plan(node, trays, facts, shed, _over_budget(ctx), cap, base, ctx)
         shed_w = shed * sum(g.power_w for g in gpus)
         cuts = plan_cuts(gpus, shed_w, supply)
         # A GPU whose cut is nil keeps its limit at a first plan (no cap at its draw of the moment); the others,
@@ -151,13 +211,42 @@ class MarginPlanner:
         keep = not ctx.get("attempt")
         limits = {k: (facts[k][3] if cuts[k] <= 0 and keep else max(facts[k][0] - cuts[k], facts[k][2]))
                   for k in facts}
-        return {"method": "thermal_margin",
+        missing = rack if isinstance(rack, str) else \
+            f"no cooling summary of every GPU from {', '.join(rack[1]) or node} before the loop changed: each tray " \
+            "sheds its own share"
+        return {"method": "thermal_margin", "share": "tray", "share_why": missing,
                 "why": f"the uncapped load is {base['load_w']:.0f} W, the loop can carry {cap.capacity_w:.0f} W "
                        f"within {cap.delta_t_allowed_c:.1f} K: shed {shed:.1%} of this node's GPU power",
                 "capacity_watts": round(cap.capacity_w, 1), "load_watts": round(base["load_w"], 1),
                 "shed_fraction": round(shed, 4), "shed_watts": round(shed_w, 1),
                 "gpus": {k: {"power_watts": round(p, 1), "temp_celsius": t, "min_watts": lo,
                              "cut_watts": round(cuts[k], 1), "limit_watts": round(limits[k], 1)}
+                         for k, (p, t, lo, _) in facts.items()}}
+
+    @staticmethod
+    def _rack_plan(node: str, trays: dict[str, Any], facts: dict[str, tuple[float, float, float, float]],
+                   shed: float, floor: float, cap: Any, base: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
+        """The rack's shed water-filled over every GPU of the loop (derate.plan_rack) from the trays' shared
+        summaries; this node applies its own GPUs' cuts, never below NVML's minimum."""
+        margins = {n: [GpuMargin(k, g.power_w, g.rise_k, g.min_w) for k, g in c.gpus.items()]
+                   for n, c in trays.items()}
+        shed_w, cuts = plan_rack(margins, shed, floor)
+        mine = {k: cuts[node].get(k, 0.0) for k in facts}
+        keep = not ctx.get("attempt")
+        limits = {k: (facts[k][3] if mine[k] <= 0 and keep else max(facts[k][0] - mine[k], facts[k][2]))
+                  for k in facts}
+        rack_w = sum(g.power_w for gs in margins.values() for g in gs)
+        return {"method": "thermal_margin", "share": "rack", "trays": sorted(trays),
+                "why": f"the uncapped load is {base['load_w']:.0f} W, the loop can carry {cap.capacity_w:.0f} W "
+                       f"within {cap.delta_t_allowed_c:.1f} K: shed {shed:.1%} of the loop's {len(trays)} trays' "
+                       f"GPU power ({rack_w:.0f} W), by each GPU's margin across the trays",
+                "capacity_watts": round(cap.capacity_w, 1), "load_watts": round(base["load_w"], 1),
+                "shed_fraction": round(shed, 4), "rack_power_watts": round(rack_w, 1),
+                "rack_shed_watts": round(shed_w, 1), "floor_watts": round(floor, 1),
+                "tray_cuts_watts": {n: round(sum(c.values()), 1) for n, c in sorted(cuts.items())},
+                "shed_watts": round(sum(mine.values()), 1),
+                "gpus": {k: {"power_watts": round(p, 1), "temp_celsius": t, "min_watts": lo,
+                             "cut_watts": round(mine[k], 1), "limit_watts": round(limits[k], 1)}
                          for k, (p, t, lo, _) in facts.items()}}
 
     @staticmethod
