@@ -343,13 +343,13 @@ class StaticCoordinator:
         if self.links is not None:
             self.links.attach(agent.store, self.stale_after)
             agent.store.add_listener(self._on_nvml)
-            agent.route_mounts.append(lambda app: app.router.add_get(LINKS_PATH, self.link_feed.serve))
+            agent.route_mounts.append(lambda app: self.link_feed.mount(app, LINKS_PATH))
             self.tasks.append(loop.create_task(self._publish_verdict()))
             self.tasks += [loop.create_task(self._follow_links(p)) for p in sorted(peers) if p in self.links.nodes]
         if not self.pollers:
             return  # every node polls every shared device: nothing to share
         agent.store.add_listener(self.on_publish)
-        agent.route_mounts.append(lambda app: app.router.add_get("/api/v1/coordination/facts", self.feed.serve))
+        agent.route_mounts.append(lambda app: self.feed.mount(app, "/api/v1/coordination/facts"))
         self.tasks += [loop.create_task(self._subscribe(p)) for p in self.needed_peers()]
 
     async def stop(self) -> None:
