@@ -61,15 +61,15 @@ def test_each_node_role_grants_exactly_its_own_member_and_fact_keys(tmp_path, ca
         node = entry["node"]
         assert entry["user"] == entry["role"] == f"r01.{node}"
         writes = [p for p in entry["permissions"] if p["kind"] == "readwrite"]
-        own = {(f"members/{node}", False), (f"links/{node}", False)} | {(f"facts/{job}/{node}", False)
-                                                                         for job in EXAMPLE_JOBS}
+        own = {(f"members/{node}", False), (f"links/{node}", False), (f"drill/{node}", False)} | {
+            (f"facts/{job}/{node}", False) for job in EXAMPLE_JOBS}
         assert {(p["key"][len(root):], p["prefix"]) for p in writes} == own | SHARED, node
         assert [(p["key"], p["prefix"]) for p in entry["permissions"] if p["kind"] == "read"] == [(root, True)]
         for other in nodes:
             if other == node:
                 continue
-            for key in [f"{root}members/{other}", f"{root}links/{other}"] + [f"{root}facts/{job}/{other}"
-                                                                            for job in EXAMPLE_JOBS]:
+            for key in [f"{root}members/{other}", f"{root}links/{other}", f"{root}drill/{other}"] + [
+                    f"{root}facts/{job}/{other}" for job in EXAMPLE_JOBS]:
                 assert not any(_covers(p, key) for p in writes), (node, key)
 
 

@@ -12,14 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import pytest
 from hypothesis import given, strategies as st
+from pydantic import SecretStr
 
 from agent.coordination import CoordinationCollector
 from agent.coordination import etcd_rack
 from agent.coordination.etcd import KV
 from agent.coordination.records import Rejections, actions_doc, drains_doc
+from agent.drill.plan import parse_plan
+from agent.drill.rack import RackChannel
+from agent.drill.records import announcement, node_doc
+from agent.drill.scenarios import Rack
 from agent.remediation.guardrails import Guardrails
 from tests.coordination_inprocess import NODES, RACK, coordinator, rack, start, stop
 from tests.etcd import running_etcd
@@ -225,3 +231,43 @@ def test_members_are_inventory_nodes_under_a_lease(tmp_path, etcd):
         finally:
             await stop(coords)
     assert asyncio.run(run()) == ["n1", "n2"]
+
+
+# -- fault drill documents (drill/<node>) ---------------------------------------------------------------------
+
+def test_a_drill_document_is_taken_only_under_its_nodes_member_lease_and_a_drill_ends_with_its_conductor(
+        tmp_path, etcd):
+    """A zone drill reaches the zone's other agents as its conductor's signed document under `drill/<node>`.
+    One written there by anyone else (etcd root here, under a lease that is not that node's member lease) is
+    rejected and counted, even with a valid proof; the genuine one is taken, and when its conductor's lease goes
+    (the agent stopped) the drill ends at the others (agent/drill/rack.py)."""
+    prefix = "/drills"
+    plan = parse_plan({"name": "d", "scenario": {"kind": "leak", "zone": "z"}, "nodes": ["n1", "n2"]})
+    token = {"admin": SecretStr("drill-admin-token")}
+    heard: dict[str, list] = {n: [] for n in NODES}
+
+    async def run() -> dict:
+        coords = [coordinator(tmp_path, etcd, n, prefix) for n in NODES]
+        for c in coords:
+            c.drill_channel = RackChannel(c, c.node, NODES, lambda: token,
+                                          lambda c=c: Rack(node=c.node, nodes=NODES, zones={"z": ["n1", "n2"]}),
+                                          lambda peer, ann, n=c.node: heard[n].append((peer, ann and ann.id)))
+        await start(coords)
+        try:
+            signed = announcement(plan, "d@n3:1", "admin", "n3", time.time(), False, "drill-admin-token")
+            etcd.put(f"{prefix}/{RACK}/drill/n3", node_doc("n3", signed, None), lease=etcd.lease_grant(120))
+            await await_for(lambda: all(c.rejections.counts.get(("drill", "not_member"), 0) >= 1 for c in coords[:2]),
+                            10, what="the planted drill document rejected")
+            ch = coords[0].drill_channel
+            ch.announce = announcement(plan, "d@n1:2", "admin", "n1", time.time(), False, "drill-admin-token")
+            ch.publish()
+            await await_for(lambda: ("n1", "d@n1:2") in heard["n2"], 10, what="n2 hears n1's drill")
+            await coords[0].stop()  # its lease revoked: its keys go
+            await await_for(lambda: heard["n2"][-1] == ("n1", None), 10, what="n1's drill ended at n2")
+            return heard
+        finally:
+            await stop(coords[1:])
+    got = asyncio.run(run())
+    assert got["n2"] == [("n1", "d@n1:2"), ("n1", None)]
+    assert got["n3"] == [("n1", "d@n1:2"), ("n1", None)]  # taken everywhere: each agent decides if it is its own
+    assert not [h for hs in got.values() for h in hs if h[0] == "n3"]

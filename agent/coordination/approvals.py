@@ -123,6 +123,19 @@ def pending_record(raw: bytes | str, now: float, skew: float, expiry: float) -> 
     return doc
 
 
+def claimed_proof(doc: Mapping[str, Any], tokens: Mapping[str, SecretStr], who: str, field: str, what: str
+                  ) -> tuple[str, SecretStr]:
+    """(the proof a record carries, the secret of the admin token it names in `field`): RecordError `no_proof`
+    without one, `unknown_token` when this agent holds no admin token of that name (rack approvals, drills)."""
+    given = doc.get("proof")
+    if not isinstance(given, str) or len(given) != 64:
+        raise RecordError("no_proof", f"{what} without a proof from an admin token")
+    secret = tokens.get(who)
+    if secret is None:
+        raise RecordError("unknown_token", f"{field} {who[:60]!r} is no admin token of this agent")
+    return given, secret
+
+
 def approval_of(raw: bytes | str, create_revision: int, mod_revision: int, step: Step,
                 tokens: Mapping[str, SecretStr], nodes: Iterable[str], now: float, skew: float, expiry: float
                 ) -> Approval | None:
@@ -148,12 +161,7 @@ def approval_of(raw: bytes | str, create_revision: int, mod_revision: int, step:
                                    f"({step.created_at:.0f} .. {doc['expires_at']:.0f})")
     who = _name(doc.get("approved_by"), "approved_by")
     via = node_name(doc.get("approved_via"), "approved_via", nodes)
-    given = doc.get("proof")
-    if not isinstance(given, str) or len(given) != 64:
-        raise RecordError("no_proof", "approval without a proof from an admin token")
-    secret = tokens.get(who)
-    if secret is None:
-        raise RecordError("unknown_token", f"approved_by {who[:60]!r} is no admin token of this agent")
+    given, secret = claimed_proof(doc, tokens, who, "approved_by", "approval")
     flag = doc.get("all", False)
     if not isinstance(flag, bool):
         raise RecordError("type", "all: expected true or false")

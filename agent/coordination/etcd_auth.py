@@ -5,7 +5,8 @@ other node's membership, facts and slots, and so the rack's safety path. Each
 node gets its own user and role (both named `<rack>.<node>`):
 
 - readwrite on its own keys only: `members/<node>`, `links/<node>` (its NVLink
-  state vector: agent.coordination.link_vectors) and `facts/<job>/<node>` of
+  state vector: agent.coordination.link_vectors), `drill/<node>` (its fault
+  drill document: agent/drill/records.py) and `facts/<job>/<node>` of
   every shared job of the inventory (agent.coordination.shared);
 - readwrite on the keys the rack shares by design: the `leader` election key,
   the poller slots (`pollers/`: a slot is claimed by whoever is free to; what
@@ -66,7 +67,8 @@ def rack_root(prefix: str, rack: str) -> str:
 
 def node_permissions(root: str, node: str, jobs: Iterable[str]) -> tuple[Permission, ...]:
     """What one node's agent may do under the rack's `root` (ending in /): its own keys and the shared ones."""
-    own = [Permission("readwrite", f"{root}members/{node}"), Permission("readwrite", f"{root}links/{node}")]
+    own = [Permission("readwrite", f"{root}members/{node}"), Permission("readwrite", f"{root}links/{node}"),
+           Permission("readwrite", f"{root}drill/{node}")]
     own += [Permission("readwrite", f"{root}facts/{job}/{node}") for job in sorted(set(jobs))]
     shared = [Permission("readwrite", root + k) for k in SHARED_KEYS]
     shared += [Permission("readwrite", root + p, prefix=True) for p in SHARED_PREFIXES]

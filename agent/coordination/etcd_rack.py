@@ -11,6 +11,7 @@ Keys, all under `<prefix>/<rack>/`:
 | `approvals/<id>`, `guard/...` | none | rack state that outlives any one agent (agent.coordination.rack_state) |
 | `maintenance/<node>` | none | a person's maintenance of that node: {by, since, until, set_via} (coordination.maintenance) |
 | `links/<node>` | the node's | its NVLink state vector (agent.coordination.link_vectors), for the rack's attribution |
+| `drill/<node>` | the node's | its fault drill document: a drill it conducts (signed), its part in one (agent/drill) |
 
 A fact is taken only from the agent that holds a poller slot of that device:
 the key's node holds `pollers/<device>/<slot>` (slot < pollers_per_device) and
@@ -19,7 +20,8 @@ The job comes from the key, never from the payload, and the payload must be
 one this agent's own source of that device could publish (facts.decode).
 Anything else is rejected and counted (`key_kind="fact"`). A link vector is taken only
 under its node's member lease (only that node's agent holds it; its role alone may write `links/<node>`) and
-when it passes link_vectors.decode (`key_kind="links"`). A poller claims its
+when it passes link_vectors.decode (`key_kind="links"`); a drill document likewise only under its node's member
+lease (`key_kind="drill"`, checked further by agent/drill/rack.py). A poller claims its
 slot before its first poll, so its first fact always follows the slot in the
 watch (revision order); a fresh mirror applies the facts after every other key.
 
@@ -120,6 +122,11 @@ class EtcdCoordinator(RackState):
         self.links = LinkShare.of(cfg, self.inventory_nodes, self.skew, clock)  # None: a rack of one tray
         self._links_out: bytes | None = None  # this node's next link vector to put (one put in flight)
         self._links_task: asyncio.Task | None = None
+        self._drill_prefix = f"{self.root}/drill/"
+        self.drill_channel: Any = None  # the fault drill's (agent/drill/rack.py), set before start
+        self._drill_out: bytes | None = None  # this node's next drill document to put (one put in flight)
+        self._drill_last: bytes | None = None  # the last one (put again by a new session: the old went with its lease)
+        self._drill_task: asyncio.Task | None = None
 
     @property
     def rack(self) -> "EtcdCoordinator":
@@ -344,6 +351,42 @@ class EtcdCoordinator(RackState):
         if self.up():
             self.links.publish()
 
+    # -- fault drills -----------------------------------------------------------------------------------------
+
+    def publish_drill(self, raw: bytes) -> None:
+        """This node's drill document to `drill/<node>` (under our lease); the latest only, one put in flight."""
+        self._drill_out = self._drill_last = raw
+        if self.up() and (self._drill_task is None or self._drill_task.done()):
+            self._drill_task = asyncio.get_running_loop().create_task(self._put_drill())
+
+    async def _put_drill(self) -> None:
+        while self._drill_out is not None and self.up():
+            value, self._drill_out = self._drill_out, None
+            try:
+                await self.client.put(f"{self._drill_prefix}{self.node}", value, self.lease)
+            except EtcdError as exc:
+                self._note_error(exc)
+                return
+
+    def drill_peers(self) -> set[str]:
+        """The rack's live agents (each mirrors every drill key) while this one coordinates."""
+        return set(self.members()) if self.up() else set()
+
+    def _drill(self, ev: Event) -> None:
+        """Another node's drill document: handed on only under its node's member lease (only its agent holds it;
+        only its role may write the key); the drill channel checks the rest."""
+        kv = ev.kv
+        node = kv.key[len(self._drill_prefix):]
+        if self.drill_channel is None or node == self.node:
+            return
+        if ev.type != "DELETE" and not self._under_member_lease(node, kv.lease):
+            self.rejections.reject("drill", "not_member", kv.key, kv.mod_revision,
+                                   f"drill/{node[:60]!r}: written under lease {kv.lease:x}, not that node's live "
+                                   "member lease")
+            self.drill_channel.received(node, None, kv.key, kv.mod_revision)
+            return
+        self.drill_channel.received(node, None if ev.type == "DELETE" else kv.value, kv.key, kv.mod_revision)
+
     async def _put_facts(self, job: str) -> None:
         try:
             while job in self._puts:
@@ -371,7 +414,7 @@ class EtcdCoordinator(RackState):
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        for task in (self._task, self._maint_task, self._links_task):
+        for task in (self._task, self._maint_task, self._links_task, self._drill_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -418,6 +461,8 @@ class EtcdCoordinator(RackState):
         self.slots.clear()
         self._was_leader = False
         self._safety_intervals(degraded=True)
+        if self.drill_channel is not None:
+            self.drill_channel.lost_all()  # no peer's drill can be proven now: each ends here (a safe undo)
         if was:
             log.warning("coordination lost: degraded (own node only; leak inputs polled here, bounded)",
                         extra={"error": self.last_error})
@@ -442,6 +487,8 @@ class EtcdCoordinator(RackState):
         self.connected = True
         if self.links is not None:
             self.links.resend()  # the old session's key went with its lease
+        if self._drill_last is not None:
+            self.publish_drill(self._drill_last)
         self._safety_intervals(degraded=False)
         self.sessions += 1
         self.last_error = None
@@ -505,7 +552,12 @@ class EtcdCoordinator(RackState):
         self.maintenance.records.clear()
         if self.links is not None:
             self.links.forget_peers()  # what this read holds is all there is
-        for kv in sorted(kvs, key=lambda kv: kv.key.startswith((self._facts_prefix, self._links_prefix))):
+        if self.drill_channel is not None:  # a drill whose document is not in this read has ended
+            present = {kv.key[len(self._drill_prefix):] for kv in kvs if kv.key.startswith(self._drill_prefix)}
+            for peer in [p for p in self.drill_channel.announced if p not in present]:
+                self.drill_channel.received(peer, None, f"{self._drill_prefix}{peer}", 0)
+        for kv in sorted(kvs, key=lambda kv: kv.key.startswith((self._facts_prefix, self._links_prefix,
+                                                                 self._drill_prefix))):
             self._apply(Event("PUT", kv))
 
     def _apply(self, ev: Event) -> bool:
@@ -516,6 +568,9 @@ class EtcdCoordinator(RackState):
             return False
         if key.startswith(self._links_prefix):
             self._link(ev)
+            return False
+        if key.startswith(self._drill_prefix):
+            self._drill(ev)
             return False
         if ev.type == "DELETE":
             self.mirror.pop(key, None)

@@ -30,6 +30,20 @@ class LineFeed:
         self.what = what  # said in the refusal when full
         self.latest: dict[str, bytes] = {}  # key -> its last line (what a new follower gets first)
         self.subscribers: set[asyncio.Queue] = set()
+        self.closed = False
+
+    def mount(self, app: Any, path: str) -> None:
+        """Serve the feed at `path` of the agent's listener; its streams end when the listener stops."""
+        app.router.add_get(path, self.serve)
+        app.on_shutdown.append(self.close)
+
+    async def close(self, _: Any = None) -> None:
+        """End every follower's stream (the listener's clean stop never waits on a peer that follows us)."""
+        self.closed = True
+        for q in list(self.subscribers):
+            if q.full():
+                q.get_nowait()
+            q.put_nowait(None)
 
     def publish(self, key: str, line: bytes) -> None:
         self.latest[key] = line
@@ -41,8 +55,9 @@ class LineFeed:
     async def serve(self, request: Any) -> Any:
         from aiohttp import web
 
-        if len(self.subscribers) >= self.MAX_SUBSCRIBERS:
-            return web.json_response({"error": f"too many {self.what} subscribers"}, status=503)
+        if len(self.subscribers) >= self.MAX_SUBSCRIBERS or self.closed:
+            return web.json_response({"error": f"too many {self.what} subscribers" if not self.closed
+                                      else "stopping"}, status=503)
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
         await resp.prepare(request)
         q: asyncio.Queue = asyncio.Queue(self.QUEUE)
@@ -50,8 +65,8 @@ class LineFeed:
             q.put_nowait(line)
         self.subscribers.add(q)
         try:
-            while True:
-                await resp.write(await q.get())
+            while (line := await q.get()) is not None:
+                await resp.write(line)
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:

@@ -23,6 +23,11 @@ line a change and every refresh, agent.coordination.line_feed) and follows every
 a vector is taken only as the peer's own tray's (agent.coordination.link_vectors.decode), and a peer whose feed
 is lost is silent (agent.coordination.attribution). The configured leader opens the switch incident. The same
 feeds carry each tray's load and cooling summaries (agent.coordination.tray_cooling) on any rack with peers.
+
+A fault drill of a zone reaches the zone's other agents the same way (agent/drill/rack.py): every agent serves
+its drill document (GET /api/v1/coordination/drill, a stream of one line a change) and follows every peer's; a
+document is taken only as the peer's own, and a drill announcement only with its admin token's proof. A peer
+whose feed is lost has no drill here.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from agent.coordination.shared import SharedDevices, shared_devices
 log = logging.getLogger("supernode.coordination")
 MAINTENANCE_PATH = "/api/v1/coordination/maintenance"
 LINKS_PATH = "/api/v1/coordination/links"
+DRILL_PATH = "/api/v1/coordination/drill"
 MAX_MAINTENANCE_ANSWER = 16 << 10
 
 
@@ -162,6 +168,11 @@ class StaticCoordinator:
             if any(n != self.node for n in self.peers) else None
         self.link_feed = LineFeed("links")
         self.link_streams_up: dict[str, bool] = {}  # peer -> its links feed is open
+        # Fault drills (agent/drill/rack.py): this agent's drill document served, every peer's followed.
+        self.skew = skew
+        self.drill_channel: Any = None  # set by the drill runner before start
+        self.drill_feed = LineFeed("drill")
+        self.drill_streams_up: dict[str, bool] = {}  # peer -> its drill feed is open
 
     def polls(self, device: str) -> bool:
         nodes = self.pollers.get(device)
@@ -259,6 +270,27 @@ class StaticCoordinator:
             self.links.publish()
             await asyncio.sleep(INTERVAL)
 
+    # -- fault drills: our drill document served, every peer's followed ------------------------------------
+
+    def publish_drill(self, raw: bytes) -> None:
+        self.drill_feed.publish("drill", raw + b"\n")
+
+    def drill_peers(self) -> set[str]:
+        """The peers whose drill feed this agent follows now (each agent of a static rack follows every other's,
+        so these hear this one too)."""
+        return {p for p, up in self.drill_streams_up.items() if up}
+
+    def _drill_stream(self, peer: str, up: bool) -> None:
+        """A peer whose feed is lost says nothing of its drills any more: its drill ends here."""
+        self.drill_streams_up[peer] = up
+        if not up and self.drill_channel is not None:
+            self.drill_channel.received(peer, None, f"peer {peer}", 0)
+
+    async def _follow_drill(self, peer: str) -> None:
+        await follow(f"{self.peers[peer]}{DRILL_PATH}", peer, self.peer_tls,
+                     lambda line, stream: self.drill_channel.received(peer, line.strip(), f"peer {peer}", stream),
+                     lambda up: self._drill_stream(peer, up), "drill")
+
     # -- maintenance: ours served, the peers' asked for ------------------------------------------------------
 
     def _own_maintenance(self, node: str, record: Record | None) -> None:
@@ -342,16 +374,19 @@ class StaticCoordinator:
         peers = {n: u for n, u in self.peers.items() if n != self.node}
         if peers:
             self.tasks.append(loop.create_task(self._poll_maintenance(peers)))
+        if self.drill_channel is not None:
+            agent.route_mounts.append(lambda app: self.drill_feed.mount(app, DRILL_PATH))
+            self.tasks += [loop.create_task(self._follow_drill(p)) for p in sorted(peers)]
         if self.links is not None:
             self.links.attach(agent.store, self.stale_after)
             agent.store.add_listener(self._on_nvml)
-            agent.route_mounts.append(lambda app: app.router.add_get(LINKS_PATH, self.link_feed.serve))
+            agent.route_mounts.append(lambda app: self.link_feed.mount(app, LINKS_PATH))
             self.tasks.append(loop.create_task(self._publish_verdict()))
             self.tasks += [loop.create_task(self._follow_links(p)) for p in sorted(peers) if p in self.links.nodes]
         if not self.pollers:
             return  # every node polls every shared device: nothing to share
         agent.store.add_listener(self.on_publish)
-        agent.route_mounts.append(lambda app: app.router.add_get("/api/v1/coordination/facts", self.feed.serve))
+        agent.route_mounts.append(lambda app: self.feed.mount(app, "/api/v1/coordination/facts"))
         self.tasks += [loop.create_task(self._subscribe(p)) for p in self.needed_peers()]
 
     async def stop(self) -> None:

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # aiohttp.web at import would load the system MIME database before agent.memory skips it
     from aiohttp import web
 
-from agent.auth import TokenSource, requires_admin
+from agent.auth import TokenSource, caller, requires_admin, token_map
 from exporters.validation import terminal_safe
 
 from .plan import PlanError, load_plan, parse_plan
 from .report import format_markdown, format_text
 from .runner import DrillRefused, DrillRunner
 
-ENDED = ("passed", "failed", "aborted")
+ENDED = ("passed", "failed", "aborted", "ended")
 
 
 def add_drill_routes(app: web.Application, runner: DrillRunner, admin_token: TokenSource) -> None:
@@ -39,7 +39,10 @@ def add_drill_routes(app: web.Application, runner: DrillRunner, admin_token: Tok
             if not isinstance(body, dict) or not isinstance(body.get("allow_jobs", False), bool):
                 raise PlanError("body: expected {plan: {...}, allow_jobs: true|false}")
             plan = parse_plan(body.get("plan"), "plan")
-            view = await runner.start(plan, who, body.get("allow_jobs", False))
+            # the admin token's name (under mTLS `who` holds the certificate subject too): it signs the drill's
+            # announcement to the other agents of its zone (agent/drill/records.py)
+            token = next((n for n, t in token_map(admin_token).items() if caller(request, {n: t}) is not None), None)
+            view = await runner.start(plan, who, body.get("allow_jobs", False), token)
         except (PlanError, json.JSONDecodeError, ValueError) as exc:
             return web.json_response({"error": terminal_safe(str(exc), keep="\n")}, status=400)
         except DrillRefused as exc:

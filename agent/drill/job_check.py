@@ -1,4 +1,5 @@
-"""The reference job's own account of a drill: its event log, one JSON object a line (examples/drill_job.py).
+"""The jobs of a drill: the reference job's own account (its event log, one JSON object a line,
+examples/drill_job.py), and which running jobs a drill may drain (`drill_safe_jobs`).
 
 Why the job's word as well as Slurm's: Slurm knows the job was requeued and runs elsewhere; only the job knows
 it caught the signal, wrote its checkpoint and started again from it rather than from the beginning.
@@ -10,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .plan import DRILL_SAFE, DrillRefused
 
 
 @dataclass
@@ -53,3 +56,22 @@ def job_events(log: Path, job: str, since: float = 0.0) -> JobEvents:
             elif ts >= since:
                 out.checkpoint = ev
     return out
+
+
+async def drill_safe_jobs(scheduler: Any, nodes: list[str], allow_jobs: bool) -> dict[str, str]:
+    """job -> node of the running jobs on these nodes (every node of a plan: the conductor's check; its own node:
+    each other agent's of the zone); DrillRefused naming a job not marked drill-safe, unless `allow_jobs`."""
+    if scheduler is None:
+        return {}
+    found, foreign = {}, []
+    for node in nodes:
+        for job in await scheduler.jobs(node):
+            comment = await scheduler.job_comment(job) if hasattr(scheduler, "job_comment") else None
+            if comment and DRILL_SAFE in comment.split():
+                found[job] = node
+            else:
+                foreign.append(f"{job} on {node}")
+    if foreign and not allow_jobs:
+        raise DrillRefused(f"nodes: job {', '.join(foreign)} is not marked drill-safe (Slurm comment "
+                           f"{DRILL_SAFE!r}): the drill would drain it; pass --allow-jobs to drill anyway")
+    return found

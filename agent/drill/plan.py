@@ -38,6 +38,10 @@ class PlanError(ValueError):
     """A plan that cannot run; the message names the field."""
 
 
+class DrillRefused(Exception):
+    """The drill did not start here; the message says why (a plan field, a foreign job, a drill already running)."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -119,6 +119,20 @@ def acted_on(sc: AnyScenario, rack: Rack) -> list[str]:
     return []  # a switch fault drains nothing (nvlink-switch-fault notifies which switch tray to service)
 
 
+def rack_wide(sc: AnyScenario) -> bool:
+    """A fault every endangered node's agent acts on, each on its own node: a zone leak (its sensor's poll
+    reaches every agent of the rack). The others are read and acted on by one agent (a tray's own BMC, a GPU's
+    NVML, the CDU's flow on the agent that caps, the rack's switch verdict on its leader)."""
+    return isinstance(sc, LeakScenario)
+
+
+def participants(sc: AnyScenario, rack: Rack) -> list[str]:
+    """The nodes whose agents take part in a drill of `sc` started on `rack.node`'s agent: for a rack-wide
+    fault every node it acts on (each agent injects it into its own store and drains its own node), else the
+    drilling agent's own node."""
+    return acted_on(sc, rack) if rack_wide(sc) else [rack.node]
+
+
 def zone_of(node: str, rack: Rack) -> str:
     """The leak zone a node is in (a tray leak's readings carry it), or '' when none lists it."""
     return next((z for z, nodes in rack.zones.items() if node in nodes), "")

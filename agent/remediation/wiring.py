@@ -218,7 +218,9 @@ def attach(agent: AgentContext) -> None:
     from agent.drill.api import add_drill_routes
     from agent.drill.runner import DrillRunner
 
-    drill = DrillRunner(agent.store, hook)  # the fault drill feeds the store and watches this hook's engine
+    # the fault drill feeds the store and watches this hook's engine; a zone's drill reaches the zone's other
+    # agents through the rack's coordination (agent/drill/rack.py)
+    drill = DrillRunner(agent.store, hook, coordination)
     hook.drill = drill  # the status page's banner and report (agent/status/)
     agent.route_mounts.append(lambda app: add_drill_routes(app, drill, hook.admin_tokens))
 

@@ -210,15 +210,27 @@
     const out = [el("p", { class: "row", "data-drill-state": d.state }, badge(kind, d.state), " " + d.name + " \u00B7 " +
       d.scenario + " \u00B7 nodes " + d.nodes.join(", ") + " \u00B7 started " + clock(d.started_at) + (d.by ? " by " + d.by : ""))];
     const r = d.report;
-    if (!r) {
+    if (d.conductor && d.conductor !== s.agent.node) {
+      // a zone's drill: this agent drained its own node; the report is on the page of the agent that started it
+      out.push(el("p", { class: "muted" }, "this node's part of a drill started on " + d.conductor +
+        "'s agent: the report is on its page"));
+    } else if (!r) {
       out.push(s.incidents ? el("p", { class: "muted" }, "no report yet") : locked());
     } else {
       out.push(table(["stage", "from injection", "target", "journal rows", "result"], r.stages.map((x) =>
         el("tr", { "data-stage": x.stage }, td("stage", x.stage), td("from injection", fmt(x.seconds, "s")),
           td("target", fmt(x.target, "s", 0)), td("journal rows", x.journal.join(", ") || "\u2013"),
           td("result", badge(x.result === "PASS" ? "ok" : "bad", x.result), x.why ? " " + x.why : "")))));
+      const parts = Object.entries(r.per_node || {});
+      if (parts.length > 1) {  // a zone's drill: each node's own agent drained it; the stage above is the slowest
+        const names = Object.keys(parts[0][1].stages);
+        out.push(table(["node", "incident", ...names], parts.map(([node, p]) => el("tr", { "data-node": node },
+          td("node", node), td("incident", p.incident || "\u2013"), ...names.map((n) => td(n,
+            p.stages[n].seconds === null ? badge("bad", "no") : fmt(p.stages[n].seconds, "s"),
+            p.stages[n].why ? " " + p.stages[n].why : ""))))));
+      }
       out.push(el("p", { class: "muted" }, "dry-run (journaled, not done): " +
-        (r.dry_run.map((x) => x.action + " " + x.target).join(", ") || "nothing")));
+        (r.dry_run.map((x) => x.action + " " + x.target + (x.node ? " on " + x.node : "")).join(", ") || "nothing")));
     }
     replace("drill", out);
   }
