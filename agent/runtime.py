@@ -99,16 +99,16 @@ class SourceRunner:
             return 0.0
         return min(self.settings.interval * 2 ** (self.failures - 1), self.settings.max_backoff)
 
-    async def run_once(self) -> None:
+    async def run_once(self, timed: bool = False) -> None:
         try:
-            await self._run_once()
+            await self._run_once(timed)
         except asyncio.CancelledError:
             if not self.closed:
                 raise
             # The agent is stopping and abandoned this poll: what it waited on is no failure of the device, and
             # raised on into apscheduler it would be logged as a job error, with a traceback, on every restart.
 
-    async def _run_once(self) -> None:
+    async def _run_once(self, timed: bool = False) -> None:
         if self.running or time.monotonic() < self.next_allowed:
             return
         if self.gate is not None:
@@ -117,6 +117,8 @@ class SourceRunner:
                 if allowed is None:
                     self._let_go()
                 return
+        if timed and self._deferred():
+            return
         self._attach_stream()
         self.running = True
         self.holding = True
@@ -128,6 +130,13 @@ class SourceRunner:
             # An event arrived during that poll: what it announced may have come after the read.
             self.again = False
             await self._run_once()
+
+    def _deferred(self) -> bool:
+        """A timer's poll the source leaves out (a Redfish service whose event stream is confirmed up: its events
+        poll at once, and it polls every `confirmed_interval` as the fallback): its store entry is vouched fresh
+        instead, since the stream would have told of any change. False (poll) unless its last word was a publish."""
+        defer = getattr(self.source, "defer_timed_poll", None)
+        return defer is not None and defer() and self.store.touch(self.source.name, self.source.device)
 
     def _let_go(self) -> None:
         """Another agent polls this device now: a source that holds something open on it (a Redfish event
@@ -224,10 +233,10 @@ class SourceScheduler:
         now = time.monotonic()
         for runner in list(group):
             if not runner.running and now >= runner.next_allowed:  # else run_once would return at once
-                self._start(runner)
+                self._start(runner, timed=True)
 
-    def _start(self, runner: SourceRunner) -> None:
-        task = asyncio.ensure_future(runner.run_once())
+    def _start(self, runner: SourceRunner, timed: bool = False) -> None:
+        task = asyncio.ensure_future(runner.run_once(timed))
         self._tasks.add(task)  # held until done: the loop keeps only weak references to tasks
         task.add_done_callback(self._finished)
 
