@@ -45,6 +45,9 @@ FAMILIES = (NVLINK_SWITCH_FAULT, NVLINK_ATTRIBUTION_TRAYS, NVLINK_TRAY_SIDE_LINK
             GPU_RACK_LOAD_TRAYS)
 REFRESH_SECONDS = 5.0
 INTERVAL = 0.5  # how often the verdict is published (its freshness), besides on every vector that changes it
+# An unchanged verdict is vouched fresh at each `publish` and published (the detectors run on it) at least this
+# often: the 30 s clear hold of nvlink_switch_fault needs evaluations to run out, not one every 0.5 s (issue 38).
+REPUBLISH_SECONDS = 2.0
 
 
 class LinkShare:
@@ -66,6 +69,7 @@ class LinkShare:
         self.store: Any = None
         self._sent: tuple[dict[str, str], float] | None = None  # the last vector put: (gpus, when)
         self.verdict: Attribution | None = None
+        self._published: tuple[tuple, float] | None = None  # what the store holds: (its values, when published)
 
     @classmethod
     def of(cls, cfg: Any, nodes: Iterable[str], skew: float, clock: Callable[[], float]) -> "LinkShare | None":
@@ -80,7 +84,8 @@ class LinkShare:
 
     def attach(self, store: Any, stale_after_intervals: float) -> None:
         """The verdict's source in the store; it stays fresh for a few seconds (the coordination loop publishes
-        it every 0.5 s, but an etcd round trip on a loaded host may delay one), then ages out."""
+        it every second (etcd) or 0.5 s (static), but an etcd round trip on a loaded host may delay one), then ages
+        out."""
         self.store = store
         store.register(SOURCE, DEVICE, INTERVAL, max(stale_after_intervals, 6.0))
 
@@ -115,12 +120,20 @@ class LinkShare:
         for node in [n for n in self.vectors if n != self.node]:
             del self.vectors[node]
 
-    def publish(self) -> Attribution:
-        """The verdict now, into the store (and kept for the status of this agent)."""
+    def publish(self, force: bool = False) -> Attribution:
+        """The verdict now, into the store (and kept for the status of this agent). The same verdict as the one in
+        the store is only vouched fresh (no detector runs), unless REPUBLISH_SECONDS passed or `force` (this
+        agent's leadership changed: the rack incident is the leader's to open)."""
         now = self.clock()
         self.verdict = a = attribute(self.vectors, self.nodes, now, self.min_trays, self.max_age)
         if self.store is not None:
-            self.store.publish(SOURCE, DEVICE, self.readings(a, now), 0.0)
+            readings = self.readings(a, now)
+            values = tuple((r.spec.name, tuple(r.labels.items()), r.value) for r in readings)
+            last = self._published
+            if force or last is None or last[0] != values or not 0 <= now - last[1] < REPUBLISH_SECONDS \
+                    or not self.store.touch(SOURCE, DEVICE):
+                self.store.publish(SOURCE, DEVICE, readings, 0.0)
+                self._published = (values, now)
         return a
 
     def readings(self, a: Attribution, now: float) -> list[Any]:
