@@ -26,6 +26,14 @@ from exporters.base import EventStream, PollTrigger, Source
 from exporters.model import SourceError
 
 log = logging.getLogger("supernode.runtime")
+# A source polled more often than this publishes a poll that read exactly what its last publish did (values,
+# qualities, labels; not the times) only once this long after that publish; between, its entry is vouched fresh
+# (`SnapshotStore.touch`) and nobody is notified: no detector pass, no fact, no status update (issue 38: the two
+# leak inputs' dry polls, four a second, were most of the detectors' and the store's work on a demo node). A
+# change, a partial error or a wet leak reading is published at once (a leak's confirmation is its second
+# consecutive wet poll); the detectors' holds count on with a publish at least this often.
+REPUBLISH_SECONDS = 2.0
+LEAK_DETECTED = "supernode_leak_detected"  # exporters.cooling.modbus_metrics.LEAK_DETECTED, which trays fill too
 
 
 @dataclass
@@ -54,6 +62,8 @@ class SourceRunner:
         # means "not this agent's to poll at all now": what the source holds open on the device is let go.
         self.gate: Callable[[], bool | None] | None = None
         self.holding = False  # polled since its source last let go of the device (see `_let_go`)
+        self._published: tuple[list, float] | None = None  # (the readings of its last publish, monotonic when)
+        self.monotonic: Callable[[], float] = time.monotonic  # when its last publish was (a test drives it)
         self._letting_go: asyncio.Task | None = None
 
     def _attach_stream(self) -> None:
@@ -177,11 +187,31 @@ class SourceRunner:
                                                     "after_failures": self.failures})
             self.failures = 0
             self.next_allowed = 0.0
-            if not (result.unchanged and not result.partial_errors
-                    and self.store.touch(src.name, src.device, duration)):
+            quiet = result.unchanged or self._reads_the_same(result.readings)
+            if not (quiet and not result.partial_errors and self.store.touch(src.name, src.device, duration)):
                 self.store.publish(src.name, src.device, result.readings, duration, result.partial_errors)
+                self._published = (result.readings, self.monotonic())
         finally:
             self.polls += 1
+
+    def _reads_the_same(self, readings: list) -> bool:
+        """Whether this poll may stay unpublished (see REPUBLISH_SECONDS): a source polled more often than that,
+        its last publish younger than that, every reading as it was then (same order, family, labels, value and
+        quality), and no leak input wet."""
+        last = self._published
+        if last is None or self.settings.interval >= REPUBLISH_SECONDS or self.monotonic() - last[1] >= REPUBLISH_SECONDS:
+            return False
+        before = last[0]
+        if len(before) != len(readings):
+            return False
+        for new, old in zip(readings, before):
+            if new.spec is not old.spec or new.quality is not old.quality or new.labels != old.labels:
+                return False
+            if new.value != old.value and not (new.value != new.value and old.value != old.value):  # NaN = NaN here
+                return False
+            if new.spec.name == LEAK_DETECTED and new.value >= 0.5:
+                return False  # every wet poll is news: the second one confirms the leak
+        return True
 
     def _failed(self, kind: str, message: str, start: float) -> None:
         duration = time.perf_counter() - start
