@@ -322,7 +322,9 @@ def test_a_failing_bmc_is_a_down_source_with_its_kind_and_an_unknown_zone(tmp_pa
 
 
 def test_a_tray_detector_fault_raises_its_own_incident_and_never_acts(tmp_path):
-    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, interval=0.5, timeout=1.0), tmp_path) as agent:
+    # confirmed_interval 0: the 0.5 s timer polls with the stream up too, so "several polls later" comes soon
+    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, interval=0.5, timeout=1.0,
+                                                           confirmed_interval=0), tmp_path) as agent:
         _ready(agent)
         rack.inject("tray-leak-sensor-fault", node="node01", detector="3")
         wait_for(lambda: _open(agent, "leak_sensor_fault"), 20, what="leak_sensor_fault incident")
