@@ -90,7 +90,7 @@ class CpuSampler:
         self._last: dict[int, float] = {}  # thread ident -> its CPU seconds at the last sample
         self._names: dict[int, str] = {}
         self.window = Counter[str]()
-        self.leaves = Counter[str]()  # the innermost frame of each sample, for a closer look
+        self.leaves = Counter[str]()  # each sample's innermost frame of the agent's own code, for a closer look
         self.samples = 0
         self.own = 0.0  # CPU seconds spent in the sampler itself (charged to no component)
         self.started = (time.monotonic(), time.process_time())
@@ -106,11 +106,11 @@ class CpuSampler:
             signal.signal(signal.SIGPROF, self._previous)
 
     def _component(self, frame: FrameType | None) -> tuple[str | None, str]:
-        best, leaf = NO_RULE, ""
+        best, leaf, where = NO_RULE, "", ""
         rules = self._rules
         while frame is not None:
             code = frame.f_code
-            if not leaf:
+            if not leaf and ("/agent/" in code.co_filename or "/exporters/" in code.co_filename):
                 leaf = f"{code.co_name} ({Path(code.co_filename).name}:{frame.f_lineno})"
             known = rules.get(id(code))
             if known is not None and known[0] is code:
@@ -118,10 +118,11 @@ class CpuSampler:
             else:
                 rule = _rule_of(code)
                 rules[id(code)] = (code, rule)
-            if rule < best:
-                best = rule
+            if rule < best or (rule == best and rule < NO_RULE):  # the outermost frame of the winning rule
+                best, where = rule, code.co_name
             frame = frame.f_back
-        return (RULES[best][0] if best < NO_RULE else None), leaf
+        leaf = leaf or "(no frame of the agent's own)"
+        return (RULES[best][0] if best < NO_RULE else None), (f"{where} > {leaf}" if where else leaf)
 
     def _thread_cpu(self, ident: int) -> float | None:
         clock = self._clocks.get(ident)

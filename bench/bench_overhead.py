@@ -132,6 +132,16 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def _set(cfg: dict, setting: str) -> None:
+    """KEY=VALUE (a dotted path, a YAML value) into an agent's config, making the sections on the way."""
+    path, _, value = setting.partition("=")
+    *parents, key = path.split(".")
+    node = cfg
+    for name in parents:
+        node = node.setdefault(name, {})
+    node[key] = yaml.safe_load(value)
+
+
 def _role(port: int) -> str:
     """leader, follower or degraded (supernode_coordination_leader / _up on its /metrics); "alone" without."""
     try:
@@ -199,12 +209,20 @@ async def _poll_costs(config_path: Path, polls: int, paced_seconds: float, skip:
     """
     from agent.sources import build_sources
 
+    async def bounded(aw, timeout: float, what: str) -> None:
+        """Await `aw` for at most `timeout` s; past it, cancel it without waiting for the cancellation to land (a
+        client that swallows a cancel must not hold the bench: seen once, an idle loop for minutes)."""
+        task = asyncio.ensure_future(aw)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()
+            print(f"  ({what}: no answer within {timeout:g} s, left behind)", file=sys.stderr)
+        elif not task.cancelled():
+            task.exception()  # a failed poll still cost what it cost
+
     async def one(src, timeout: float) -> float:
         c0 = time.process_time()
-        try:
-            await asyncio.wait_for(src.poll(), timeout)
-        except Exception:  # a failed poll still cost what it cost
-            pass
+        await bounded(src.poll(), timeout, f"a poll of {src.name}/{src.device}")
         return time.process_time() - c0
 
     out = []
@@ -225,8 +243,8 @@ async def _poll_costs(config_path: Path, polls: int, paced_seconds: float, skip:
         close = getattr(src, "close", None)
         if close is not None:
             result = close()
-            if asyncio.iscoroutine(result):
-                await result
+            if asyncio.iscoroutine(result):  # as the agent closes a source: bounded
+                await bounded(result, 2.0, f"closing {src.name}/{src.device}")
         out.append((f"{src.name}/{src.device}", statistics.median(paced), statistics.median(warm), interval))
     return out
 
@@ -242,6 +260,9 @@ def main() -> int:
     ap.add_argument("--default-intervals", action="store_true", help="the shipped intervals, not the demo's")
     ap.add_argument("--layout", choices=("issue", "demo"), default="issue",
                     help="issue 14's node (default), or what `make demo` runs now (Redfish, every agent, etcd)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config setting for every agent, dotted path and a YAML value (an A/B of one setting, "
+                         "e.g. sources.redfish.confirmed_interval=0); may be repeated")
     ap.add_argument("--profile-leaves", type=int, default=0, help="also print each agent's N costliest innermost frames")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
                     help="run the agents without the CPU sampler (agent/cpu_profile.py)")
@@ -264,6 +285,8 @@ def main() -> int:
             node = cfg["agent"]["node"]
             config_path = workdir / node / "agent.yaml"
             config_path.parent.mkdir(parents=True, exist_ok=True)
+            for setting in args.set:
+                _set(cfg, setting)
             config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             logs.append(open(workdir / node / "agent.log", "ab"))
             env = daemon_env()
@@ -345,6 +368,8 @@ def main() -> int:
         summary.append(f"{node} ({roles[k]}) {pct:.2f} % (windows {min(windows[k]):.2f}-{max(windows[k]):.2f} %), "
                        f"{rss[k]:.1f} MiB, polls alone {paced_pct:.2f} % ({pct / paced_pct:.2f}x), floor "
                        f"{floors[k]:.2f} % (above it {pct - floors[k]:.2f} %), {sum(wakes[k][:2]):.1f} wake-ups/s")
+    if args.set:
+        print(f"settings changed for this run: {', '.join(args.set)}")
     print(f"README row: {time.strftime('%Y-%m-%d')}, {args.layout} layout at the {intervals}, "
           f"{reference.split(', ', 1)[1].split(' (')[0]}, load average {min(load):.1f}-{max(load):.1f}: "
           + "; ".join(summary))
