@@ -41,6 +41,9 @@ every 5 s, DOM every 30 s, leak every 0.5 s), as a production agent would.
   source both agents have (the rack's shared devices) are measured once. A Redfish service polls every
   `confirmed_interval` while its event stream is up (the steady state), so that is its interval here.
 
+With more than 4 windows (e.g. --seconds 1800 --windows 30: the 30-minute memory curve) each agent's resident
+memory at each window's end is printed too.
+
 The last lines are what README's performance table row needs (`README row:`), for a run on a quiet machine.
 
     python bench/bench_overhead.py [--seconds 120] [--polls 20] [--paced-seconds 10] [--floor-seconds 30]
@@ -303,10 +306,12 @@ def main() -> int:
         switched = [[context_switches(a.pid) for _, a in agents]]
         load = [os.getloadavg()[0]]
         marks = [([_cpu_seconds(a.pid) for _, a in agents], time.monotonic())]
+        curve = [[_rss_mib(a.pid) for _, a in agents]]  # each agent's resident memory at each window's end
         for _ in range(n_windows):
             time.sleep(args.seconds / n_windows)
             marks.append(([_cpu_seconds(a.pid) for _, a in agents], time.monotonic()))
             load.append(os.getloadavg()[0])
+            curve.append([_rss_mib(a.pid) for _, a in agents])
         switched.append([context_switches(a.pid) for _, a in agents])
         windows_profile = _profile_window(agents, profiles) if args.profile else [None] * len(agents)
         roles = [_role(cfg["listen"]["port"]) for cfg in cfgs]
@@ -363,6 +368,9 @@ def main() -> int:
               f"{thread_wakes:.1f} on other threads; besides, {preempted:.1f} preemptions a second); a bare process "
               f"woken as often, nothing else to do (peer, same run): {floors[k]:.2f} % of a core; the agent above "
               f"that floor: {pct - floors[k]:.2f} %")
+        if n_windows > 4:  # a long run: how the memory moved (baselines filling, or a leak)
+            print(f"  resident memory at each window's end (MiB, {args.seconds / n_windows:g} s apart, from "
+                  f"{args.warmup:g} s after ready): " + " ".join(f"{c[k]:.1f}" for c in curve))
         if args.profile:
             _print_profile(node, windows_profile[k], args.profile_leaves)
         summary.append(f"{node} ({roles[k]}) {pct:.2f} % (windows {min(windows[k]):.2f}-{max(windows[k]):.2f} %), "
