@@ -16,7 +16,7 @@ failed poll does not end it (the runtime's backoff still spaces the polls of a f
 leak in the first seconds after a start waited for the 2 s poll, three to six times a Modbus leak's time to a
 drain, because the event path that makes the slow interval safe was not there yet.
 
-Once the subscription is confirmed the stream is the fast path, and the timer's polls are the fallback: the
+Once the SSE stream is open it is the fast path, and the timer's polls are the fallback: the
 runtime leaves a timed poll out (`defer_timed_poll`, the store entry vouched fresh) until `confirmed_poll_s` has
 passed since the last poll, so a healthy stream costs one poll every `confirmed_poll_s` instead of one every
 interval (issue 38: the two Redfish services were half the polls' CPU of a demo node). The moment the stream is
@@ -105,14 +105,15 @@ class RedfishSource:
             and not self._released
 
     def defer_timed_poll(self) -> bool:
-        """Whether the timer's poll may be left out (the runtime asks at each tick): while the event subscription
-        is confirmed up, a change arrives as an event and its poll at once, so the timer's polls are only the
-        fallback and the check that the service still answers, one every `confirmed_poll_s`. The moment the
-        subscription is lost this is False again (and the unconfirmed polling starts: the watch asks for a poll
-        when its stream drops)."""
+        """Whether the timer's poll may be left out (the runtime asks at each tick): while the SSE stream is open,
+        a change arrives as an event and its poll at once, so the timer's polls are only the fallback and the
+        check that the service still answers, one every `confirmed_poll_s`. The moment the stream is lost this is
+        False again (and the unconfirmed polling starts: the watch asks for a poll when its stream drops). SSE
+        only: its connection says when it is lost, while a push subscription a rebooted BMC forgot is silent until
+        the next walk re-makes it, so a push service keeps its timer."""
         ev = self.events
-        return bool(self.confirmed_poll_s) and ev is not None and ev.up and not self._released \
-            and self.clock() - self._polled_at < self.confirmed_poll_s
+        return bool(self.confirmed_poll_s) and ev is not None and ev.up and ev.transport == "sse" \
+            and not self._released and self.clock() - self._polled_at < self.confirmed_poll_s
 
     def _ensure_fast(self) -> None:
         """At each poll: while events are not confirmed, a task asks for a poll every `unconfirmed_poll_s`; it
