@@ -23,17 +23,19 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from agent.config import SourceSettings
 from agent.snapshot import SnapshotStore
 from exporters.base import EventStream, PollTrigger, Source
-from exporters.model import SourceError
+from exporters.model import Kind, SourceError
 
 log = logging.getLogger("supernode.runtime")
-# A source polled more often than this publishes a poll that read exactly what its last publish did (values,
-# qualities, labels; not the times) only once this long after that publish; between, its entry is vouched fresh
-# (`SnapshotStore.touch`) and nobody is notified: no detector pass, no fact, no status update (issue 38: the two
-# leak inputs' dry polls, four a second, were most of the detectors' and the store's work on a demo node). A
-# change, a partial error or a wet leak reading is published at once (a leak's confirmation is its second
-# consecutive wet poll); the detectors' holds count on with a publish at least this often.
+# A source polled more often than this publishes a poll that read what its last publish did (values, qualities,
+# labels; not the times, nor the counters no detector reads: a client's requests) only once this long after it;
+# between, its entry is vouched fresh (`SnapshotStore.touch`) and nobody is notified: no detector pass, no fact,
+# no status update (issue 38: the two leak inputs' dry polls, four a second, were most of the detectors' and the
+# store's work on a demo node). A change, a partial error or a wet leak reading is published at once (a leak's
+# confirmation is its second consecutive wet poll); the detectors' holds count on with a publish at least this
+# often, and /metrics shows such a counter at most this old.
 REPUBLISH_SECONDS = 2.0
 LEAK_DETECTED = "supernode_leak_detected"  # exporters.cooling.modbus_metrics.LEAK_DETECTED, which trays fill too
+COUNTER = Kind.COUNTER
 
 
 @dataclass
@@ -204,10 +206,12 @@ class SourceRunner:
         before = last[0]
         if len(before) != len(readings):
             return False
+        read = _read_counters()
         for new, old in zip(readings, before):
             if new.spec is not old.spec or new.quality is not old.quality or new.labels != old.labels:
                 return False
-            if new.value != old.value and not (new.value != new.value and old.value != old.value):  # NaN = NaN here
+            if new.value != old.value and not (new.value != new.value and old.value != old.value) \
+                    and (new.spec.kind is not COUNTER or new.spec.name in read):  # NaN = NaN here
                 return False
             if new.spec.name == LEAK_DETECTED and new.value >= 0.5:
                 return False  # every wet poll is news: the second one confirms the leak
@@ -222,6 +226,20 @@ class SourceRunner:
                                                 "error": message})
         self.store.fail(src.name, src.device, kind, message, duration)
         self.next_allowed = time.monotonic() + self._backoff()
+
+
+_READ_COUNTERS: frozenset[str] | None = None
+
+
+def _read_counters() -> frozenset[str]:
+    """The counters some detector reads (agent.remediation.detectors, imported on first use: the runtime is the
+    daemon's base and must not pull the detectors in with it)."""
+    global _READ_COUNTERS
+    if _READ_COUNTERS is None:
+        from agent.remediation.detectors import Detectors
+
+        _READ_COUNTERS = Detectors.counters()
+    return _READ_COUNTERS
 
 
 class SourceScheduler:

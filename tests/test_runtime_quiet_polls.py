@@ -10,22 +10,26 @@ import asyncio
 from agent.config import SourceSettings
 from agent.runtime import REPUBLISH_SECONDS, SourceRunner
 from agent.snapshot import SnapshotStore
-from exporters.cooling.modbus_metrics import LEAK_DETECTED
+from exporters.cooling.modbus_metrics import LEAK_DETECTED, REQUESTS
 from exporters.model import PollResult, Quality, make_reading
 
 
 class Rope:
-    """A leak controller whose next poll reads `wet` (and `partial` errors, when set)."""
+    """A leak controller whose next poll reads `wet` (and `partial` errors, when set); like the real one, each poll
+    also counts its own requests (a counter no detector reads, different in every poll)."""
 
     name, device = "leak", "leak1"
 
     def __init__(self) -> None:
         self.wet = False
         self.partial: dict[str, int] = {}
+        self.requests = 0
 
     async def poll(self) -> PollResult:
+        self.requests += 1
         r = make_reading(LEAK_DETECTED, 1.0 if self.wet else 0.0, {"zone": "zone-a", "sensor": "rope"}, Quality.OK, 0.0)
-        return PollResult([r], dict(self.partial))
+        asked = make_reading(REQUESTS, float(self.requests), {"device": "leak1"}, Quality.OK, 0.0)
+        return PollResult([r, asked], dict(self.partial))
 
     async def close(self) -> None:
         return None

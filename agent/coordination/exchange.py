@@ -193,4 +193,4 @@ def detector_counters() -> frozenset[str]:
     client's requests and the like, change with every poll and wait for the heartbeat)."""
     from agent.remediation.detectors import Detectors
 
-    return frozenset(name for name in Detectors.families() if name.endswith("_total"))
+    return Detectors.counters()
