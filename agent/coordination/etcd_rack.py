@@ -369,7 +369,7 @@ class EtcdCoordinator(RackState):
     async def start(self, agent: Any) -> None:
         self.facts.store = agent.store
         if self.links is not None:
-            self.links.attach(agent.store, self.stale_after)
+            self.links.attach(agent.store, self.stale_after, RECHECK_SECONDS)
         self.poll_now = agent.scheduler.poll_now
         self.align = getattr(agent.scheduler, "align", None)
         self.admin_tokens = lambda: token_map(agent.loaded.admin_tokens)  # the tokens of the running config

@@ -82,12 +82,11 @@ class LinkShare:
             return None
         return cls(cfg.agent.node, nodes, detectors, skew, switch_trays, cfg.inventory.gpus.nvlinks_per_gpu, clock)
 
-    def attach(self, store: Any, stale_after_intervals: float) -> None:
-        """The verdict's source in the store; it stays fresh for a few seconds (the coordination loop publishes
-        it every second (etcd) or 0.5 s (static), but an etcd round trip on a loaded host may delay one), then ages
-        out."""
+    def attach(self, store: Any, stale_after_intervals: float, interval: float = INTERVAL) -> None:
+        """The verdict's source in the store, refreshed every `interval` (the coordination loop's: 1 s with etcd,
+        0.5 s static); it stays fresh for at least 6 of them (a loop on a loaded host may be late), then ages out."""
         self.store = store
-        store.register(SOURCE, DEVICE, INTERVAL, max(stale_after_intervals, 6.0))
+        store.register(SOURCE, DEVICE, interval, max(stale_after_intervals, 6.0))
 
     def own(self, snap: Any) -> bytes | None:
         """This node's vector from its own snapshot, taken at once; the bytes to put when it changed or is due."""
