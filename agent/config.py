@@ -508,6 +508,12 @@ class RedfishSourceSettings(SafetySourceSettings):
         "lost, or where the service offers none): default the leak source's interval (sources.leak.interval, "
         "0.5 s), so a tray leak is read as fast as a Modbus one from the first second; 0: `interval` throughout. "
         "Not used with events off."))
+    confirmed_interval: float = Field(default=10.0, ge=0, le=3600, description=(
+        "Seconds between polls while a service's SSE event stream is open: the events carry the fast path (each "
+        "relevant one polls at once), so the timer's polls are the fallback and the check that the service "
+        "answers. The moment the stream is lost, polls are every `interval` again (and every "
+        "`unconfirmed_interval` until it is back). A push subscription keeps `interval` (one a rebooted BMC forgot "
+        "is silent). 0, or not above `interval`: every `interval` throughout."))
     login_retry_seconds: float = Field(default=5.0, gt=0, le=300, description=(
         "After a refused login, wait this long before the next (doubling up to 5 min): no account lock-out."))
     watch_rack_trays: bool = Field(default=False, description=(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Any, Callable
@@ -218,6 +219,10 @@ class Agent:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         loop.add_signal_handler(signal.SIGINT, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        if os.environ.get("SUPERNODE_CPU_PROFILE"):  # bench_overhead's profile of one window (agent.cpu_profile)
+            from agent.cpu_profile import install
+
+            install(loop)
         await self.start()
         await self._stop.wait()
         try:

@@ -23,9 +23,19 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from agent.config import SourceSettings
 from agent.snapshot import SnapshotStore
 from exporters.base import EventStream, PollTrigger, Source
-from exporters.model import SourceError
+from exporters.model import Kind, SourceError
 
 log = logging.getLogger("supernode.runtime")
+# A source polled more often than this publishes a poll that read what its last publish did (values, qualities,
+# labels; not the times, nor the counters no detector reads: a client's requests) only once this long after it;
+# between, its entry is vouched fresh (`SnapshotStore.touch`) and nobody is notified: no detector pass, no fact,
+# no status update (issue 38: the two leak inputs' dry polls, four a second, were most of the detectors' and the
+# store's work on a demo node). A change, a partial error or a wet leak reading is published at once (a leak's
+# confirmation is its second consecutive wet poll); the detectors' holds count on with a publish at least this
+# often, and /metrics shows such a counter at most this old.
+REPUBLISH_SECONDS = 2.0
+LEAK_DETECTED = "supernode_leak_detected"  # exporters.cooling.modbus_metrics.LEAK_DETECTED, which trays fill too
+COUNTER = Kind.COUNTER
 
 
 @dataclass
@@ -54,6 +64,8 @@ class SourceRunner:
         # means "not this agent's to poll at all now": what the source holds open on the device is let go.
         self.gate: Callable[[], bool | None] | None = None
         self.holding = False  # polled since its source last let go of the device (see `_let_go`)
+        self._published: tuple[list, float] | None = None  # (the readings of its last publish, monotonic when)
+        self.monotonic: Callable[[], float] = time.monotonic  # when its last publish was (a test drives it)
         self._letting_go: asyncio.Task | None = None
 
     def _attach_stream(self) -> None:
@@ -99,16 +111,16 @@ class SourceRunner:
             return 0.0
         return min(self.settings.interval * 2 ** (self.failures - 1), self.settings.max_backoff)
 
-    async def run_once(self) -> None:
+    async def run_once(self, timed: bool = False) -> None:
         try:
-            await self._run_once()
+            await self._run_once(timed)
         except asyncio.CancelledError:
             if not self.closed:
                 raise
             # The agent is stopping and abandoned this poll: what it waited on is no failure of the device, and
             # raised on into apscheduler it would be logged as a job error, with a traceback, on every restart.
 
-    async def _run_once(self) -> None:
+    async def _run_once(self, timed: bool = False) -> None:
         if self.running or time.monotonic() < self.next_allowed:
             return
         if self.gate is not None:
@@ -117,6 +129,8 @@ class SourceRunner:
                 if allowed is None:
                     self._let_go()
                 return
+        if timed and self._deferred():
+            return
         self._attach_stream()
         self.running = True
         self.holding = True
@@ -128,6 +142,13 @@ class SourceRunner:
             # An event arrived during that poll: what it announced may have come after the read.
             self.again = False
             await self._run_once()
+
+    def _deferred(self) -> bool:
+        """A timer's poll the source leaves out (a Redfish service whose event stream is confirmed up: its events
+        poll at once, and it polls every `confirmed_interval` as the fallback): its store entry is vouched fresh
+        instead, since the stream would have told of any change. False (poll) unless its last word was a publish."""
+        defer = getattr(self.source, "defer_timed_poll", None)
+        return defer is not None and defer() and self.store.touch(self.source.name, self.source.device)
 
     def _let_go(self) -> None:
         """Another agent polls this device now: a source that holds something open on it (a Redfish event
@@ -168,11 +189,33 @@ class SourceRunner:
                                                     "after_failures": self.failures})
             self.failures = 0
             self.next_allowed = 0.0
-            if not (result.unchanged and not result.partial_errors
-                    and self.store.touch(src.name, src.device, duration)):
+            quiet = result.unchanged or self._reads_the_same(result.readings)
+            if not (quiet and not result.partial_errors and self.store.touch(src.name, src.device, duration)):
                 self.store.publish(src.name, src.device, result.readings, duration, result.partial_errors)
+                self._published = (result.readings, self.monotonic())
         finally:
             self.polls += 1
+
+    def _reads_the_same(self, readings: list) -> bool:
+        """Whether this poll may stay unpublished (see REPUBLISH_SECONDS): a source polled more often than that,
+        its last publish younger than that, every reading as it was then (same order, family, labels, value and
+        quality), and no leak input wet."""
+        last = self._published
+        if last is None or self.settings.interval >= REPUBLISH_SECONDS or self.monotonic() - last[1] >= REPUBLISH_SECONDS:
+            return False
+        before = last[0]
+        if len(before) != len(readings):
+            return False
+        read = _read_counters()
+        for new, old in zip(readings, before):
+            if new.spec is not old.spec or new.quality is not old.quality or new.labels != old.labels:
+                return False
+            if new.value != old.value and not (new.value != new.value and old.value != old.value) \
+                    and (new.spec.kind is not COUNTER or new.spec.name in read):  # NaN = NaN here
+                return False
+            if new.spec.name == LEAK_DETECTED and new.value >= 0.5:
+                return False  # every wet poll is news: the second one confirms the leak
+        return True
 
     def _failed(self, kind: str, message: str, start: float) -> None:
         duration = time.perf_counter() - start
@@ -183,6 +226,20 @@ class SourceRunner:
                                                 "error": message})
         self.store.fail(src.name, src.device, kind, message, duration)
         self.next_allowed = time.monotonic() + self._backoff()
+
+
+_READ_COUNTERS: frozenset[str] | None = None
+
+
+def _read_counters() -> frozenset[str]:
+    """The counters some detector reads (agent.remediation.detectors, imported on first use: the runtime is the
+    daemon's base and must not pull the detectors in with it)."""
+    global _READ_COUNTERS
+    if _READ_COUNTERS is None:
+        from agent.remediation.detectors import Detectors
+
+        _READ_COUNTERS = Detectors.counters()
+    return _READ_COUNTERS
 
 
 class SourceScheduler:
@@ -224,10 +281,10 @@ class SourceScheduler:
         now = time.monotonic()
         for runner in list(group):
             if not runner.running and now >= runner.next_allowed:  # else run_once would return at once
-                self._start(runner)
+                self._start(runner, timed=True)
 
-    def _start(self, runner: SourceRunner) -> None:
-        task = asyncio.ensure_future(runner.run_once())
+    def _start(self, runner: SourceRunner, timed: bool = False) -> None:
+        task = asyncio.ensure_future(runner.run_once(timed))
         self._tasks.add(task)  # held until done: the loop keeps only weak references to tasks
         task.add_done_callback(self._finished)
 

@@ -241,6 +241,7 @@ def _redfish(loaded: LoadedConfig) -> list[ScheduledSource]:
 
     fast = s.unconfirmed_interval if s.unconfirmed_interval is not None else cfg.sources.leak.interval
     fast = fast if 0 < fast < s.interval else 0.0  # never slower than the timer itself
+    slow = s.confirmed_interval if s.confirmed_interval > s.interval else 0.0  # never faster than the timer
     out: list[ScheduledSource] = []
     for ep in polled_redfish(loaded):
         dest = f"{s.event_destination.rstrip('/')}/api/v1/redfish/events/{ep.name}" if s.event_destination else None
@@ -249,7 +250,8 @@ def _redfish(loaded: LoadedConfig) -> list[ScheduledSource]:
         src = RedfishSource(ep.name, redfish_client(loaded, ep), kind=ep.kind, profile=ep.profile,
                             zone=cfg.inventory.redfish_zone(ep), rediscover_s=s.rediscover_seconds, events=s.events,
                             push_destination=dest, push_token=token, event_retry_s=s.event_retry_seconds,
-                            event_min_poll_s=s.event_min_poll_seconds, unconfirmed_poll_s=fast)
+                            event_min_poll_s=s.event_min_poll_seconds, unconfirmed_poll_s=fast,
+                            confirmed_poll_s=slow)
         out.append(ScheduledSource(src, s))
     return out
 

@@ -39,6 +39,9 @@ class Rack(EtcdRack):
 
 def _watch_trays(cfg: dict, node: str, sim) -> None:
     cfg["sources"]["redfish"]["watch_rack_trays"] = True
+    # These tests count who asks each device within a few seconds: the Redfish services polled at their interval
+    # while their streams are up too, not once every confirmed_interval (10 s) as shipped.
+    cfg["sources"]["redfish"]["confirmed_interval"] = 0
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from agent.runtime import SourceRunner, SourceScheduler
 from agent.snapshot import SnapshotStore
 from exporters.cooling.modbus import ModbusSource
 from exporters.cooling.modbus_metrics import LEAK_DETECTED
-from exporters.model import Quality, make_reading
+from exporters.model import Quality, counter, gauge, make_reading
 
 JOB = "leak/leak1"
 SAFETY = frozenset({JOB})
@@ -130,3 +130,58 @@ def test_align_moves_a_timer_to_the_phase_asked_and_leaves_one_already_there():
             sched.scheduler.shutdown(wait=False)
 
     asyncio.run(run())
+
+
+def _pdu_fact(watts: float, requests: float, at: float) -> Fact:
+    power = make_reading(_PDU_POWER, watts, {"pdu": "pdu-a"}, Quality.OK, at)
+    polled = make_reading(_PDU_REQUESTS, requests, {"pdu": "pdu-a"}, Quality.OK, at)
+    return Fact("node01", "pdu", "pdu-a", True, [power, polled], 0.01, at=at)
+
+
+_PDU_POWER = gauge("supernode_pdu_test_power_watts", "a gauge some detector could read", ("pdu",))
+_PDU_REQUESTS = counter("supernode_pdu_test_requests_total", "a client's own counter: changes every poll", ("pdu",))
+
+
+def test_an_unchanged_poll_is_withheld_until_the_heartbeat_and_a_change_or_a_wet_poll_goes_out_at_once():
+    """Issue 38: the poller sends a poll when what a detector reads changed, every wet leak poll (the second
+    wet poll of a confirmation reads the same as the first, and must reach every agent too), and otherwise one
+    every heartbeat. The clock is driven by hand."""
+    now = [100.0]
+    fx = FactExchange("node01", {JOB: "leak1", "pdu/pdu-a": "pdu-a"}, 2.0, time.time, SAFETY, heartbeat=2.0,
+                      monotonic=lambda: now[0])
+    assert fx.due(JOB, _fact("node01", False, 1.0))  # the first poll always goes out
+    now[0] += 0.5
+    assert not fx.due(JOB, _fact("node01", False, 1.5))  # the same reading, later: withheld
+    now[0] += 0.5
+    assert fx.due(JOB, _fact("node01", True, 2.0))  # wet: at once
+    now[0] += 0.01
+    assert fx.due(JOB, _fact("node01", True, 2.01))  # the confirmation's second wet poll too
+    now[0] += 0.5
+    assert fx.due(JOB, _fact("node01", False, 2.5))  # dry again: a change
+    now[0] += 1.9
+    assert not fx.due(JOB, _fact("node01", False, 4.4))
+    now[0] += 0.1
+    assert fx.due(JOB, _fact("node01", False, 4.5))  # 2 s after the last one out: the heartbeat
+    assert fx.withheld == 2
+    # A counter no detector reads changes with every poll and sends nothing; a gauge's change does.
+    assert fx.due("pdu/pdu-a", _pdu_fact(1000.0, 1.0, 1.0))
+    now[0] += 0.5
+    assert not fx.due("pdu/pdu-a", _pdu_fact(1000.0, 2.0, 1.5))
+    assert fx.due("pdu/pdu-a", _pdu_fact(1100.0, 3.0, 2.0))
+    # A failed poll is news as well.
+    assert fx.due("pdu/pdu-a", Fact("node01", "pdu", "pdu-a", False, [], 0.5, "poll", "timeout", at=2.5))
+
+
+def test_a_receiver_counts_a_fed_entry_stale_in_heartbeats_not_in_its_poll_interval():
+    """Facts of a 0.5 s leak poll arrive a heartbeat (2 s) apart while nothing changes: the receiver's entry must
+    stay fresh between them (two heartbeats), or the leak watch would call the zone unknown in every gap."""
+    clock = [1000.0]
+    store = SnapshotStore(clock=lambda: clock[0])
+    fx = FactExchange("node03", {JOB: "leak1"}, 2.0, lambda: clock[0], SAFETY, heartbeat=2.0)
+    fx.store, fx.runners = store, {JOB: _Runner()}
+    store.register("leak", "leak1", 0.5, 2.0)  # its own runner's interval: stale after 1 s
+    assert fx.ingest(JOB, "node01", encode(_fact("node01", False, clock[0] - 0.02)), _not_polling) is None
+    clock[0] += 3.5  # past 1 s, within two heartbeats
+    assert _held_value(store) == 0.0
+    clock[0] += 1.0
+    assert _held_value(store) is None  # two heartbeats missing: stale, the zone unknown

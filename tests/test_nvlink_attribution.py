@@ -248,3 +248,35 @@ def test_the_trays_load_summary_is_its_busy_gpus_medians_and_round_trips():
     v = VectorBuilder("node01", DetectorSettings()).build(Snapshot(t, rs, (), monotonic=t), t)
     assert v is not None and v.load == TrayLoad(2, 1940e6, 690.0)
     assert decode(encode(v), "node01", RACK18, t, 5.0) == v
+
+
+def test_an_unchanged_verdict_is_vouched_fresh_and_republished_only_every_few_seconds_or_on_a_leadership_change():
+    """Issue 38: the coordination loop asks for the verdict every second; the same verdict again only refreshes
+    its store entry (no detector runs on it), a changed one is published at once, and an unchanged one at least
+    every REPUBLISH_SECONDS (a clear hold needs evaluations to run out) or when this agent's leadership changed."""
+    from agent.coordination.link_share import REPUBLISH_SECONDS, LinkShare
+    from agent.snapshot import SnapshotStore
+
+    clock = {"t": NOW}
+    store = SnapshotStore(clock=lambda: clock["t"])
+    outs: list[float] = []
+    store.add_listener(lambda snap, origin: outs.append(clock["t"]) if origin == "nvlink_attribution/rack"
+                       else None)
+    s = DetectorSettings(nvlink_errors=FAST, nvlink_switch_fault=FAST)
+    share = LinkShare("node01", RACK18, s, 5.0, SWITCH_TRAYS, 18, clock=lambda: clock["t"])
+    share.attach(store, 3.0)
+    share.vectors = vectors({n: published(n, {0: link(5)}) for n in RACK18})
+    share.publish()
+    clock["t"] += 1.0
+    share.publish()
+    assert len(outs) == 1  # the same verdict: vouched for ...
+    assert store.snapshot().source_up("nvlink_attribution", "rack")  # ... and fresh
+    share.publish(force=True)  # this agent became (or stopped being) the leader
+    assert len(outs) == 2
+    clock["t"] += REPUBLISH_SECONDS
+    share.publish()
+    assert len(outs) == 3  # republished: a hold in progress counts on
+    share.vectors = vectors({n: published(n, {}) for n in RACK18})  # the chip is back
+    clock["t"] += 0.1
+    assert share.publish().switch_chips == ()
+    assert len(outs) == 4  # a new verdict at once

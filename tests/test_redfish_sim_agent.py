@@ -233,15 +233,11 @@ def test_until_its_events_are_confirmed_a_tray_bmc_is_polled_at_the_leak_interva
     next leak arrives by the event (issue 38)."""
     with sim_rack(tmp_path) as rack:
         rack.inject("bmc-events-held", node="node01")
-        device = rack.sim.devices[BMC]
-
-        def detector_reads() -> int:
-            return max((n for p, n in device.reads.items() if "/LeakDetectors/" in p), default=0)
         with running_agent(_config(rack, tmp_path, mode="observe", interval=600, timeout=2.0), tmp_path) as agent:
             _ready(agent)
             assert _value(agent, "supernode_redfish_unconfirmed_polling", bmc=BMC) == 1.0
-            first = detector_reads()
-            wait_for(lambda: detector_reads() >= first + 4, 30, what="four more polls while the events are held")
+            first = _detector_reads(rack)
+            wait_for(lambda: _detector_reads(rack) >= first + 4, 30, what="four more polls while the events are held")
             rack.inject("tray-leak", node="node01", detector="1")
             wait_for(lambda: _open(agent, "leak_tray"), 30, interval=0.05, what="the leak read by the fast polling")
             assert not _metric(agent, "supernode_redfish_events_total", bmc=BMC, triggered="true")  # no event yet
@@ -254,16 +250,33 @@ def test_until_its_events_are_confirmed_a_tray_bmc_is_polled_at_the_leak_interva
                      30, what="the next leak's event")
 
 
-def test_the_stream_drops_polling_carries_the_leak_and_the_stream_comes_back(tmp_path):
+def _detector_reads(rack) -> int:
+    """How often the simulated tray BMC's busiest leak detector was read (every poll reads each once)."""
+    return max((n for p, n in rack.sim.devices[BMC].reads.items() if "/LeakDetectors/" in p), default=0)
+
+
+def test_a_healthy_stream_slows_the_polls_and_once_it_drops_polling_carries_the_leak_until_it_is_back(tmp_path):
+    """The timer ticks every second; while the stream is up its polls are left out (one every confirmed_interval,
+    600 s here) and the source is vouched fresh instead; the moment the stream drops, the timer's polls run again
+    (unconfirmed_interval 0: the timer alone, so it is the timer's polls that come back) and carry the leak."""
     with sim_rack(tmp_path) as rack, running_agent(
-            _config(rack, tmp_path, mode="observe", interval=1.0, timeout=1.0, event_retry_seconds=12), tmp_path) \
-            as agent:
+            _config(rack, tmp_path, mode="observe", interval=1.0, timeout=1.0, event_retry_seconds=12,
+                    confirmed_interval=600, unconfirmed_interval=0), tmp_path) as agent:
         _ready(agent)
         _stream_up(agent)
+        vouched = lambda: _metric(agent, "supernode_source_last_success_timestamp_seconds",  # noqa: E731
+                                  source="redfish", device=BMC) or 0.0
+        wait_for(lambda: _detector_reads(rack) and vouched(), 20, what="polled once since the stream opened")
+        reads, since = _detector_reads(rack), vouched()
+        wait_for(lambda: vouched() >= since + 3, 20, what="three timer ticks vouching for the source")
+        assert _detector_reads(rack) == reads  # ... and none of them polled
+        assert _metric(agent, "supernode_source_up", source="redfish", device=BMC) == 1.0
         logins = _value(agent, "supernode_redfish_logins_total", bmc=BMC)
         rack.inject("bmc-sessions-expire", node="node01")  # the BMC drops its sessions: the stream ends
         wait_for(lambda: _metric(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 0.0, 20,
                  what="stream seen down")
+        reads = _detector_reads(rack)
+        wait_for(lambda: _detector_reads(rack) >= reads + 3, 20, what="the timer's polls back while the stream is down")
         rack.inject("tray-leak", node="node01", detector="2")
         wait_for(lambda: _open(agent, "leak_tray"), 20, what="leak incident from polling alone")
         assert _value(agent, "supernode_redfish_event_stream_up", bmc=BMC, transport="sse") == 0.0  # still down
@@ -305,7 +318,9 @@ def test_a_failing_bmc_is_a_down_source_with_its_kind_and_an_unknown_zone(tmp_pa
 
 
 def test_a_tray_detector_fault_raises_its_own_incident_and_never_acts(tmp_path):
-    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, interval=0.5, timeout=1.0), tmp_path) as agent:
+    # confirmed_interval 0: the 0.5 s timer polls with the stream up too, so "several polls later" comes soon
+    with sim_rack(tmp_path) as rack, running_agent(_config(rack, tmp_path, interval=0.5, timeout=1.0,
+                                                           confirmed_interval=0), tmp_path) as agent:
         _ready(agent)
         rack.inject("tray-leak-sensor-fault", node="node01", detector="3")
         wait_for(lambda: _open(agent, "leak_sensor_fault"), 20, what="leak_sensor_fault incident")
@@ -473,9 +488,7 @@ def test_each_bmc_pushes_with_its_own_token_and_a_burst_of_pushes_is_a_few_polls
             assert agent.request("POST", path.format("rfcdu1"), record, token=tokens[BMC])[0] == 401
             assert agent.request("POST", path.format(BMC), record, token=tokens["rfcdu1"])[0] == 401
 
-            def detector_reads() -> int:
-                return max(n for p, n in device.reads.items() if "/LeakDetectors/" in p)
-            before = detector_reads()
+            before = _detector_reads(rack)
             started = time.monotonic()
             for _ in range(100):
                 assert agent.request("POST", path.format(BMC), record, token=tokens[BMC])[0] == 204
@@ -489,7 +502,7 @@ def test_each_bmc_pushes_with_its_own_token_and_a_burst_of_pushes_is_a_few_polls
             # reads it (the last event is never dropped).
             rack.inject("tray-leak", node="node01", detector="0")
             wait_for(lambda: _open(agent, "leak_tray"), 3 * min_poll, interval=0.05, what="leak incident from the push")
-            assert detector_reads() - before <= bound + 1, (detector_reads() - before, bound)
+            assert _detector_reads(rack) - before <= bound + 1, (_detector_reads(rack) - before, bound)
 
 
 def test_a_few_events_each_poll_at_once_and_a_flood_shares_one_poll_a_window():

@@ -33,7 +33,9 @@ COORDINATION_NO_LEADER = gauge("supernode_coordination_no_leader_seconds", (
 COORDINATION_LEASE_TTL = gauge("supernode_coordination_lease_ttl_seconds", (
     "etcd: the lease TTL of this agent's membership, leadership and poller slots (coordination.lease_ttl_seconds)."))
 COORDINATION_FACTS = counter("supernode_coordination_facts_total", (
-    "Shared-device polls published to the rack (direction=out) or taken from another poller (in)."), ("direction",))
+    "Shared-device polls published to the rack (direction=out), taken from another poller (in), or not published "
+    "(withheld: nothing a detector reads changed since the last one out and no heartbeat was due, "
+    "coordination.fact_heartbeat_seconds)."), ("direction",))
 
 
 def build_coordinator(loaded) -> Any:
@@ -82,6 +84,7 @@ class CoordinationCollector:
             facts = CounterMetricFamily(COORDINATION_FACTS.name, COORDINATION_FACTS.help, labels=["direction"])
             facts.add_metric(["out"], c.facts_published)
             facts.add_metric(["in"], c.facts_received)
+            facts.add_metric(["withheld"], c.facts.withheld)
             yield facts
         rejected = CounterMetricFamily(REJECTED_RECORDS.name, REJECTED_RECORDS.help, labels=["key_kind", "why"])
         for (kind, why), n in sorted(c.rejections.counts.items()):

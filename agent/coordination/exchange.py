@@ -15,6 +15,9 @@ from typing import Any, Callable
 
 from agent.coordination.facts import Fact, FactSchema, decode, is_wet, parse
 from agent.coordination.records import RecordError
+from exporters.model import Kind
+
+COUNTER = Kind.COUNTER
 
 
 class FactExchange:
@@ -31,7 +34,8 @@ class FactExchange:
     """
 
     def __init__(self, node: str, jobs: dict[str, str], stale_after_intervals: float, clock: Callable[[], float],
-                 safety: frozenset[str] = frozenset(), skew: float = 5.0):
+                 safety: frozenset[str] = frozenset(), skew: float = 5.0, heartbeat: float = 0.0,
+                 read_counters: frozenset[str] = frozenset(), monotonic: Callable[[], float] = time.monotonic):
         self.node = node
         self.jobs = jobs  # job id -> shared device
         self.safety = safety  # jobs whose wet polls are taken from any poller
@@ -44,6 +48,13 @@ class FactExchange:
         self.status: dict[str, dict[str, tuple[bool, float]]] = {}  # job -> poller -> (up, monotonic when)
         self.skew = skew  # coordination.max_clock_skew_seconds: how far ahead a fact's times may be
         self._schemas: dict[str, tuple[Any, FactSchema]] = {}  # job -> (the source it was built from, schema)
+        # Facts out only when they say something new (see `due`): at least every `heartbeat` seconds (0: every
+        # poll), at once when what a detector reads changed (every gauge's value, the counters in read_counters).
+        self.heartbeat = heartbeat
+        self.read_counters = read_counters
+        self._sent: dict[str, tuple[tuple, float]] = {}  # job -> (what its last fact out said, monotonic when)
+        self.withheld = 0  # polls not sent: nothing a detector reads changed and no heartbeat was due
+        self.monotonic = monotonic
         self.ingesting = False
         self.published = 0
         self.received = 0
@@ -55,6 +66,11 @@ class FactExchange:
         """Store listener side: the fact of our own poll of `origin`, or None (not shared, not ours, a fact in)."""
         if self.ingesting or origin not in self.jobs:
             return None
+        if self.local.get(origin) is False:  # our own polls again: staleness counted in our own interval
+            runner = self.runners.get(origin)
+            if runner is not None:
+                source, _, device = origin.partition("/")
+                self.store.register(source, device, runner.settings.interval, self.stale_after)
         self.local[origin] = True
         if not polling:
             return None
@@ -64,6 +80,44 @@ class FactExchange:
             return None
         return Fact(self.node, source, device, st.up, list(st.readings) if st.up else [], st.last_duration or 0.0,
                     "" if st.up else "poll", st.last_error or "", {}, self.clock())
+
+    def due(self, job: str, fact: Fact) -> bool:
+        """Whether this poll of `job` goes out now (called last, right before it is sent; True records it as sent).
+
+        Why not every poll: the leak inputs are polled twice a second and nearly every poll reads what the last
+        one did; each fact out is an encode and an etcd put at the poller and a watch event decoded at every
+        agent (issue 38). So a fact goes out when what a detector reads changed (up or not, the error, every
+        gauge's value and quality, the counters detectors read), whenever a safety input reads wet (the
+        confirmation's second wet poll included: every wet poll reaches every agent at once), and otherwise
+        every `heartbeat` seconds, which keeps the receivers' entries fresh (`fed_interval`)."""
+        if self.heartbeat <= 0:
+            return True
+        said = self._said(fact)
+        now = self.monotonic()
+        last = self._sent.get(job)
+        if last is not None and last[0] == said and now - last[1] < self.heartbeat \
+                and not (job in self.safety and is_wet(fact)):
+            self.withheld += 1
+            return False
+        self._sent[job] = (said, now)
+        return True
+
+    def resend(self) -> None:
+        """The next poll of every job goes out whatever it says (a new session: the old facts went with its lease)."""
+        self._sent.clear()
+
+    def _said(self, fact: Fact) -> tuple:
+        counters = self.read_counters
+        return (fact.up, fact.error_kind, tuple(
+            (r.spec.name, tuple(r.labels.items()), r.value if r.value == r.value else None, r.quality)
+            for r in fact.readings if r.spec.kind is not COUNTER or r.spec.name in counters))
+
+    def fed_interval(self, job: str) -> float:
+        """How often a fact of `job` arrives at the least (its poll interval, or the heartbeat when that is longer):
+        what a receiver's store entry, and the windows below, count staleness in."""
+        runner = self.runners.get(job)
+        interval = runner.settings.interval if runner is not None else 1.0
+        return max(interval, self.heartbeat)
 
     def forget(self, job: str, poller: str) -> None:
         self.status.get(job, {}).pop(poller, None)
@@ -105,9 +159,8 @@ class FactExchange:
         status = self.status.setdefault(job, {})
         status[poller] = (fact.up, now)
         self.received += 1
-        runner = self.runners.get(job)
-        interval = runner.settings.interval if runner is not None else 1.0
-        window = interval * self.stale_after
+        fed = self.fed_interval(job)
+        window = fed * self.stale_after
         if not fact.up and any(ok and now - at <= window for p, (ok, at) in status.items() if p != poller):
             return None  # another poller reads it fine: one poller's trouble is not the device's
         started = fact.at - fact.duration
@@ -119,6 +172,9 @@ class FactExchange:
             return None  # the device's first poller answers: one copy of each poll is enough (half the work)
         self.ingesting = True
         try:
+            # fed by facts: stale once `stale_after` heartbeats are missing (set at every fact: a session's start
+            # sets the safety inputs back to their own interval)
+            self.store.register(fact.source, fact.device, fed, self.stale_after)
             if fact.up:
                 self.store.publish(fact.source, fact.device, fact.readings, fact.duration, fact.partial_errors)
             else:
@@ -130,3 +186,11 @@ class FactExchange:
         finally:
             self.ingesting = False
         return None
+
+
+def detector_counters() -> frozenset[str]:
+    """The counter families some detector reads: a change of one of them sends a fact at once (other counters, a
+    client's requests and the like, change with every poll and wait for the heartbeat)."""
+    from agent.remediation.detectors import Detectors
+
+    return Detectors.counters()

@@ -63,6 +63,9 @@ FAMILIES = (NVLINK_SWITCH_FAULT, NVLINK_ATTRIBUTION_TRAYS, NVLINK_TRAY_SIDE_LINK
 REFRESH_SECONDS = 5.0
 INTERVAL = 0.5  # how often the verdict is published (its freshness), besides on every vector that changes it
 HISTORY = 24  # vectors kept per tray: two minutes at one every 5 s (a derate looks back before its onset)
+# An unchanged verdict is vouched fresh at each `publish` and published (the detectors run on it) at least this
+# often: the 30 s clear hold of nvlink_switch_fault needs evaluations to run out, not one every 0.5 s (issue 38).
+REPUBLISH_SECONDS = 2.0
 
 
 class LinkShare:
@@ -92,6 +95,7 @@ class LinkShare:
         # before the loop changed (`cooling_before`), which a transient has not reordered yet
         self.history: dict[str, deque[LinkVector]] = {}
         self.verdict: Attribution | None = None
+        self._published: tuple[tuple, float] | None = None  # what the store holds: (its values, when published)
 
     @classmethod
     def of(cls, cfg: Any, nodes: Iterable[str], skew: float, clock: Callable[[], float]) -> "LinkShare | None":
@@ -117,11 +121,11 @@ class LinkShare:
                    cfg.inventory.gpus.nvlinks_per_gpu if domain else 0, clock, cooling=CoolingBuilder(node, cdu),
                    loop_nodes=loop, band_ratio=cfg.sources.thermal_resistance.baseline_flow_band_ratio)
 
-    def attach(self, store: Any, stale_after_intervals: float) -> None:
-        """The verdict's source in the store; it stays fresh for a few seconds (the coordination loop publishes
-        it every 0.5 s, but an etcd round trip on a loaded host may delay one), then ages out."""
+    def attach(self, store: Any, stale_after_intervals: float, interval: float = INTERVAL) -> None:
+        """The verdict's source in the store, refreshed every `interval` (the coordination loop's: 1 s with etcd,
+        0.5 s static); it stays fresh for at least 6 of them (a loop on a loaded host may be late), then ages out."""
         self.store = store
-        store.register(SOURCE, DEVICE, INTERVAL, max(stale_after_intervals, 6.0))
+        store.register(SOURCE, DEVICE, interval, max(stale_after_intervals, 6.0))
 
     def own(self, snap: Any) -> bytes | None:
         """This node's vector from its own snapshot, taken at once; the bytes to put when it changed or is due."""
@@ -160,12 +164,20 @@ class LinkShare:
         for node in [n for n in self.vectors if n != self.node]:
             del self.vectors[node]
 
-    def publish(self) -> Attribution:
-        """The verdict now, into the store (and kept for the status of this agent)."""
+    def publish(self, force: bool = False) -> Attribution:
+        """The verdict now, into the store (and kept for the status of this agent). The same verdict as the one in
+        the store is only vouched fresh (no detector runs), unless REPUBLISH_SECONDS passed or `force` (this
+        agent's leadership changed: the rack incident is the leader's to open)."""
         now = self.clock()
         self.verdict = a = attribute(self.vectors, self.nodes, now, self.min_trays, self.max_age)
         if self.store is not None:
-            self.store.publish(SOURCE, DEVICE, self.readings(a, now), 0.0)
+            readings = self.readings(a, now)
+            values = tuple((r.spec.name, tuple(r.labels.items()), r.value) for r in readings)
+            last = self._published
+            if force or last is None or last[0] != values or not 0 <= now - last[1] < REPUBLISH_SECONDS \
+                    or not self.store.touch(SOURCE, DEVICE):
+                self.store.publish(SOURCE, DEVICE, readings, 0.0)
+                self._published = (values, now)
         return a
 
     def cooling(self, now: float) -> dict[str, TrayCooling]:

@@ -106,6 +106,10 @@ class Coordination(_Strict):
         "How far ahead of this agent's clock a time written by another agent (a drain reservation, an action "
         "count, a fact, an approval) may be; a later one cannot be true and the record is rejected (counted in "
         "supernode_coordination_rejected_records_total). Keep the rack's clocks in sync (NTP)."))
+    fact_heartbeat_seconds: float = Field(default=2.0, ge=0, le=30, description=(
+        "A poller sends its poll of a shared device to the other agents (etcd: a fact put; static: a line on its "
+        "stream) when something a detector reads changed, whenever a leak input reads wet, and otherwise at least "
+        "this often: the receivers' copy stays fresh for two of these. 0: every poll (before issue 38)."))
     maintenance_poll_seconds: float = Field(default=10.0, ge=0.5, le=600, description=(
         "static: how often this agent asks each peer (inventory.agent_urls) whether its node is in maintenance "
         "(GET /api/v1/coordination/maintenance); a peer that does not answer keeps its last known state until its "

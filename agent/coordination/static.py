@@ -39,7 +39,7 @@ import time
 import zlib
 from typing import Any
 
-from agent.coordination.exchange import FactExchange
+from agent.coordination.exchange import FactExchange, detector_counters
 from agent.coordination.facts import encode, parse
 from agent.coordination.line_feed import LineFeed, follow
 from agent.coordination.link_share import INTERVAL, LinkShare
@@ -146,8 +146,9 @@ class StaticCoordinator:
         self.rack = LocalRack(static_leader(loaded), self.node)
         # Every static poller publishes every poll: a wet one is taken from whichever poller read it first.
         skew = (coord or Coordination()).max_clock_skew_seconds
+        heartbeat = (coord or Coordination()).fact_heartbeat_seconds
         self.facts = FactExchange(self.node, self.shared.jobs, cfg.sources.stale_after_intervals, time.time,
-                                  self.shared.safety, skew)
+                                  self.shared.safety, skew, heartbeat, detector_counters())
         self.feed = LineFeed("fact")  # our polls of shared devices, to the nodes that read them from us
         self.tasks: list[asyncio.Task] = []
         self.streams_up: dict[str, bool] = {}  # peer -> its stream is open
@@ -211,7 +212,7 @@ class StaticCoordinator:
     def on_publish(self, snap: Any, origin: str) -> None:
         device = self.shared.jobs.get(origin)
         fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
-        if fact is None:
+        if fact is None or not self.facts.due(origin, fact):  # a new follower gets the latest line first
             return
         self.feed.publish(origin, encode(fact) + b"\n")
         self.facts.published += 1

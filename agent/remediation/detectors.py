@@ -114,6 +114,12 @@ class Detectors(CoolingDetectors, LoopHealthDetectors, GpuDetectors, GpuHealthDe
         """Every metric family some detector reads."""
         return frozenset().union(*cls.INPUTS.values())
 
+    @classmethod
+    def counters(cls) -> frozenset[str]:
+        """The counter families some detector reads: a change of one is news (agent.runtime's quiet polls, the
+        shared facts); other counters (a client's requests and the like) change with every poll and are not."""
+        return frozenset(name for name in cls.families() if name.endswith("_total"))
+
     def evaluate(self, snap: Snapshot, families: frozenset[str] | None = None) -> list[Event]:
         """Observations of every detector, or only of those reading one of `families` (what a source published)."""
         events: list[Event] = []

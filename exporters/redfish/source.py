@@ -15,12 +15,19 @@ lost, the source asks for a poll every `unconfirmed_poll_s` (the leak interval),
 failed poll does not end it (the runtime's backoff still spaces the polls of a failing service): before, a tray
 leak in the first seconds after a start waited for the 2 s poll, three to six times a Modbus leak's time to a
 drain, because the event path that makes the slow interval safe was not there yet.
+
+Once the SSE stream is open it is the fast path, and the timer's polls are the fallback: the
+runtime leaves a timed poll out (`defer_timed_poll`, the store entry vouched fresh) until `confirmed_poll_s` has
+passed since the last poll, so a healthy stream costs one poll every `confirmed_poll_s` instead of one every
+interval (issue 38: the two Redfish services were half the polls' CPU of a demo node). The moment the stream is
+lost every timed poll runs again, and the unconfirmed polling starts with the poll the watch asks for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from typing import Any, Callable
@@ -46,7 +53,7 @@ class RedfishSource:
     def __init__(self, device: str, client: RedfishClient, *, kind: str = "tray", profile: Profile | str = "dmtf",
                  zone: str | None = None, rediscover_s: float = 600.0, events: str = "auto",
                  push_destination: str | None = None, push_token: str | None = None, event_retry_s: float = 0.5,
-                 event_min_poll_s: float = 1.0, unconfirmed_poll_s: float = 0.0,
+                 event_min_poll_s: float = 1.0, unconfirmed_poll_s: float = 0.0, confirmed_poll_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic):
         self.device = device
         self.kind = kind
@@ -67,10 +74,13 @@ class RedfishSource:
         self._released = False  # let go of the service (another agent polls it): re-subscribe at the next poll
         self.unconfirmed_poll_s = unconfirmed_poll_s  # 0: the timer alone, events or not
         self._fast: asyncio.Task | None = None  # asks for polls while events are not confirmed
+        self.confirmed_poll_s = confirmed_poll_s  # 0: every timed poll runs, events or not
+        self._polled_at = -math.inf  # clock() when the last poll started (timed, forced or an event's)
 
     # -- Source protocol ------------------------------------------------------------
 
     async def poll(self) -> PollResult:
+        self._polled_at = self.clock()
         self._ensure_fast()
         partial: Counter[str] = Counter()
         tree = await self._tree(partial)
@@ -93,6 +103,17 @@ class RedfishSource:
         """Whether the source polls itself every `unconfirmed_poll_s`: events on, not confirmed, not released."""
         return bool(self.unconfirmed_poll_s) and self.events is not None and not self.events.up \
             and not self._released
+
+    def defer_timed_poll(self) -> bool:
+        """Whether the timer's poll may be left out (the runtime asks at each tick): while the SSE stream is open,
+        a change arrives as an event and its poll at once, so the timer's polls are only the fallback and the
+        check that the service still answers, one every `confirmed_poll_s`. The moment the stream is lost this is
+        False again (and the unconfirmed polling starts: the watch asks for a poll when its stream drops). SSE
+        only: its connection says when it is lost, while a push subscription a rebooted BMC forgot is silent until
+        the next walk re-makes it, so a push service keeps its timer."""
+        ev = self.events
+        return bool(self.confirmed_poll_s) and ev is not None and ev.up and ev.transport == "sse" \
+            and not self._released and self.clock() - self._polled_at < self.confirmed_poll_s
 
     def _ensure_fast(self) -> None:
         """At each poll: while events are not confirmed, a task asks for a poll every `unconfirmed_poll_s`; it
