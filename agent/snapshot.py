@@ -173,6 +173,7 @@ class SnapshotStore:
         self._mono = monotonic or (time.monotonic if clock is time.time else clock)
         self._states: dict[tuple[str, str], SourceState] = {}
         self._listeners: list[tuple[Listener, frozenset[str] | None]] = []
+        self._touch_listeners: list[Callable[[str], None]] = []
         self._clock = clock
         self._generation = 0  # bumped whenever some source's readings (or the set of sources) change
         self._view: tuple[int, tuple[int, ...], dict[str, list[Reading]], list[list[Reading]]] | None = None
@@ -206,6 +207,14 @@ class SnapshotStore:
         """Call `listener(snapshot, "source/device")` after each publish or failure, or only after those
         of sources that publish (or published) one of `families`."""
         self._listeners.append((listener, None if families is None else frozenset(families)))
+
+    def add_touch_listener(self, listener: Callable[[str], None]) -> None:
+        """Call `listener("source/device")` after each `touch` that vouched a source fresh. Why apart from the
+        publish listeners: nothing a detector reads changed, so they have nothing to do; but the agents that read
+        a shared device from this one's polls must hear that it is still alive (agent.coordination: the facts'
+        heartbeat), or their copy ages out while this agent's own stays fresh (a Redfish BMC whose event stream
+        is up is polled only every `confirmed_interval`)."""
+        self._touch_listeners.append(listener)
 
     def publish(self, source: str, device: str, readings: Iterable[Reading], duration: float,
                 partial_errors: dict[str, int] | None = None) -> None:
@@ -251,7 +260,9 @@ class SnapshotStore:
             state.last_attempt = now
             if duration is not None:
                 state.last_duration = duration
-            return True
+        for listener in list(self._touch_listeners):
+            listener(f"{source}/{device}")
+        return True
 
     def fail(self, source: str, device: str, kind: str, message: str, duration: float) -> None:
         now = self._clock()

@@ -185,3 +185,25 @@ def test_a_receiver_counts_a_fed_entry_stale_in_heartbeats_not_in_its_poll_inter
     assert _held_value(store) == 0.0
     clock[0] += 1.0
     assert _held_value(store) is None  # two heartbeats missing: stale, the zone unknown
+
+
+def test_a_poll_vouched_fresh_sends_the_heartbeat_half_a_tick_early_and_never_before_a_first_fact():
+    """A Redfish BMC whose event stream is up ticks every 2 s (its interval, the heartbeat too) and is vouched fresh
+    at each tick without a publish: its heartbeat must go out at the tick that falls a millisecond short of 2 s, or
+    every other beat is missed and its facts arrive 4 s apart, at the receivers' edge of stale (2 heartbeats)."""
+    now = [100.0]
+    job = "redfish/rfcdu1"
+    fx = FactExchange("node01", {job: "rfcdu1"}, 2.0, time.time, heartbeat=2.0, monotonic=lambda: now[0])
+    runner = _Runner()
+    runner.settings = SourceSettings(interval=2.0)
+    fx.runners = {job: runner}
+    assert not fx.heartbeat_due(job)  # nothing sent yet: the first poll's publish goes out, not a beat
+    fact = Fact("node01", "redfish", "rfcdu1", True, [], 0.01, at=100.0)
+    assert fx.due(job, fact)
+    now[0] += 0.9
+    assert not fx.heartbeat_due(job)
+    now[0] += 1.099  # 1.999 s after the last fact out
+    assert fx.heartbeat_due(job) and fx.due(job, fact, beat=True)
+    assert not fx.heartbeat_due(job)  # sent: the next one a heartbeat later
+    fx.heartbeat = 0.0
+    assert not fx.heartbeat_due(job)  # every poll goes out anyway

@@ -9,6 +9,9 @@ node01 too (it asks its peers' agents), for node02 only.
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from tests import coordination_rack
@@ -68,3 +71,26 @@ def test_maintenance_set_on_a_nodes_own_agent_holds_on_its_peers_for_that_node_o
     assert xid_alert(node01, "node02", "firing", "2026-12-01T00:10:00Z") == 200
     wait_for(lambda: results(node01, "drain", target="node=node02", result="done"), 30,
              what="node01 draining node02 once maintenance is off")
+
+
+def test_a_redfish_cdu_whose_events_stand_in_for_its_polls_stays_fresh_where_its_facts_are_read(static_rack):
+    """node01 polls the Redfish CDU; once its event stream is up, node01 leaves out the timer's polls between
+    `confirmed_interval`s (10 s) and vouches its own entry fresh instead. node02 reads the CDU only from node01's
+    facts: the heartbeat must reach it through those vouched polls too, or node02 counts the CDU stale after two
+    heartbeats (its leak detectors unreadable: a leak's undo would wait on a dry hold that never starts). Watched
+    on node02's page over longer than node01's deferral and node02's stale window together."""
+    _, (node01, node02) = static_rack
+    wait_for(lambda: metric(node01, "supernode_redfish_event_stream_up", bmc="rfcdu1", transport="sse") == 1.0, 60,
+             what="node01's event stream from the Redfish CDU up")
+
+    def cdu() -> dict:
+        status, body = node02.get("/api/v1/status")
+        assert status == 200
+        return next(s for s in json.loads(body)["sources"] if (s["source"], s["device"]) == ("redfish", "rfcdu1"))
+    samples: list[tuple[float, dict]] = []
+
+    def watched_long_enough() -> bool:
+        samples.append((time.monotonic(), cdu()))
+        return samples[-1][0] - samples[0][0] >= 16.0  # 10 s deferred + 2 heartbeats' window, and margin
+    wait_for(watched_long_enough, 60, interval=0.5, what="node02's view of the Redfish CDU sampled for 16 s")
+    assert [s for _, s in samples if s["state"] != "up"] == []

@@ -211,6 +211,57 @@ def test_a_re_plan_never_raises_a_limit_another_kind_of_incident_holds_and_does_
     asyncio.run(main())
 
 
+
+def test_a_re_plan_still_in_flight_when_the_loop_recovers_is_undone_with_the_rest(tmp_path):
+    """The engine with the NVML twin over HTTP: the loop recovers (the incident clears) right after a re-plan of its
+    derate was started. The undo waits for it: every limit ends where it was before the first cap, and nothing is
+    left held (a re-plan's write landing after the undo's would leave a GPU capped by a resolved incident)."""
+    import asyncio
+
+    from agent.remediation.engine import Executors
+    from agent.snapshot import Snapshot
+    from exporters.cooling import modbus_metrics as mm
+    from exporters.model import Quality, Reading
+    from sim.nvml_twin import NvmlTwin
+    from sim.rack import RackModel
+    from tests.helpers import await_for
+    from tests.remediation_support import engine, inventory, nvml_twin_server, results
+
+    def loop(flow: float, at: float) -> Snapshot:
+        rs = [Reading(mm.FLOW, flow, {"cdu": "cdu1", "loop": "secondary"}, Quality.OK, at),
+              Reading(mm.TEMPERATURE, 25.0, {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, Quality.OK, at),
+              Reading(mm.TEMPERATURE, 42.0, {"cdu": "cdu1", "loop": "secondary", "point": "return"}, Quality.OK, at)]
+        return Snapshot(at, tuple(rs), (), monotonic=at)
+
+    async def main():
+        model = RackModel(nodes=2, gpus_per_node=2)
+        runner, url = await nvml_twin_server(model)
+        lib = NvmlTwin(url, "node01")
+        await asyncio.to_thread(lib.nvmlInit)
+        eng = engine(tmp_path, executors=Executors(gpu_libs={"node01": lib}), inv=inventory(gpus=2))
+        await eng.start()
+        before = [g.power_limit_mw for g in model.nodes["node01"].gpus]
+        flow = 5e-5
+        inc = eng.fire("coolant_flow_low", {"cdu": "cdu1"}, "critical",
+                       detail={"flow_cubic_meters_per_second": flow, "supply_celsius": 25.0, "return_celsius": 42.0})
+        await await_for(lambda: inc.state == "mitigated", what="the derate applied")
+        assert all(g.power_limit_mw < b for g, b in zip(model.nodes["node01"].gpus, before))
+        eng.watch_derates(loop(flow * 0.7, 0.0))
+        eng.watch_derates(loop(flow * 0.7, 100.0))  # less flow still: a deeper cut, re-planned...
+        eng.clear("coolant_flow_low", {"cdu": "cdu1"})  # ...as the loop recovers, before the re-plan ran
+        await await_for(lambda: not eng.effects and not eng.tasks, what="the undo done and every task over")
+        assert [g.power_limit_mw for g in model.nodes["node01"].gpus] == before
+        undone = results(eng, kind="result", action="gpu_power_cap", incident_id=inc.id, result="undone")
+        assert len(undone) == 2
+        # no cap of this incident is written after its undo began (the journal in the order the engine acted)
+        rows = [e for e in results(eng, kind="result", action="gpu_power_cap", incident_id=inc.id)]
+        first_undo = min(i for i, e in enumerate(rows) if e.detail.get("phase") == "undo")
+        assert [e.target for e in rows[first_undo:] if e.detail.get("phase") == "apply"] == []
+        await eng.stop()
+        await runner.cleanup()
+    asyncio.run(main())
+
+
 # -- across the rack's trays (plan_rack) ----------------------------------------------------------------------
 
 

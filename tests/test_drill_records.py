@@ -84,7 +84,12 @@ def test_a_progress_in_its_shape_is_taken_and_one_that_is_not_is_refused():
             "signal": True, "stages": {"detected": {"at": NOW - 5, "journal": [3]}, "drained": {"why": "not yet"}},
             "dry_run": [{"action": "cdu_write", "target": "cdu=cdu1", "seq": 4}], "touched": ["node=n1"]}
     assert check_progress(good, NOW, SKEW) == good
-    for bad in ({**good, "state": "won"}, {**good, "stages": {"drained": {"at": NOW + 60}}},
+    # every state an incident can be in is taken (a leak whose valve stayed dry-run is `partial`: refusing it would
+    # leave the conductor's later records, its end among them, unread by every other part)
+    for state in ("open", "mitigating", "mitigated", "partial", "failed", "observed", "resolved"):
+        assert check_progress({**good, "incident_state": state}, NOW, SKEW)["incident_state"] == state
+    for bad in ({**good, "state": "won"}, {**good, "incident_state": "exploded"},
+                {**good, "signal": "yes"}, {**good, "stages": {"drained": {"at": NOW + 60}}},
                 {**good, "stages": {"rebooted": {"why": ""}}}, {**good, "touched": ["a\nb"]},
                 {**good, "dry_run": [{"action": "x", "target": "y", "seq": "4"}]}, {**good, "drill": "a b"}):
         with pytest.raises(RecordError):

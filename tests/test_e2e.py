@@ -83,8 +83,16 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     try:
         slurm = SlurmCluster(names=list(NODES), base=work / "slurm").start()
         agents = {}
+        # the agents know each other (static coordination, as the demo rack's do): the trays' cooling summaries
+        # then give each GPU its rack reference, and the cold-plate panels have data on this rack too
+        ports = {node: free_port() for node in NODES}
+        urls = {node: f"http://127.0.0.1:{port}" for node, port in ports.items()}
         for node in NODES:
-            cfg = agent_config(sim.sim, node, free_port(), work, mode="enforce", slurm_conf=slurm.conf)
+            cfg = agent_config(sim.sim, node, ports[node], work, mode="enforce", slurm_conf=slurm.conf,
+                               agent_urls=urls)
+            # R gated, smoothed and learnt in seconds, so its baseline is a reference before the dashboards' test
+            cfg["sources"]["thermal_resistance"] = {"interval": 1.0, "timeout": 1.0, "settle_seconds": 2.0,
+                                                    "smoothing_seconds": 2.0, "baseline_learn_seconds": 4.0}
             if node == "node02":  # only the webhook path may drain node02 for an NVLink fault
                 cfg["remediation"]["detectors"] = {"nvlink_errors": {"enabled": False}}
             (work / node).mkdir(exist_ok=True)

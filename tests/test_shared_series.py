@@ -37,7 +37,9 @@ FUNCS_PASS = {"increase", "rate", "delta", "deriv", "irate", "max_over_time", "m
 
 def shared_families() -> set[str]:
     # a derived family per GPU (its cold plate's thermal resistance) is the node's own, like the GPU's readings
-    devices = {name for name, (spec, source) in declared().items() if source in ("modbus", "snmp", "derived")
+    # a family fed by several protocols names them all ("modbus, snmp"): any device protocol makes it shared
+    devices = {name for name, (spec, source) in declared().items()
+               if {s.strip() for s in source.split(",")} & {"modbus", "snmp", "bacnet", "derived"}
                and not (source == "derived" and "gpu" in spec.labels)}
     redfish = {name for name, (_, source) in declared().items() if source == "redfish"} - REDFISH_PER_CLIENT
     return devices | redfish | DERIVED_SHARED

@@ -81,7 +81,7 @@ class FactExchange:
         return Fact(self.node, source, device, st.up, list(st.readings) if st.up else [], st.last_duration or 0.0,
                     "" if st.up else "poll", st.last_error or "", {}, self.clock())
 
-    def due(self, job: str, fact: Fact) -> bool:
+    def due(self, job: str, fact: Fact, beat: bool = False) -> bool:
         """Whether this poll of `job` goes out now (called last, right before it is sent; True records it as sent).
 
         Why not every poll: the leak inputs are polled twice a second and nearly every poll reads what the last
@@ -89,10 +89,14 @@ class FactExchange:
         agent (issue 38). So a fact goes out when what a detector reads changed (up or not, the error, every
         gauge's value and quality, the counters detectors read), whenever a safety input reads wet (the
         confirmation's second wet poll included: every wet poll reaches every agent at once), and otherwise
-        every `heartbeat` seconds, which keeps the receivers' entries fresh (`fed_interval`)."""
+        every `heartbeat` seconds, which keeps the receivers' entries fresh (`fed_interval`). `beat`: it is the
+        heartbeat of a poll that was vouched fresh without a publish (`heartbeat_due`)."""
         if self.heartbeat <= 0:
             return True
         said = self._said(fact)
+        if beat:  # the heartbeat of a poll vouched fresh (`heartbeat_due` said it is time)
+            self._sent[job] = (said, self.monotonic())
+            return True
         now = self.monotonic()
         last = self._sent.get(job)
         if last is not None and last[0] == said and now - last[1] < self.heartbeat \
@@ -101,6 +105,19 @@ class FactExchange:
             return False
         self._sent[job] = (said, now)
         return True
+
+    def heartbeat_due(self, job: str) -> bool:
+        """Whether a poll of `job` that said nothing new (a source vouched fresh without publishing) is due out as
+        the heartbeat: this agent sent a fact of it before, and the heartbeat falls before its next tick. Why half
+        a tick early: a source ticking every `heartbeat` seconds (a Redfish BMC's 2 s) would otherwise miss it by a
+        millisecond of jitter every other tick, and its facts arrive two heartbeats apart, at the receivers' edge
+        of stale."""
+        last = self._sent.get(job)
+        if self.heartbeat <= 0 or last is None:
+            return False
+        runner = self.runners.get(job)
+        tick = runner.settings.interval if runner is not None else 0.0
+        return self.monotonic() - last[1] >= self.heartbeat - 0.5 * min(tick, self.heartbeat)
 
     def resend(self) -> None:
         """The next poll of every job goes out whatever it says (a new session: the old facts went with its lease)."""

@@ -44,6 +44,7 @@ from pydantic import SecretStr
 
 from agent.coordination.approvals import claimed_proof
 from agent.coordination.records import RecordError, as_object, node_name, parse_json, wall_time
+from agent.remediation.incidents import STATES as INCIDENT_STATES  # every state an incident can be in
 
 from .plan import DrillPlan, PlanError, check_against_inventory, parse_plan
 from .scenarios import Rack, rack_wide
@@ -53,7 +54,6 @@ ID = re.compile(r"^[A-Za-z0-9_.@:-]{1,120}$")
 STATES = ("running", "ending")
 PART_STATES = ("running", "ending", "ended", "refused")
 NODE_STAGES = ("detected", "decided", "drained", "capped", "notified", "job_notified", "undo_done")
-INCIDENT_STATES = ("open", "mitigating", "mitigated", "failed", "resolved")
 MAX_TEXT = 300
 MAX_ROWS = 64
 

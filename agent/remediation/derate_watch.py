@@ -69,8 +69,21 @@ class DerateWatch:
                              not in DERATE_DETECTORS)
             inc.detail = {**inc.detail, **evidence, "derate_raise_ok": not foreign}
             planner.replan(inc.id)
-            self._spawn(self._replan(inc, book, idx, step, f"replan-{n + 1}"))
+            running = self.__dict__.setdefault("_replanning", {})
+            task = self._spawn(self._replan(inc, book, idx, step, f"replan-{n + 1}"))
+            running.setdefault(inc.id, set()).add(task)
+            task.add_done_callback(lambda t, iid=inc.id: running.get(iid, set()).discard(t))
 
     async def _replan(self, inc, book, idx: int, step, attempt: str) -> None:
+        if inc.state == "resolved":
+            return  # recovered meanwhile: the undo gives the limits back, a re-plan would cap them again
         targets = await self.resolve_targets(step.targets, inc)
         await asyncio.gather(*(self.run_step(inc, book, idx, step, t, attempt) for t in targets))
+
+    async def replans_settled(self, incident_id: str) -> None:
+        """Wait for the re-plans of `incident_id` still in flight. Why the undo waits: a re-plan whose write lands
+        after the undo's would leave a GPU capped by an incident already resolved (its effect given back before
+        the re-plan's result recorded a new one, which nothing would undo)."""
+        running = self.__dict__.get("_replanning", {}).pop(incident_id, set())
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)

@@ -107,6 +107,7 @@ class Reconciler:
                 self._spawn(self.run_undo(ghost, book))
 
     async def run_undo(self, inc: Incident, book: Playbook) -> None:
+        await self.replans_settled(inc.id)  # a derate's re-plan in flight lands first, then is undone with the rest
         for idx in book.undo_sequence():
             step = book.steps[idx]
             if not step.undo:
