@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ DEFAULT_PORTS: tuple[tuple[str, str, str | None], ...] = (
     ("mlx5_0/1", "ib", "ib0"), ("mlx5_1/1", "ib", "ib1"), ("eth0", "eth", None), ("eth1", "eth", None))
 IB_RATE = "400 Gb/sec (4X NDR)"
 ETH_SPEED_MBPS = 100_000
+WRITE_SECONDS = 0.5  # the link files are rewritten at least this often (write_files: at once after a fault)
 LINE_RATE_BYTES = {"ib": 50e9, "eth": 12.5e9}
 
 
@@ -71,6 +73,8 @@ class SimLinkTree:
         self._lock = threading.Lock()
         self._written: dict[Path, str] = {}
         self._last_time: float | None = None
+        self._dirty = True  # a fault or a carrier changed since the last write: the next tick writes at once
+        self._written_at = -math.inf  # monotonic time of the last write
         self.ports: dict[str, SimPort] = {}
         for i, (name, kind, netdev) in enumerate(ports):
             module = SimModule(layout="cmis" if kind == "ib" else "sff8636", serial=f"SIM{node[-2:]}{i:05d}")
@@ -126,9 +130,15 @@ class SimLinkTree:
                 self._write_all()
 
     def write_files(self) -> None:
-        """Rewrite what changed since the last write (any thread: the tree's own lock, not the model's)."""
+        """Rewrite what changed since the last write (any thread: the tree's own lock, not the model's): at once
+        after a fault or a carrier change, else every WRITE_SECONDS. Why not every tick of the simulator (0.1 s):
+        the traffic counters and module temperatures change with the load at every tick, so each tick rewrote
+        some 20 files a node; that was half the simulator's CPU in a test module, for an agent that reads them
+        every second or slower (its rates see the counters move in WRITE_SECONDS steps, as a kernel's do between
+        the driver's own counter refreshes)."""
         with self._lock:
-            self._write_all()
+            if self._dirty or time.monotonic() - self._written_at >= WRITE_SECONDS:
+                self._write_all()
 
     async def stop(self) -> None:
         if self._owns_dir:
@@ -141,6 +151,7 @@ class SimLinkTree:
         with self._lock:
             p = self._port(port)
             p.module.rx_dbm = [float(rx_dbm)] * len(p.module.rx_dbm)
+            self._dirty = True
 
     def link_flap(self, port: str, count: int = 1) -> None:
         """The port goes down and up `count` times at once: seen only through the kernel's counters."""
@@ -151,6 +162,7 @@ class SimLinkTree:
             p.carrier_changes += 2 * count
             p.carrier_down += count
             p.carrier_up += count
+            self._dirty = True
             if p.kind == "ib":
                 self._bump(p, "link_downed", count)
 
@@ -164,6 +176,7 @@ class SimLinkTree:
             if rate < 0:
                 raise ValueError("ib_errors: rate must be >= 0")
             p.error_rates[counter] = float(rate)
+            self._dirty = True
 
     def set_link(self, port: str, up: bool) -> None:
         """Hold the port's carrier down (cable pulled) or let it come back."""
@@ -179,6 +192,7 @@ class SimLinkTree:
                 p.error_rates.clear()
                 if p.admin_up:
                     self._set_up(p, True)
+            self._dirty = True
 
     # -- internals -----------------------------------------------------------------
 
@@ -195,6 +209,7 @@ class SimLinkTree:
     def _set_up(self, p: SimPort, up: bool) -> None:
         if p.up == up:
             return
+        self._dirty = True
         p.up = up
         p.carrier_changes += 1
         if up:
@@ -231,6 +246,8 @@ class SimLinkTree:
         self._written[path] = text
 
     def _write_all(self) -> None:
+        self._dirty = False
+        self._written_at = time.monotonic()
         for p in self.ports.values():
             d = self._port_dir(p)
             if p.kind == "ib":

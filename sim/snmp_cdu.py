@@ -57,7 +57,15 @@ class SimSnmpCdu(SnmpSimDevice):
         return dict(self.zones)
 
     def update(self, model: RackModel) -> None:
-        """Every served object from the model (called under model.lock): a fresh table swapped in whole."""
+        """The model moved on (called under model.lock): a fresh table of every served object, swapped in whole, is
+        built from it at the next request (SnmpAgent.pending)."""
+        self.agent.pending = self._table_now
+
+    def _table_now(self) -> OidTable:
+        with self.model.lock:
+            return self._build_table(self.model)
+
+    def _build_table(self, model: RackModel) -> OidTable:
         items: dict[Oid, object] = {SYS_DESCR: text(f"{self.profile.vendor} {self.profile.model} (simulated by "
                                                     f"supernode-agent)"),
                                     SYS_OBJECT_ID: _object_id(self.sys_object_id)}
@@ -70,7 +78,7 @@ class SimSnmpCdu(SnmpSimDevice):
                 continue
             zone = self.zones.get(int(m.channel)) if m.channel is not None and m.channel.isdigit() else None
             items[_oid(column.oid) + (0,)] = integer(_raw(m, _read(model, quantity, zone)))
-        self.agent.table = OidTable(items)
+        return OidTable(items)
 
     # -- faults (called by the fault-injection API; set_offline: SnmpSimDevice) ---------
 

@@ -77,7 +77,8 @@ class SimulatedRaritanPdu(SnmpSimDevice):
         return [i * self.outlets_per_node + k + 1 for k in range(self.outlets_per_node)]
 
     def update(self, model: RackModel) -> None:
-        """Recompute outlet/pole/inlet values from the model and swap in a fresh OID table."""
+        """Advance outlet/pole/inlet values from the model; a fresh OID table is built from them at the next
+        request (SnmpAgent.pending)."""
         with self._lock:
             dt = 0.0 if self._last_time is None else max(model.time - self._last_time, 0.0)
             self._last_time = model.time
@@ -93,7 +94,11 @@ class SimulatedRaritanPdu(SnmpSimDevice):
                 self.outlet_energy_wh[o] += w * dt / 3600.0
             total = sum(power.values())
             self.inlet_energy_wh += total * dt / 3600.0
-            self.agent.table = self._build_table(power, total)
+            self.agent.pending = lambda: self._table_now(power, total)  # built at the next request (SnmpAgent)
+
+    def _table_now(self, power: dict[int, float], total: float) -> OidTable:
+        with self._lock:
+            return self._build_table(power, total)
 
     # -- served table ---------------------------------------------------------------
 

@@ -26,6 +26,8 @@ its own share of its own load (`share: tray`, with `share_why`).
 
 from __future__ import annotations
 
+import math
+
 import asyncio
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Mapping
@@ -235,7 +237,9 @@ class MarginPlanner:
         keep = not ctx.get("attempt")
         limits = {k: (facts[k][3] if mine[k] <= 0 and keep else max(facts[k][0] - mine[k], facts[k][2]))
                   for k in facts}
-        rack_w = sum(g.power_w for gs in margins.values() for g in gs)
+        # fsum: exactly rounded, so every agent gets the same figure from the same summaries in any order (a plain
+        # sum in each agent's order of the trays differed in the last bit, and rounded to 0.1 W apart)
+        rack_w = math.fsum(g.power_w for gs in margins.values() for g in gs)
         return {"method": "thermal_margin", "share": "rack", "trays": sorted(trays),
                 "why": f"the uncapped load is {base['load_w']:.0f} W, the loop can carry {cap.capacity_w:.0f} W "
                        f"within {cap.delta_t_allowed_c:.1f} K: shed {shed:.1%} of the loop's {len(trays)} trays' "
