@@ -39,9 +39,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # Test modules run on TEST_WORKERS parallel workers (pytest-xdist; a module stays on one worker with its peers):
-# the suite mostly waits on real peers, so 2 cores carry several modules at once. Modules are dispatched longest
+# the suite mostly waits on real peers and on its detectors' hold times, so 2 cores carry several modules at once
+# (2026-12-07, 2 cores: 3 workers 11 min 20 s at 1.4 cores busy, 4 workers 8 min 56 s, 5 workers 7 min 55 s at
+# 1.7 cores busy, the same ~2,000 s of module time in each). Modules are dispatched longest
 # first (tests/module_seconds.py: --no-loadscope-reorder keeps that order). The 25 slowest tests are listed.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 5
 test: $(STAMP) peers lint bytecode
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 

@@ -41,6 +41,11 @@ class EtcdRack:
         wait_for(lambda: all(sum(polls(a, d) for a in self.agents) == 2 for d in SHARED), 60,
                  what="two pollers per shared device")
 
+    def leader(self) -> AgentProcess:
+        """The one leader, once there is exactly one (a lease may lapse and be taken again between two looks on a
+        loaded host: never the first of a list read once)."""
+        return wait_for(lambda: (ls := leaders(self.agents)) and len(ls) == 1 and ls[0], 60, what="one leader")
+
     def clear(self) -> None:
         """The simulated faults cleared and every running agent's leak incidents resolved (an agent a test killed
         answers nothing: asking it would fail, as it should, so it is not asked)."""

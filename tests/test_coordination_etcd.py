@@ -87,7 +87,7 @@ def tray_readers(rack: Rack, node: str) -> list[str]:
 
 def test_each_tray_bmc_is_read_by_its_own_agent_and_the_other_trays_by_the_elected_leader(rack):
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     me = leader.config["agent"]["node"]
     for node in NODES:
         want = sorted({node, me})
@@ -137,7 +137,7 @@ def fact_wet(raw: bytes | None, zone: str) -> bool | None:
 
 def test_one_etcd_member_stopped_changes_nothing(rack):
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     pollers = {d: {a.config["agent"]["node"] for a in rack.agents if polls(a, d)} for d in SHARED}
     member = rack.etcd.members[0]
     member.stop()
@@ -156,7 +156,7 @@ def test_one_etcd_member_stopped_changes_nothing(rack):
 
 def test_sigkill_of_the_leader_during_a_leak_a_new_leader_drives_the_valve_after_approval(rack):
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     zone = "zone-b"  # cdu1:zone_valve_2
     rack.sim.inject("leak", zone=zone)
     try:
@@ -192,7 +192,7 @@ def test_approve_on_a_followers_status_page_drives_the_leaders_valve(rack):
     there (the page's view), and approving it there (the button's POST) closes the valve, as
     `supernode-agent approve` on that agent does."""
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     follower = next(a for a in rack.agents if a is not leader)
     seq = {a: max((e["seq"] for e in results(a, "cdu_write")), default=0) for a in (leader, follower)}
     zone = "zone-b"  # cdu1:zone_valve_2
@@ -256,7 +256,7 @@ def test_two_etcd_members_stopped_every_agent_degrades_then_recovers(rack):
 def test_sigstop_of_the_leader_past_its_ttl_its_late_write_is_fenced(rack, tmp_path):
     """The others run dry-run here: any write that reaches the CDU could only be the stopped leader's."""
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     others = [a for a in rack.agents if a is not leader]
     for a in others:
         a.config["agent"]["mode"] = "dry-run"

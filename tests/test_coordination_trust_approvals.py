@@ -27,7 +27,7 @@ from agent.coordination.approvals import Step, approval_of, approval_proof, pend
 from agent.coordination.records import RecordError
 from agent.remediation.incidents import incident_key
 from tests.agentproc import AgentProcess
-from tests.coordination_rack import (TOKEN, EtcdRack, approval_refused, approve, etcd_rack, incidents, journal, leaders, metric)
+from tests.coordination_rack import (TOKEN, EtcdRack, approval_refused, approve, etcd_rack, incidents, journal, metric)
 from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,7 +246,7 @@ def test_state_approved_written_into_etcd_is_refused_and_a_persons_approval_is_j
     follower's API: the valve closes, and the LEADER's journal names the token and the agent that checked it,
     before the cdu_write intent."""
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     follower = next(a for a in rack.agents if a is not leader)
     zone = "zone-b"
     since = last_seq(leader)
@@ -289,7 +289,7 @@ def test_an_approval_planted_before_the_leak_with_a_ten_year_expiry_is_refused_a
     """Planted where the old, fault-only approval id put it, `approved` for ten years: counted as it lands, and
     the leak's valve close still waits for a person."""
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     zone = "zone-a"
     key_of_fault = incident_key("leak", {"zone": zone})
     old_id = "rack-" + hashlib.sha1(f"{key_of_fault}|cdu_write|{ZONE_VALVE[zone]}|apply".encode()).hexdigest()[:12]
@@ -326,7 +326,7 @@ def test_an_incident_id_of_an_earlier_episode_approves_nothing_now_neither_apply
     """A follower's incident of the first leak, resolved; the same fault again later: its id approves neither
     the new valve close nor the new valve reopen. The new episode's own incident id approves the reopen."""
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     zone = "zone-a"
     # the approver: neither the leader nor zone-a's own node (whose own resume would make two steps)
     follower = next(a for a in rack.agents if a is not leader and ZONE[a.config["agent"]["node"]] != zone)
@@ -397,7 +397,7 @@ def test_approve_by_incident_with_two_pending_steps_lists_them_and_all_approves_
     `--all` approves both, and the journals (the follower's, and the leader's for the valve) say all. (The tray
     alone would be its own tray-scoped leak, whose zone valve is never asked: issue 35.)"""
     rack.steady()
-    leader = leaders(rack.agents)[0]
+    leader = rack.leader()
     node = next(n for n in ("node01", "node02") if n != leader.config["agent"]["node"])  # zones with a valve
     agent, zone = rack.by_node(node), ZONE[node]
     since = {a: last_seq(a) for a in (agent, leader)}
