@@ -57,6 +57,10 @@ class Identity(Strict):
     role: str = Field(default="compute", description="compute, switch, management...")
     mode: Mode = Field(default="observe", description="Remediation mode; a fresh install observes.")
     state_dir: Path = Field(default=Path("/var/lib/supernode-agent"), description="Journal and runtime state.")
+    event_loop: Literal["asyncio", "uvloop"] = Field(default="uvloop", description=(
+        "The event loop the daemon runs on: Python's own (asyncio), or uvloop (libuv: fewer instructions per "
+        "wake-up of the loop, where most of an idle agent's CPU goes; bench/bench_overhead.py --set "
+        "agent.event_loop=uvloop measures it on this machine)."))
 
 
 class Tls(Strict):

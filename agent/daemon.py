@@ -265,6 +265,15 @@ class RemediationHealth:
         yield GaugeMetricFamily(REMEDIATION_DEGRADED.name, REMEDIATION_DEGRADED.help, value=1 if self.reason() else 0)
 
 
+def _loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """agent.event_loop: None (asyncio's own loop) or uvloop's."""
+    if kind == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
 def run(config_path: Path) -> int:
     loaded = load_config(config_path)
     for warning in loaded.warnings:
@@ -275,7 +284,8 @@ def run(config_path: Path) -> int:
         raise ConfigError(f"cannot start: {exc.strerror or exc}: {exc.filename or ''} "
                           f"(agent.state_dir is {loaded.config.agent.state_dir})") from None
     try:
-        asyncio.run(agent.run_until_stopped())
+        with asyncio.Runner(loop_factory=_loop_factory(loaded.config.agent.event_loop)) as runner:
+            runner.run(agent.run_until_stopped())
     except OSError as exc:  # the listen address taken or not ours
         listen = loaded.config.listen
         raise ConfigError(f"cannot start: {exc.strerror or exc} "

@@ -36,12 +36,14 @@ def error_of(data, tmp_path: Path) -> str:
 def test_minimal_config_loads_with_observe_default(tmp_path):
     loaded = parse_config(minimal(tmp_path))
     assert loaded.config.agent.mode == "observe"
+    assert loaded.config.agent.event_loop == "uvloop"
     assert loaded.secret("admin_token").get_secret_value() == SECRET
 
 
 @pytest.mark.parametrize("mutate, path, expect", [
     (lambda c: c["agent"].pop("rack"), "agent.rack", "required field missing"),
     (lambda c: c["agent"].update(mode="yolo"), "agent.mode", "observe"),
+    (lambda c: c["agent"].update(event_loop="tokio"), "agent.event_loop", "uvloop"),
     (lambda c: c["listen"].update(address="0.0.0.0.1"), "listen.address", "expected an IP address"),
     (lambda c: c["listen"].update(port=70000), "listen.port", "less than or equal to 65535"),
     (lambda c: c.update(inventory={"gpus": {"count": "eight"}}), "inventory.gpus.count", "valid integer"),
@@ -245,3 +247,17 @@ def test_check_config_warns_of_an_open_host_header_on_a_routable_listener(tmp_pa
         assert f"warning: listen.allowed_hosts is not set while listening on {address}" in err, err
     for quiet in (stderr_for("127.0.0.1"), stderr_for("::1"), stderr_for("10.1.2.3", ["node01.example"])):
         assert "allowed_hosts" not in quiet, quiet
+
+
+def test_the_daemon_runs_on_the_event_loop_its_config_names():
+    """agent.event_loop: uvloop's loop (the default: bench_overhead measured it), or asyncio's own."""
+    import asyncio
+
+    import uvloop
+
+    from agent.daemon import _loop_factory
+
+    assert _loop_factory("asyncio") is None
+    factory = _loop_factory("uvloop")
+    with asyncio.Runner(loop_factory=factory) as runner:
+        assert isinstance(runner.get_loop(), uvloop.Loop)
