@@ -18,9 +18,10 @@ twin), the node's slurmd restarts with a new BootTime and Slurm returns the node
 
 from __future__ import annotations
 
+import getpass
+import json
 import os
 import shutil
-import json
 import shlex
 import signal
 import socket
@@ -192,7 +193,30 @@ class SlurmCluster:
     def scontrol(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([_binary("scontrol"), *args], capture_output=True, text=True, env=self.env, timeout=10)
 
+    def _end_jobs(self, timeout: float = 10.0) -> None:
+        """Kill every job of this cluster and wait (bounded) until none is left. Why before the daemons stop: a
+        job's step runs under a slurmstepd of its own, which outlives slurmd and slurmctld and keeps its job's
+        processes (a demo job polling a simulator long gone) running after the cluster is gone."""
+        user = getpass.getuser()
+        scancel, squeue = _binary("scancel"), _binary("squeue")
+        if scancel is None or squeue is None:
+            return
+        try:
+            subprocess.run([scancel, "--full", "--signal=KILL", f"--user={user}"], capture_output=True,
+                           env=self.env, timeout=10)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                left = subprocess.run([squeue, "--noheader", f"--user={user}"], capture_output=True,
+                                      text=True, env=self.env, timeout=10)
+                if left.returncode != 0 or not left.stdout.strip():
+                    return
+                time.sleep(0.2)
+        except (OSError, subprocess.SubprocessError):
+            return  # the controller is gone already: nothing left to ask
+
     def stop(self) -> None:
+        if any(p.poll() is None for p in self.procs):
+            self._end_jobs()
         for p in reversed(self.procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -254,7 +254,7 @@ def test_a_person_resolves_or_rejects_an_incident_through_the_cli(tmp_path):
         _cool(rack, gpus)
         agent.start()
         wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
-        assert not _incidents(agent)["open"]
+        assert not thermal()  # (a leak source that missed its first polls on a loaded host is another incident)
         assert gpus[1].power_limit_mw == int(default * 0.75)
 
 
@@ -277,7 +277,8 @@ def test_a_node_drained_for_a_gpu_fault_is_not_resumed_on_a_timer_while_its_heal
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: agent.get("/readyz")[0] == 200, 30, what="agent ready")
             rack.inject("gpu-lost", node="node01", gpu=0)
-            wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30, what="drained")
+            drained = wait_for(lambda: _journal(agent, kind="result", action="drain", result="done"), 30,
+                               what="drained")
             rack.clear()
             # The GPU answers again and its incident resolves, but the health check fails: a person decides.
             check = wait_for(lambda: _journal(agent, kind="health_check"), 30, what="resume health check")
@@ -285,7 +286,8 @@ def test_a_node_drained_for_a_gpu_fault_is_not_resumed_on_a_timer_while_its_heal
             pending = wait_for(lambda: [p for p in _incidents(agent)["pending_approvals"] if p["action"] == "drain"],
                                10, what="resume waits for approval")
             assert pending[0]["approval"] == "resume_after_check" and pending[0]["phase"] == "undo"
-            assert not _incidents(agent)["open"]
+            # the GPU's incident is closed (a leak source that missed polls on a loaded host may open another)
+            assert drained[0]["incident_id"] not in {i["id"] for i in _incidents(agent)["open"]}
             assert node_states(cluster)["node01"] in ("drained", "draining")
             assert agent.request("POST", f"/api/v1/incidents/{pending[0]['id']}/approve", token=TOKEN)[0] == 200
             wait_for(lambda: node_states(cluster).get("node01") == "idle", 30, what="resumed after approval")
