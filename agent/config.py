@@ -57,10 +57,12 @@ class Identity(Strict):
     role: str = Field(default="compute", description="compute, switch, management...")
     mode: Mode = Field(default="observe", description="Remediation mode; a fresh install observes.")
     state_dir: Path = Field(default=Path("/var/lib/supernode-agent"), description="Journal and runtime state.")
-    event_loop: Literal["asyncio", "uvloop"] = Field(default="uvloop", description=(
-        "The event loop the daemon runs on: Python's own (asyncio), or uvloop (libuv: fewer instructions per "
-        "wake-up of the loop, where most of an idle agent's CPU goes; bench/bench_overhead.py --set "
-        "agent.event_loop=uvloop measures it on this machine)."))
+    event_loop: Literal["asyncio", "uvloop"] = Field(default="asyncio", description=(
+        "The event loop the daemon runs on: Python's own (asyncio, the default), or uvloop (libuv: fewer "
+        "instructions per wake-up of the loop, where most of an idle agent's CPU goes; bench/bench_overhead.py "
+        "--set agent.event_loop=uvloop measures it). uvloop is not the default: under load in the test suite a "
+        "valve write over Modbus failed on it (pymodbus wrote on a connection closed under it; uvloop raises "
+        "RuntimeError there, which its retry path does not take for a lost connection)."))
 
 
 class Tls(Strict):

@@ -36,7 +36,7 @@ def error_of(data, tmp_path: Path) -> str:
 def test_minimal_config_loads_with_observe_default(tmp_path):
     loaded = parse_config(minimal(tmp_path))
     assert loaded.config.agent.mode == "observe"
-    assert loaded.config.agent.event_loop == "uvloop"
+    assert loaded.config.agent.event_loop == "asyncio"
     assert loaded.secret("admin_token").get_secret_value() == SECRET
 
 
@@ -250,7 +250,7 @@ def test_check_config_warns_of_an_open_host_header_on_a_routable_listener(tmp_pa
 
 
 def test_the_daemon_runs_on_the_event_loop_its_config_names():
-    """agent.event_loop: uvloop's loop (the default: bench_overhead measured it), or asyncio's own."""
+    """agent.event_loop: asyncio's own loop (the default), or uvloop's."""
     import asyncio
 
     import uvloop
