@@ -156,25 +156,28 @@ def test_a_bad_thermal_margin_parameter_is_refused_at_playbook_load_naming_it(pa
                                             "params": {"mode": "thermal_margin", **params}}]})
 
 
+def loop(flow: float, at: float):
+    """A snapshot of cdu1's secondary loop (flow, supply 25 C, return 42 C) at time `at`: what watch_derates reads."""
+    from agent.snapshot import Snapshot
+    from exporters.cooling import modbus_metrics as mm
+    from exporters.model import Quality, Reading
+
+    rs = [Reading(mm.FLOW, flow, {"cdu": "cdu1", "loop": "secondary"}, Quality.OK, at),
+          Reading(mm.TEMPERATURE, 25.0, {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, Quality.OK, at),
+          Reading(mm.TEMPERATURE, 42.0, {"cdu": "cdu1", "loop": "secondary", "point": "return"}, Quality.OK, at)]
+    return Snapshot(at, tuple(rs), (), monotonic=at)
+
+
 def test_a_re_plan_never_raises_a_limit_another_kind_of_incident_holds_and_does_once_it_is_gone(tmp_path):
     """The engine with the NVML twin over HTTP: a hot GPU's cap (gpu_thermal) holds GPU 1 when the loop's derate
     is re-planned for a loop that recovered in part: nothing is raised; once that incident is gone, it is."""
     import asyncio
 
     from agent.remediation.engine import Executors
-    from agent.snapshot import Snapshot
-    from exporters.cooling import modbus_metrics as mm
-    from exporters.model import Quality, Reading
     from sim.nvml_twin import NvmlTwin
     from sim.rack import RackModel
     from tests.helpers import await_for
     from tests.remediation_support import engine, inventory, nvml_twin_server, results
-
-    def loop(flow: float, at: float) -> Snapshot:
-        rs = [Reading(mm.FLOW, flow, {"cdu": "cdu1", "loop": "secondary"}, Quality.OK, at),
-              Reading(mm.TEMPERATURE, 25.0, {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, Quality.OK, at),
-              Reading(mm.TEMPERATURE, 42.0, {"cdu": "cdu1", "loop": "secondary", "point": "return"}, Quality.OK, at)]
-        return Snapshot(at, tuple(rs), (), monotonic=at)
 
     def limits(model) -> list[int]:
         return [g.power_limit_mw for g in model.nodes["node01"].gpus]
@@ -219,19 +222,10 @@ def test_a_re_plan_still_in_flight_when_the_loop_recovers_is_undone_with_the_res
     import asyncio
 
     from agent.remediation.engine import Executors
-    from agent.snapshot import Snapshot
-    from exporters.cooling import modbus_metrics as mm
-    from exporters.model import Quality, Reading
     from sim.nvml_twin import NvmlTwin
     from sim.rack import RackModel
     from tests.helpers import await_for
     from tests.remediation_support import engine, inventory, nvml_twin_server, results
-
-    def loop(flow: float, at: float) -> Snapshot:
-        rs = [Reading(mm.FLOW, flow, {"cdu": "cdu1", "loop": "secondary"}, Quality.OK, at),
-              Reading(mm.TEMPERATURE, 25.0, {"cdu": "cdu1", "loop": "secondary", "point": "supply"}, Quality.OK, at),
-              Reading(mm.TEMPERATURE, 42.0, {"cdu": "cdu1", "loop": "secondary", "point": "return"}, Quality.OK, at)]
-        return Snapshot(at, tuple(rs), (), monotonic=at)
 
     async def main():
         model = RackModel(nodes=2, gpus_per_node=2)

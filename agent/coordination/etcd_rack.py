@@ -281,13 +281,6 @@ class EtcdCoordinator(RackState):
         (a shared device's series come from its pollers, another tray's from the leader only)."""
         return self.facts.hidden() | self.idle()
 
-    def on_touch(self, origin: str) -> None:
-        """Store touch listener: our own poll of a shared device vouched fresh without a publish (it read the same,
-        or its event stream stands in for the timer's poll): the device's fact goes out anyway once the heartbeat
-        is due, or the agents reading it from us would count it stale while it is not."""
-        if origin in self.facts.jobs and self.facts.store is not None and self.facts.heartbeat_due(origin):
-            self.on_publish(self.facts.store.snapshot(), origin, beat=True)
-
     def on_publish(self, snap: Any, origin: str, beat: bool = False) -> None:
         """Store listener: after our own poll of a device we hold, publish it as that device's fact; after our
         own NVML poll, our link vector (agent.coordination.link_share)."""
@@ -424,7 +417,7 @@ class EtcdCoordinator(RackState):
         self.align = getattr(agent.scheduler, "align", None)
         self.admin_tokens = lambda: token_map(agent.loaded.admin_tokens)  # the tokens of the running config
         agent.store.add_listener(self.on_publish)
-        agent.store.add_touch_listener(self.on_touch)
+        agent.store.add_touch_listener(lambda origin: self.facts.touched(origin, self.on_publish))
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:

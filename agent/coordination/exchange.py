@@ -119,6 +119,14 @@ class FactExchange:
         tick = runner.settings.interval if runner is not None else 0.0
         return self.monotonic() - last[1] >= self.heartbeat - 0.5 * min(tick, self.heartbeat)
 
+    def touched(self, origin: str, publish: Callable[..., None]) -> None:
+        """Store touch listener's work: our own poll of a shared device vouched fresh without a publish (it read the
+        same, or its event stream stands in for the timer's poll): its fact goes out anyway through `publish` (the
+        coordinator's store listener, with beat=True) once the heartbeat is due, or the agents reading it from us
+        would count it stale while it is not."""
+        if origin in self.jobs and self.store is not None and self.heartbeat_due(origin):
+            publish(self.store.snapshot(), origin, beat=True)
+
     def resend(self) -> None:
         """The next poll of every job goes out whatever it says (a new session: the old facts went with its lease)."""
         self._sent.clear()

@@ -209,13 +209,6 @@ class StaticCoordinator:
 
     # -- serving our polls ----------------------------------------------------------------------------------
 
-    def on_touch(self, origin: str) -> None:
-        """Store touch listener: our own poll of a shared device vouched fresh without a publish (it read the same,
-        or its event stream stands in for the timer's poll): the device's fact goes out anyway once the heartbeat
-        is due, or the agents reading it from us would count it stale while it is not."""
-        if origin in self.facts.jobs and self.facts.store is not None and self.facts.heartbeat_due(origin):
-            self.on_publish(self.facts.store.snapshot(), origin, beat=True)
-
     def on_publish(self, snap: Any, origin: str, beat: bool = False) -> None:
         device = self.shared.jobs.get(origin)
         fact = self.facts.outgoing(snap, origin, device is not None and self.polls(device))
@@ -394,7 +387,7 @@ class StaticCoordinator:
         if not self.pollers:
             return  # every node polls every shared device: nothing to share
         agent.store.add_listener(self.on_publish)
-        agent.store.add_touch_listener(self.on_touch)
+        agent.store.add_touch_listener(lambda origin: self.facts.touched(origin, self.on_publish))
         agent.route_mounts.append(lambda app: self.feed.mount(app, "/api/v1/coordination/facts"))
         self.tasks += [loop.create_task(self._subscribe(p)) for p in self.needed_peers()]
 
