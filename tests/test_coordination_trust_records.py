@@ -227,6 +227,8 @@ def test_members_are_inventory_nodes_under_a_lease(tmp_path, etcd):
         coords = await start([coordinator(tmp_path, etcd, n, prefix) for n in ("n1", "n2")])
         try:
             await await_for(lambda: len(_leaders(coords)) == 1, 30, what="a leader")
+            # n2's own member key reached n1's view (a leader can be elected before it on a loaded host)
+            await await_for(lambda: "n2" in coords[0].members(), 30, what="n1 seeing n2")
             return coords[0].members()
         finally:
             await stop(coords)
