@@ -15,6 +15,10 @@ Modes:
   garbage    bytes that are not a Modbus frame
   slow       honest answers `delay` seconds late
   hangup     the connection closed instead of an answer
+  hangup_once  the first request's connection closed instead of an answer, then honest answers
+
+Writes of a coil or a register (fc 5, 6) are honest in every mode but the hang-ups: the written value is kept
+(`written`, address -> value, and read back) and the request echoed, as a device does.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-MODES = ("good", "tid0", "wrong_fc", "wrong_tid", "wrong_unit", "short", "garbage", "slow", "hangup")
+MODES = ("good", "tid0", "wrong_fc", "wrong_tid", "wrong_unit", "short", "garbage", "slow", "hangup", "hangup_once")
 
 
 class BadModbusServer:
@@ -34,6 +38,7 @@ class BadModbusServer:
         self.registers = dict(registers or {})
         self.lie = dict(lie if lie is not None else {0: 1})
         self.requests = 0
+        self.written: dict[int, int] = {}
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> tuple[str, int]:
@@ -59,7 +64,7 @@ class BadModbusServer:
         return struct.pack(">HHHB", tid, 0, len(pdu) + 1, unit) + pdu
 
     def _values(self, table: dict[int, int], address: int, count: int) -> list[int]:
-        return [table.get(a, self.registers.get(a, 0)) for a in range(address, address + count)]
+        return [table.get(a, self.written.get(a, self.registers.get(a, 0))) for a in range(address, address + count)]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -70,6 +75,14 @@ class BadModbusServer:
                 self.requests += 1
                 if self.mode == "hangup":
                     break
+                if self.mode == "hangup_once":
+                    self.mode = "good"
+                    break
+                if fc in (5, 6):  # count is the value written; the reply echoes the request
+                    self.written[address] = int(count == 0xFF00) if fc == 5 else count
+                    writer.write(struct.pack(">HHHB", tid, 0, length, unit) + body)
+                    await writer.drain()
+                    continue
                 writer.write(await self._reply(tid, unit, fc, address, count))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):

@@ -100,3 +100,57 @@ def test_after_a_refused_frame_the_next_request_reads_the_honest_answer():
             await server.stop()
 
     assert asyncio.run(run()) == [0, 0, 0, 0, 0, 42, 0, 0]  # honest, not the lie (register 0 = 1)
+
+
+def _on_loop(loop_name: str, coro_fn):
+    """Run `coro_fn()` on asyncio's own loop or on uvloop's (agent.event_loop), as the daemon would."""
+    from agent.daemon import _loop_factory
+
+    with asyncio.Runner(loop_factory=_loop_factory(loop_name)) as runner:
+        return runner.run(coro_fn())
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_a_write_whose_connection_the_peer_closes_unanswered_is_sent_again_on_a_new_one(loop_name):
+    """The peer hangs up on a valve write (a gateway that restarted): the write is sent once more on a new
+    connection and done, not failed; a peer that hangs up again fails it as a dropped connection."""
+    async def run():
+        server = BadModbusServer("hangup_once")
+        host, port = await server.start()
+        gw = gateway_for(host, port, 5.0)
+        try:
+            await gw.write("holding", 7, [1], 1)
+            done = (dict(server.written), server.requests, await gw.read(3, 7, 1, 1))
+            server.mode = "hangup"
+            with pytest.raises(SourceError) as err:
+                await gw.write("holding", 8, [1], 1)
+            return done, err.value, server.requests
+        finally:
+            release_gateway(gw)
+            await server.stop()
+
+    (written, requests, back), err, later = _on_loop(loop_name, run)
+    assert written == {7: 1} and requests == 2 and back == [1]
+    assert err.kind == "connection" and "dropped" in str(err) and later == requests + 1 + 2  # the read, 2 tries
+
+
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_a_write_on_a_connection_closed_before_pymodbus_heard_of_it_is_sent_on_a_new_one(loop_name):
+    """The connection's transport is closed and pymodbus has not yet been told (its connection-lost callback is
+    still queued) when a valve write comes: uvloop raises RuntimeError on the write, asyncio's loop drops its
+    bytes. Either way the write is sent again on a new connection and done (the suite saw the uvloop case
+    fail a valve close)."""
+    async def run():
+        server = BadModbusServer("good")
+        host, port = await server.start()
+        gw = gateway_for(host, port, 5.0)
+        try:
+            assert await gw.read(3, 7, 1, 1) == [0]
+            gw._client.ctx.transport.close()  # closed under pymodbus, which still says connected until the callback
+            await gw.write("holding", 7, [1], 1)
+            return dict(server.written), await gw.read(3, 7, 1, 1)
+        finally:
+            release_gateway(gw)
+            await server.stop()
+
+    assert _on_loop(loop_name, run) == ({7: 1}, [1])

@@ -69,6 +69,13 @@ class PeerClosed(Exception):
     """The peer closed the connection while a request waited for its answer."""
 
 
+class ConnectionDropped(SourceError):
+    """The connection died under a request (a `connection` SourceError): worth one retry on a new one."""
+
+    def __init__(self, message: str):
+        super().__init__("connection", message)
+
+
 class Gateway:
     """A shared client for one host:port; all requests go through `lock`."""
 
@@ -138,8 +145,8 @@ class Gateway:
                     attempt_busy += 1
                     continue
                 raise
-            except SourceError as exc:
-                if exc.kind == "connection" and attempt_conn < 1 and "dropped" in str(exc):
+            except ConnectionDropped:
+                if attempt_conn < 1:
                     attempt_conn += 1  # the connection died under us: reconnect once, then give up
                     continue
                 raise
@@ -154,18 +161,9 @@ class Gateway:
         stats.requests += 1
         try:
             rr = await self._exchange(getattr(client, READS[fc])(address, count=count, device_id=unit))
-        except (asyncio.TimeoutError, ModbusIOException) as exc:
+        except Exception as exc:
             self._drop()
-            what = self._what(fc, address, count, unit)
-            if isinstance(exc, ModbusIOException) and not self._is_timeout(exc):
-                raise SourceError("connection", f"{what}: connection dropped ({exc})") from None
-            raise SourceError("timeout", f"{what}: no answer within {self.timeout:.2f}s") from None
-        except (ConnectionException, PeerClosed) as exc:
-            self._drop()
-            raise SourceError("connection", f"{self._what(fc, address, count, unit)}: connection dropped ({exc})") from None
-        except ModbusException as exc:
-            self._drop()
-            raise SourceError("protocol", f"{self._what(fc, address, count, unit)}: {exc}") from None
+            raise self._failure(exc, self._what(fc, address, count, unit)) from None
         finally:
             if gap_s:
                 self._last_request = time.monotonic()
@@ -215,27 +213,54 @@ class Gateway:
         text = str(exc).lower()
         return "no response" in text or "timeout" in text or "not responding" in text
 
+    def _failure(self, exc: BaseException, what: str) -> BaseException:
+        """What a request that raised `exc` failed of, as the SourceError its caller handles (the connection is
+        already dropped). A write on a transport that closed before pymodbus heard of it raises RuntimeError
+        on uvloop (asyncio's own loop drops the bytes and the request times out instead): that connection is
+        gone too. Anything else is a bug and propagates as it is."""
+        if isinstance(exc, asyncio.TimeoutError) or (isinstance(exc, ModbusIOException) and self._is_timeout(exc)):
+            return SourceError("timeout", f"{what}: no answer within {self.timeout:.2f}s")
+        if isinstance(exc, (ConnectionException, PeerClosed, ModbusIOException)) or (
+                isinstance(exc, RuntimeError) and "closed" in str(exc)):
+            return ConnectionDropped(f"{what}: connection dropped ({exc})")
+        if isinstance(exc, ModbusException):
+            return SourceError("protocol", f"{what}: {exc}")
+        return exc
+
     async def write(self, table: str, address: int, words: list[int], unit: int) -> None:
-        what = f"{self.target} unit {unit} write {table} @{address}"
-        async with self.lock:
-            client = await self._connected()
+        """Write a coil or registers. A connection that died under the write (closed by the peer, while idle or
+        while the write waited) is reopened and the write sent once more: a Modbus write sets absolute values,
+        so a write the device did carry out before the connection died leaves the same state when sent twice.
+        A valve close must not fail because the gateway closed an idle connection a moment before."""
+        attempt_conn = 0
+        while True:
             try:
-                if table == "coil":
-                    async with asyncio.timeout(self.timeout + 0.1):
-                        rr = await client.write_coil(address, bool(words[0]), device_id=unit)
-                elif len(words) == 1:
-                    async with asyncio.timeout(self.timeout + 0.1):
-                        rr = await client.write_register(address, words[0], device_id=unit)
-                else:
-                    async with asyncio.timeout(self.timeout + 0.1):
-                        rr = await client.write_registers(address, words, device_id=unit)
-            except (asyncio.TimeoutError, ModbusException) as exc:
-                self._drop()
-                raise SourceError("timeout", f"{what}: no answer ({exc or 'timeout'})") from None
-            if rr.isError():
-                code = int(getattr(rr, "exception_code", 0) or 0)
-                self.stats.exceptions[code] += 1
-                raise ModbusExceptionReply(code, what)
+                async with self.lock:
+                    return await self._write_once(table, address, words, unit)
+            except ConnectionDropped:
+                if attempt_conn < 1:
+                    attempt_conn += 1
+                    continue
+                raise
+
+    async def _write_once(self, table: str, address: int, words: list[int], unit: int) -> None:
+        client = await self._connected()
+        self.stats.requests += 1
+        if table == "coil":
+            request = client.write_coil(address, bool(words[0]), device_id=unit)
+        elif len(words) == 1:
+            request = client.write_register(address, words[0], device_id=unit)
+        else:
+            request = client.write_registers(address, words, device_id=unit)
+        try:
+            rr = await self._exchange(request)
+        except Exception as exc:
+            self._drop()
+            raise self._failure(exc, f"{self.target} unit {unit} write {table} @{address}") from None
+        if rr.isError():
+            code = int(getattr(rr, "exception_code", 0) or 0)
+            self.stats.exceptions[code] += 1
+            raise ModbusExceptionReply(code, f"{self.target} unit {unit} write {table} @{address}")
 
     def close(self) -> None:
         self._drop()
