@@ -25,6 +25,8 @@ class AgentUnreachable(AssertionError):
 
 
 class AgentProcess:
+    running: "set[AgentProcess]" = set()  # started and not stopped: their logs go with a failing test's report
+
     def __init__(self, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,
                  preexec: Callable[[], None] | None = None):
         self.preexec = preexec  # run in the child before exec (e.g. a lower RLIMIT_NOFILE)
@@ -53,6 +55,7 @@ class AgentProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "--config", str(self.config_path), "run"],
                                      stdout=self._log, stderr=self._log, env=env, cwd=REPO,
                                      preexec_fn=self.preexec)
+        AgentProcess.running.add(self)
         try:
             wait_for(lambda: self.healthy() or self.proc.poll() is not None, 20, what="agent /healthz")
             assert self.proc.poll() is None, f"agent exited: {self.log()}"
@@ -103,7 +106,12 @@ class AgentProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def log_tail(self, lines: int = 40, width: int = 400) -> str:
+        """The last `lines` lines of the agent's log, each cut at `width`: what a failing test's report shows."""
+        return "\n".join(line[:width] for line in self.log().splitlines()[-lines:])
+
     def stop(self) -> int | None:
+        AgentProcess.running.discard(self)
         if self.proc is None:
             return None
         if self.proc.poll() is None:

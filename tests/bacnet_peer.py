@@ -17,8 +17,8 @@ from sim.bacnet_process import BacnetDeviceProcess
 class ThreadedDevice:
     def __init__(self, profile: str, **kw: Any):
         self.loop = asyncio.new_event_loop()
-        self.writes: list[tuple[str, Any]] = []
-        self.dev = BacnetDeviceProcess(profile, on_write=lambda p, v: self.writes.append((p, v)), **kw)
+        self._writes: list[tuple[str, Any]] = []
+        self.dev = BacnetDeviceProcess(profile, on_write=lambda p, v: self._writes.append((p, v)), **kw)
         self._thread = threading.Thread(target=self.loop.run_forever, name="bacnet-device", daemon=True)
 
     def _run(self, coro: Any, timeout: float = 60) -> Any:
@@ -36,6 +36,15 @@ class ThreadedDevice:
     def command(self, **msg: Any) -> None:
         self._run(self.dev.command(msg))
         assert not self.dev.errors, self.dev.errors
+
+    @property
+    def writes(self) -> list[tuple[str, Any]]:
+        """Every client write the device reported so far, (point, present value), in order. A round trip first:
+        the device reports a write on its stdout while it serves it, and our reader thread may not have read that
+        line yet when the client already has its answer; lines are read in order, so after the round trip's ack
+        every earlier write is in."""
+        self.stats()
+        return list(self._writes)
 
     def stats(self) -> dict[str, int]:
         return self._run(self.dev.stats())

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
@@ -35,6 +37,21 @@ def pytest_configure(config):
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit():
         os.environ["SUPERNODE_PORT_SLICE"] = f"{int(worker[2:])}/{int(count)}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails while real agents run carries the tail of each one's log in its report: a failure seen
+    once under load in CI is then explained by what the agents did, not guessed at from a timeout."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    from tests.agentproc import AgentProcess
+
+    for agent in sorted(AgentProcess.running, key=lambda a: str(a.log_path)):
+        node = agent.config.get("agent", {}).get("node", "?")
+        report.sections.append((f"agent {node} log ({agent.log_path})", agent.log_tail()))
 
 
 def pytest_collection_modifyitems(config, items):

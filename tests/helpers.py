@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
@@ -31,16 +32,24 @@ ALLOW_MISSING_PEERS = os.environ.get("SUPERNODE_TEST_ALLOW_MISSING_PEERS", "") =
 FIRST_LOOK_SECONDS, BACKOFF, LAST_LOOK_SECONDS = 0.02, 1.5, 0.2
 
 
+# SUPERNODE_TRACE_WAITS=1: every wait_for says how long it waited and for what (stderr, `pytest -s`): where a slow
+# test's time goes, when cutting the suite's time.
+TRACE_WAITS = os.environ.get("SUPERNODE_TRACE_WAITS") == "1"
+
+
 def wait_for(cond: Callable[[], T], timeout: float = 10.0, interval: float | None = None,
              what: str = "condition") -> T:
     """Poll `cond` until it returns something truthy; fail with `what` after `timeout` seconds. `interval`: a fixed
     pause between looks (default: FIRST_LOOK_SECONDS growing to LAST_LOOK_SECONDS)."""
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     last: T | None = None
     pause = FIRST_LOOK_SECONDS if interval is None else interval
     while time.monotonic() < deadline:
         last = cond()
         if last:
+            if TRACE_WAITS:
+                print(f"[wait_for] {time.monotonic() - start:6.2f}s {what}", file=sys.stderr)
             return last
         time.sleep(pause)
         if interval is None:
