@@ -26,6 +26,7 @@ class AgentUnreachable(AssertionError):
 
 class AgentProcess:
     running: "set[AgentProcess]" = set()  # started and not stopped: their logs go with a failing test's report
+    stopped: "list[AgentProcess]" = []  # stopped during the current test (tests/conftest.py clears it): theirs too
 
     def __init__(self, config: dict[str, Any], workdir: Path, env: dict[str, str] | None = None,
                  preexec: Callable[[], None] | None = None):
@@ -111,7 +112,9 @@ class AgentProcess:
         return "\n".join(line[:width] for line in self.log().splitlines()[-lines:])
 
     def stop(self) -> int | None:
-        AgentProcess.running.discard(self)
+        if self in AgentProcess.running:
+            AgentProcess.running.discard(self)
+            AgentProcess.stopped.append(self)
         if self.proc is None:
             return None
         if self.proc.poll() is None:

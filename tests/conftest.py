@@ -39,17 +39,24 @@ def pytest_configure(config):
         os.environ["SUPERNODE_PORT_SLICE"] = f"{int(worker[2:])}/{int(count)}"
 
 
+def pytest_runtest_setup(item):
+    from tests.agentproc import AgentProcess
+
+    AgentProcess.stopped.clear()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A test that fails while real agents run carries the tail of each one's log in its report: a failure seen
-    once under load in CI is then explained by what the agents did, not guessed at from a timeout."""
+    """A test that fails while real agents run carries the tail of each one's log in its report (those its own
+    `with` block already stopped too): a failure seen once under load in CI is then explained by what the
+    agents did, not guessed at from a timeout."""
     outcome = yield
     report = outcome.get_result()
     if report.when != "call" or not report.failed:
         return
     from tests.agentproc import AgentProcess
 
-    for agent in sorted(AgentProcess.running, key=lambda a: str(a.log_path)):
+    for agent in sorted({*AgentProcess.running, *AgentProcess.stopped}, key=lambda a: str(a.log_path)):
         node = agent.config.get("agent", {}).get("node", "?")
         report.sections.append((f"agent {node} log ({agent.log_path})", agent.log_tail()))
 

@@ -56,6 +56,9 @@ def status_rack(workdir: Path, mode: str = "enforce", prepare: Callable[[SimRack
         for node, port in ports.items():
             cfg = agent_config(rack.sim, node, port, workdir, mode=mode, agent_urls=urls)
             cfg["remediation"]["slurm"] = {"backend": "simulated"}
+            # R shown within seconds of the load gate opening (shipped: settled 30 s, smoothed over 60 s): the
+            # page's cold plate column is what is checked, not the derived source's timing
+            cfg["sources"]["thermal_resistance"] = {"settle_seconds": 2.0, "smoothing_seconds": 2.0}
             (workdir / node).mkdir(parents=True, exist_ok=True)
             configs[node] = cfg
             agents[node] = AgentProcess(cfg, workdir / node).start()

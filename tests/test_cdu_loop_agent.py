@@ -23,6 +23,9 @@ def _config(rack, tmp_path, **detectors) -> dict:
         (tmp_path / name).write_text(TOKEN + "\n")
     cfg = agent_config(rack.sim, "node01", free_port(), tmp_path, mode="enforce")
     cfg["remediation"]["detectors"] = {"flow_setpoint_settle_seconds": 0, **detectors}
+    # The Redfish CDU's flow, pumps and pressures come from polls, never from its event stream: polled at
+    # `interval` here even while the stream is confirmed (the shipped 10 s slow-down only lengthens each wait)
+    cfg["sources"]["redfish"]["confirmed_interval"] = 0.0
     return cfg
 
 

@@ -93,6 +93,9 @@ def test_a_blocked_tray_reads_low_over_redfish_and_opens_tray_flow_low_on_the_le
     with sim_rack(tmp_path, nodes=3) as rack:
         cfg = _config(rack, tmp_path, tray_flow_low={"fire_seconds": 2.0, "clear_seconds": 2.0})
         cfg["sources"]["redfish"]["watch_rack_trays"] = True
+        # The flows come from polls, never from the event stream: polled at `interval` even while the stream is
+        # confirmed (the shipped 10 s slow-down would only make the wait five times as long).
+        cfg["sources"]["redfish"]["confirmed_interval"] = 0.0
         model = rack.sim.model
         with running_agent(cfg, tmp_path) as agent:
             flows = wait_for(lambda: (f := _tray_flows(agent.metrics())) and len(f) == 3 and f, 90,
