@@ -60,9 +60,10 @@ class Identity(Strict):
     event_loop: Literal["asyncio", "uvloop"] = Field(default="asyncio", description=(
         "The event loop the daemon runs on: Python's own (asyncio, the default), or uvloop (libuv: fewer "
         "instructions per wake-up of the loop, where most of an idle agent's CPU goes; bench/bench_overhead.py "
-        "--set agent.event_loop=uvloop measures it). uvloop is not the default: under load in the test suite a "
-        "valve write over Modbus failed on it (pymodbus wrote on a connection closed under it; uvloop raises "
-        "RuntimeError there, which its retry path does not take for a lost connection)."))
+        "--set agent.event_loop=uvloop measures it). uvloop is not the default: with it, right after a tray BMC "
+        "went offline (its connections failing and timing out), one scrape of the agent's /metrics was closed "
+        "without an answer in the test suite, as in aiohttp's open issue 10506 with uvloop (a connection attempt "
+        "that fails inside uvloop's create_connection leaves it holding a descriptor the kernel hands out again)."))
 
 
 class Tls(Strict):
