@@ -135,6 +135,19 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+def _memory_parts(pid: int) -> dict[str, float]:
+    """What the resident memory is made of (MiB, /proc/PID/smaps_rollup): `anon` the agent's own (heap, Python
+    objects), `file` pages of files mapped (the interpreter, libcrypto, pydantic-core...: shared with every other
+    process that maps them, and the kernel can drop them), `pss` its proportional share of all of it."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            fields[name] = int(rest.split()[0]) / 1024
+    return {"anon": fields.get("Anonymous", 0.0), "file": fields.get("Rss", 0.0) - fields.get("Anonymous", 0.0),
+            "pss": fields.get("Pss", 0.0)}
+
+
 def _set(cfg: dict, setting: str) -> None:
     """KEY=VALUE (a dotted path, a YAML value) into an agent's config, making the sections on the way."""
     path, _, value = setting.partition("=")
@@ -316,6 +329,7 @@ def main() -> int:
         windows_profile = _profile_window(agents, profiles) if args.profile else [None] * len(agents)
         roles = [_role(cfg["listen"]["port"]) for cfg in cfgs]
         rss = [_rss_mib(a.pid) for _, a in agents]
+        parts = [_memory_parts(a.pid) for _, a in agents]
         span = marks[-1][1] - marks[0][1]
         wakes = [tuple((after - before) / span for before, after in zip(b, a)) for b, a in zip(*switched)]
         with ThreadPoolExecutor(len(agents)) as pool:  # each agent's floor peer, all at once, the agents running
@@ -356,7 +370,8 @@ def main() -> int:
         warm_pct = 100 * sum(cpu / interval for _, _, cpu, interval in costs[k])
         print(f"{node} ({roles[k]}): {pct:.2f} % of a core, median of {n_windows} windows over {span:.0f} s "
               f"(range {min(windows[k]):.2f}-{max(windows[k]):.2f} %; {seconds[k]:.2f} CPU seconds in all); "
-              f"resident memory {rss[k]:.1f} MiB")
+              f"resident memory {rss[k]:.1f} MiB ({parts[k]['anon']:.1f} anonymous: its own heap and objects; "
+              f"{parts[k]['file']:.1f} of mapped files, shared; proportional share {parts[k]['pss']:.1f})")
         print(f"  {'poll':29s} {'paced':>9s} {'back-to-back':>13s}  every")
         for name, paced, warm, interval in costs[k]:
             print(f"  {name:29s} {paced * 1000:6.2f} ms {warm * 1000:10.2f} ms  {interval:g} s = "
@@ -374,7 +389,8 @@ def main() -> int:
         if args.profile:
             _print_profile(node, windows_profile[k], args.profile_leaves)
         summary.append(f"{node} ({roles[k]}) {pct:.2f} % (windows {min(windows[k]):.2f}-{max(windows[k]):.2f} %), "
-                       f"{rss[k]:.1f} MiB, polls alone {paced_pct:.2f} % ({pct / paced_pct:.2f}x), floor "
+                       f"{rss[k]:.1f} MiB ({parts[k]['anon']:.1f} anonymous), "
+                       f"polls alone {paced_pct:.2f} % ({pct / paced_pct:.2f}x), floor "
                        f"{floors[k]:.2f} % (above it {pct - floors[k]:.2f} %), {sum(wakes[k][:2]):.1f} wake-ups/s")
     if args.set:
         print(f"settings changed for this run: {', '.join(args.set)}")
