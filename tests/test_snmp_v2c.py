@@ -250,3 +250,39 @@ def test_wrong_community_times_out_and_a_client_reopens_on_a_new_event_loop():
     with pytest.raises(SourceError) as err:
         SnmpClient("127.0.0.1", 161, SnmpCredentials(community=None))
     assert err.value.kind == "config"
+
+
+def test_the_simulators_read_answers_are_byte_for_byte_what_pysnmp_encodes():
+    """The simulated agent puts a read's answer together from varbinds encoded once per table; every read kind
+    (a GET of a present and an absent OID, a GETNEXT within and past the end, a GETBULK with a non-repeater and
+    columns running off the end, a Counter64 and a long string among the values) answers exactly the bytes
+    pysnmp's message API builds for it, twice (the second from the cache)."""
+    items = table(rows=40)
+    items[(1, 3, 6, 1, 4, 1, 9, 1)] = rfc1902.Counter64(2 ** 63 + 5)
+    items[(1, 3, 6, 1, 4, 1, 9, 2)] = text("x" * 300)  # long form lengths, in the varbind and around it
+    agent = SnmpAgent("public")
+    agent.table = OidTable(items)
+    last = max(items)
+
+    def request(pdu: object, names: list[tuple[int, ...]], request_id: int) -> bytes:
+        P.apiPDU.set_defaults(pdu)
+        P.apiPDU.set_request_id(pdu, request_id)
+        P.apiPDU.set_varbinds(pdu, [(n, P.Null("")) for n in names])
+        msg = P.Message()
+        P.apiMessage.set_defaults(msg)
+        P.apiMessage.set_community(msg, "public")
+        P.apiMessage.set_pdu(msg, pdu)
+        return encoder.encode(msg)
+
+    bulk = P.GetBulkRequestPDU()
+    P.apiBulkPDU.set_defaults(bulk)
+    P.apiBulkPDU.set_non_repeaters(bulk, 1)
+    P.apiBulkPDU.set_max_repetitions(bulk, 30)
+    requests = [
+        request(P.GetRequestPDU(), [(1, 3, 6, 1, 2, 1, 1, 1, 0), (1, 3, 6, 1, 9, 9), (1, 3, 6, 1, 4, 1, 9, 1)], 7),
+        request(P.GetNextRequestPDU(), [COL_A, last], 2 ** 31 - 1),
+        request(bulk, [(1, 3, 6, 1, 2, 1, 1, 1), COL_A + (1, 35), COL_B, (1, 3, 6, 1, 4, 1, 9)], 123456),
+    ]
+    for data in requests * 2:
+        fast = agent._answer(data)
+        assert fast is not None and fast == agent._answer_with_pysnmp(data), decoder.decode(fast, asn1Spec=P.Message())
