@@ -98,20 +98,26 @@ class SnmpAgent(asyncio.DatagramProtocol):
         if rsp is not None and self._transport is not None:
             self._transport.sendto(rsp, addr)
 
-    def _answer(self, data: bytes) -> bytes | None:
-        """The answer's bytes to one request datagram (None: no answer). A read (GET, GETNEXT, GETBULK) is put
-        together from the table's encoded varbinds; a SET goes the pysnmp way."""
+    def _request(self, data: bytes) -> tuple[Any, Any, bytes] | None:
+        """(protocol module, decoded message, community) of a v2c request with our community; None: no answer."""
         version = int(api.decodeMessageVersion(data))
         if version != api.SNMP_VERSION_2C:
             return None
         p = api.PROTOCOL_MODULES[version]
         req, _ = decoder.decode(data, asn1Spec=p.Message())
         community = bytes(p.apiMessage.get_community(req))
-        if community != self.community.encode():
+        return (p, req, community) if community == self.community.encode() else None
+
+    def _answer(self, data: bytes) -> bytes | None:
+        """The answer's bytes to one request datagram (None: no answer). A read (GET, GETNEXT, GETBULK) is put
+        together from the table's encoded varbinds; a SET goes the pysnmp way."""
+        got = self._request(data)
+        if got is None:
             return None
+        p, req, community = got
         req_pdu = p.apiMessage.get_pdu(req)
         if req_pdu.isSameTypeWith(p.SetRequestPDU()):
-            return self._answer_with_pysnmp(data)
+            return self._pysnmp_answer(p, req)
         self.requests += 1
         table = self._current()
         pairs = self._read_pairs(p, req_pdu, table)
@@ -165,15 +171,13 @@ class SnmpAgent(asyncio.DatagramProtocol):
         return out
 
     def _answer_with_pysnmp(self, data: bytes) -> bytes | None:
-        """The same answer built with pysnmp's message API: a SET (its callbacks), and the reference the reads'
-        own assembly is tested against."""
-        version = int(api.decodeMessageVersion(data))
-        if version != api.SNMP_VERSION_2C:
-            return None
-        p = api.PROTOCOL_MODULES[version]
-        req, _ = decoder.decode(data, asn1Spec=p.Message())
-        if bytes(p.apiMessage.get_community(req)) != self.community.encode():
-            return None
+        """The same answer built with pysnmp's message API: the reference the reads' own assembly is tested
+        against."""
+        got = self._request(data)
+        return self._pysnmp_answer(*got[:2]) if got is not None else None
+
+    def _pysnmp_answer(self, p: Any, req: Any) -> bytes | None:
+        """The answer to a decoded request built with pysnmp's message API (a SET's callbacks included)."""
         self.requests += 1
         rsp = p.apiMessage.get_response(req)
         req_pdu = p.apiMessage.get_pdu(req)

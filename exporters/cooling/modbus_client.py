@@ -32,7 +32,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 from pymodbus.client import AsyncModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
@@ -41,6 +41,7 @@ from exporters.model import SourceError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 RETRY_CODES = frozenset({6, 11})
 EXCEPTION_NAMES = {1: "illegal function", 2: "illegal data address", 3: "illegal data value",
                    4: "device failure", 5: "acknowledge", 6: "device busy", 8: "memory parity error",
@@ -134,11 +135,17 @@ class Gateway:
     async def read(self, fc: int, address: int, count: int, unit: int, gap_s: float = 0.0,
                    busy_retries: int = 3, backoff_s: float = 0.05, stats: GatewayStats | None = None) -> list[int]:
         """Read `count` registers or bits; retries busy/gateway errors and one dropped connection."""
+        return await self._retried(lambda: self._read_once(fc, address, count, unit, gap_s, stats or self.stats),
+                                   busy_retries, backoff_s)
+
+    async def _retried(self, once: Callable[[], Awaitable[T]], busy_retries: int = 0, backoff_s: float = 0.05) -> T:
+        """`once()` under the gateway's lock, tried again on a new connection once if the connection died under it
+        (ConnectionDropped), and after a backoff up to `busy_retries` times on a busy or gateway exception reply."""
         attempt_busy = attempt_conn = 0
         while True:
             try:
                 async with self.lock:
-                    return await self._read_once(fc, address, count, unit, gap_s, stats or self.stats)
+                    return await once()
             except ModbusExceptionReply as exc:
                 if exc.code in RETRY_CODES and attempt_busy < busy_retries:
                     await asyncio.sleep(backoff_s * (2 ** attempt_busy))
@@ -231,17 +238,9 @@ class Gateway:
         """Write a coil or registers. A connection that died under the write (closed by the peer, while idle or
         while the write waited) is reopened and the write sent once more: a Modbus write sets absolute values,
         so a write the device did carry out before the connection died leaves the same state when sent twice.
-        A valve close must not fail because the gateway closed an idle connection a moment before."""
-        attempt_conn = 0
-        while True:
-            try:
-                async with self.lock:
-                    return await self._write_once(table, address, words, unit)
-            except ConnectionDropped:
-                if attempt_conn < 1:
-                    attempt_conn += 1
-                    continue
-                raise
+        A valve close must not fail because the gateway closed an idle connection a moment before. An exception
+        reply is final (no busy retries: the caller decides)."""
+        await self._retried(lambda: self._write_once(table, address, words, unit))
 
     async def _write_once(self, table: str, address: int, words: list[int], unit: int) -> None:
         client = await self._connected()
