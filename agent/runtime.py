@@ -242,21 +242,57 @@ def _read_counters() -> frozenset[str]:
     return _READ_COUNTERS
 
 
+class LoopScheduler(AsyncIOScheduler):
+    """apscheduler's AsyncIOScheduler, woken on its own loop without a trip through the loop's self-pipe.
+
+    Why: the stock scheduler's timer calls `wakeup`, which always goes through `call_soon_threadsafe`: a write to
+    the loop's self-pipe, one more return from epoll and a read, although the timer already runs on the loop.
+    A demo follower's timers fire ~5 times a second (its two leak inputs at 0.5 s), and those writes were every
+    self-pipe wake-up it had (strace: 47 in 10 s, all from the loop's own thread). Here a timer's fire processes
+    the due jobs at once, and a `wakeup` asked on the loop (a job added or moved) is a plain `call_soon`; one asked
+    from another thread keeps the thread-safe path."""
+
+    def _start_timer(self, wait_seconds: float | None) -> None:
+        self._stop_timer()
+        if wait_seconds is not None:
+            self._timeout = self._eventloop.call_later(wait_seconds, self._fire)
+
+    def _fire(self) -> None:
+        self._stop_timer()
+        self._start_timer(self._process_jobs())
+
+    def wakeup(self) -> None:
+        loop = self._eventloop
+        if loop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            loop.call_soon(self._fire)
+        else:
+            loop.call_soon_threadsafe(self._fire)
+
+
 class SourceScheduler:
-    """The set of runners on one AsyncIOScheduler; `replace` swaps them all on reload.
+    """The set of runners on one scheduler (`LoopScheduler`); `replace` swaps them all on reload.
 
     Sources of one interval share one apscheduler job, which starts each one's poll as a task of its own: each
     still polls on its own, bounded by its own timeout and backoff, and never overlaps itself, but the timer
     fires once a tick rather than once per source: apscheduler's bookkeeping is ~0.1 ms a fire, and twelve
     jobs at the demo's intervals cost 0.19 % of a core with nothing to poll. A source whose timer moves
-    (`align`) gets a job of its own."""
+    (`align`) leaves its interval's shared job for one at the phase asked, shared in turn by every source of
+    that interval moved to that phase (a standby's two leak inputs, both half an interval after their first
+    poller: one timer, not two)."""
 
     def __init__(self, store: SnapshotStore):
         self.store = store
-        self.scheduler = AsyncIOScheduler(job_defaults={"max_instances": 1, "coalesce": True,
-                                                        "misfire_grace_time": None})
+        self.scheduler = LoopScheduler(job_defaults={"max_instances": 1, "coalesce": True,
+                                                     "misfire_grace_time": None})
         self.runners: dict[str, SourceRunner] = {}
-        self._groups: dict[float, list[SourceRunner]] = {}  # interval -> the runners its shared job starts
+        self._members: dict[str, list[SourceRunner]] = {}  # job id -> the runners that job starts
+        self._timer_of: dict[str, str] = {}  # runner's job id -> the id of the job that starts it
         self._tasks: set[asyncio.Future] = set()  # polls started and not yet done
 
     def start(self) -> None:
@@ -270,12 +306,14 @@ class SourceScheduler:
         self.runners[runner.job_id] = runner
         self._attach_trigger(runner)
         interval = runner.settings.interval
-        group = self._groups.get(interval)
+        timer_id = self._group_id(interval)
+        group = self._members.get(timer_id)
         if group is None:
-            group = self._groups[interval] = []
-            self.scheduler.add_job(self._tick, "interval", seconds=interval, args=(group,), id=self._group_id(interval),
+            group = self._members[timer_id] = []
+            self.scheduler.add_job(self._tick, "interval", seconds=interval, args=(group,), id=timer_id,
                                    next_run_time=dt.datetime.now(dt.timezone.utc), replace_existing=True)
         group.append(runner)
+        self._timer_of[runner.job_id] = timer_id
 
     async def _tick(self, group: list[SourceRunner]) -> None:
         now = time.monotonic()
@@ -296,10 +334,8 @@ class SourceScheduler:
 
     def timer(self, job_id: str) -> Any:
         """The apscheduler job that fires a source's polls: its own, or its interval's shared one (None: unknown)."""
-        runner = self.runners.get(job_id)
-        if runner is None:
-            return None
-        return self.scheduler.get_job(job_id) or self.scheduler.get_job(self._group_id(runner.settings.interval))
+        timer_id = self._timer_of.get(job_id)
+        return None if timer_id is None or job_id not in self.runners else self.scheduler.get_job(timer_id)
 
     def poll_now(self, job_id: str, queue: bool = False) -> bool:
         """Poll a source at once, off its timer (a leak confirmation, an event); False if it is unknown, or busy
@@ -330,13 +366,39 @@ class SourceScheduler:
         now = time.time()
         target = anchor + offset + math.ceil((now - anchor - offset) / interval) * interval
         when = dt.datetime.fromtimestamp(target, dt.timezone.utc)
-        if job.id == job_id:
-            job.modify(next_run_time=when)
-        else:  # off its interval's shared timer, onto one of its own at the phase asked
-            self._groups[interval].remove(runner)
-            self.scheduler.add_job(self._tick, "interval", seconds=interval, args=([runner],), id=job_id,
-                                   next_run_time=when, replace_existing=True)
+        members = self._members[job.id]
+        there = self._phased_timer(interval, target, tolerance, leaving=job.id)
+        if there is None and members == [runner] and job.id != self._group_id(interval):
+            job.modify(next_run_time=when)  # alone on a timer of its own: that timer moves
+            return True
+        members.remove(runner)
+        if not members:  # a timer that would start nothing is not left to wake the loop
+            job.remove()
+            del self._members[job.id]
+        if there is not None:  # another source of this interval was moved to that phase: its timer starts both
+            self._members[there].append(runner)
+            self._timer_of[job_id] = there
+            return True
+        timer_id = job_id if job_id not in self._members else f"{job_id} @{target:.3f}"
+        self._members[timer_id] = group = [runner]
+        self._timer_of[job_id] = timer_id
+        self.scheduler.add_job(self._tick, "interval", seconds=interval, args=(group,), id=timer_id,
+                               next_run_time=when, replace_existing=True)
         return True
+
+    def _phased_timer(self, interval: float, target: float, tolerance: float, leaving: str) -> str | None:
+        """The id of a moved timer of `interval` (not its shared one, nor `leaving`) that fires within `tolerance`
+        of an interval of the phase of `target`; None if there is none."""
+        for timer_id, members in self._members.items():
+            if timer_id in (leaving, self._group_id(interval)) or members[0].settings.interval != interval:
+                continue
+            job = self.scheduler.get_job(timer_id)
+            if job is None or job.next_run_time is None:
+                continue
+            off = (job.next_run_time.timestamp() - target) % interval
+            if min(off, interval - off) <= tolerance * interval:
+                return timer_id
+        return None
 
     def _attach_trigger(self, runner: SourceRunner) -> None:
         """A source that hears events (a Redfish SSE stream) asks for its own poll through its trigger."""
@@ -348,7 +410,8 @@ class SourceScheduler:
     async def replace(self, sources: list[ScheduledSource], stale_after_intervals: float) -> None:
         old = self.runners
         self.runners = {}
-        self._groups = {}
+        self._members = {}
+        self._timer_of = {}
         for job in self.scheduler.get_jobs():
             job.remove()
         new_ids = {f"{s.source.name}/{s.source.device}" for s in sources}

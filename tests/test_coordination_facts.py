@@ -101,16 +101,29 @@ def test_wet_and_poll_start_read_from_the_fact():
 
 
 class _Idle:
-    name, device = "leak", "leak1"
+    def __init__(self, name: str = "leak", device: str = "leak1"):
+        self.name, self.device = name, device
 
     async def poll(self):
         raise AssertionError("not polled in this test")
 
 
+def _idle_scheduler(*job_ids: str) -> SourceScheduler:
+    sched = SourceScheduler(SnapshotStore())
+    for job_id in job_ids:
+        sched._add(SourceRunner(_Idle(*job_id.split("/")), SourceSettings(interval=0.5), sched.store, 3.0))
+    return sched
+
+
+def _phase(job, anchor: float, interval: float = 0.5) -> float:
+    """How far the job's next fire is past `anchor`, modulo the interval, folded to [0, interval/2]."""
+    off = (job.next_run_time.timestamp() - anchor) % interval
+    return min(off, interval - off)
+
+
 def test_align_moves_a_timer_to_the_phase_asked_and_leaves_one_already_there():
     async def run() -> None:
-        sched = SourceScheduler(SnapshotStore())
-        sched._add(SourceRunner(_Idle(), SourceSettings(interval=0.5), sched.store, 3.0))
+        sched = _idle_scheduler(JOB, "cdu/stays")  # a source of the same interval that is not moved
         sched.scheduler.start(paused=True)  # the timer is read and moved, never fired
         try:
             shared = sched.timer(JOB)  # its interval's shared timer
@@ -126,6 +139,41 @@ def test_align_moves_a_timer_to_the_phase_asked_and_leaves_one_already_there():
             assert moved >= time.time() - 0.01
             assert not sched.align(JOB, anchor, 0.25), "already half an interval out: left alone"
             assert not sched.align("leak/other", anchor, 0.25)
+            assert sched.timer("cdu/stays").id == shared.id
+        finally:
+            sched.scheduler.shutdown(wait=False)
+
+    asyncio.run(run())
+
+
+def test_sources_moved_to_one_phase_share_one_timer_and_an_empty_timer_is_removed():
+    """A standby's two leak inputs, each moved half an interval after its first poller (who polls both on one
+    timer), fire on one timer of their own, not two: each timer is a wake-up of the agent twice a second."""
+    async def run() -> None:
+        sched = _idle_scheduler("leak/leak1", "leak/cdu1", "cdu/stays")
+        sched.scheduler.start(paused=True)
+        try:
+            shared = sched.timer("leak/leak1")
+            anchor = time.time() + 100.0
+            shared.modify(next_run_time=dt.datetime.fromtimestamp(anchor + 0.01, dt.timezone.utc))
+            assert sched.align("leak/leak1", anchor, 0.25)
+            assert sched.align("leak/cdu1", anchor + 0.02, 0.25), "within a tenth of an interval of the same phase"
+            moved = sched.timer("leak/leak1")
+            assert sched.timer("leak/cdu1").id == moved.id != shared.id
+            assert _phase(moved, anchor + 0.25) < 1e-3
+            assert sorted(job.id for job in sched.scheduler.get_jobs()) == sorted([shared.id, moved.id])
+            assert sched.timer("cdu/stays").id == shared.id
+
+            # leak1's first poller changes phase: leak1 leaves the shared moved timer for one at its new phase
+            assert sched.align("leak/leak1", anchor + 0.1, 0.25)
+            alone = sched.timer("leak/leak1")
+            assert alone.id not in (moved.id, shared.id) and _phase(alone, anchor + 0.35) < 1e-3
+            assert sched.timer("leak/cdu1").id == moved.id and _phase(moved, anchor + 0.25) < 1e-3, \
+                "the other source's timer did not move with it"
+            # and cdu1 follows it there: the timer cdu1 leaves starts nothing any more and is gone
+            assert sched.align("leak/cdu1", anchor + 0.1, 0.25)
+            assert sched.timer("leak/cdu1").id == alone.id
+            assert sorted(job.id for job in sched.scheduler.get_jobs()) == sorted([shared.id, alone.id])
         finally:
             sched.scheduler.shutdown(wait=False)
 

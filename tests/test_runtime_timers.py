@@ -4,9 +4,10 @@ itself (it never overlaps its own poll in flight), on a real AsyncIOScheduler.""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from agent.config import SourceSettings
-from agent.runtime import ScheduledSource, SourceScheduler
+from agent.runtime import LoopScheduler, ScheduledSource, SourceScheduler
 from agent.snapshot import SnapshotStore
 from exporters.model import PollResult
 from tests.helpers import await_for
@@ -63,5 +64,45 @@ def test_one_timer_per_interval_and_a_stuck_source_holds_up_no_other():
             assert slow.polls == 1, "the 60 s source polled once, at its start, not on the 0.1 s timer"
         finally:
             await sched.shutdown()
+
+    asyncio.run(run())
+
+
+def test_the_timers_fire_on_the_loop_without_a_trip_through_its_self_pipe():
+    """apscheduler's own AsyncIOScheduler hands every timer fire to `call_soon_threadsafe` (a write to the loop's
+    self-pipe and one more wake-up); the agent's fires its jobs where the timer runs. A job added from another thread
+    still reaches the loop."""
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.current_thread()
+        threadsafe_calls = []  # for each call: was it made on the loop's own thread, and what it asked to run
+        plain = loop.call_soon_threadsafe
+
+        def counted(callback, *args, **kwargs):
+            threadsafe_calls.append((threading.current_thread() is loop_thread, getattr(callback, "__func__", None)))
+            return plain(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = counted
+        ticking = Counting("ticking")
+        sched = SourceScheduler(SnapshotStore())
+        sched.start()
+        try:
+            await sched.replace([ScheduledSource(ticking, SourceSettings(interval=0.05, timeout=0.2))], 3.0)
+            await await_for(lambda: ticking.polls >= 10, 10, what="ten polls on the 0.05 s timer")
+            assert not any(on_loop for on_loop, _ in threadsafe_calls), "a timer's fire went through the self-pipe"
+
+            fired = asyncio.Event()
+
+            async def mark() -> None:
+                fired.set()
+
+            adder = threading.Thread(target=sched.scheduler.add_job, args=(mark, "date"))  # a job added off the loop
+            adder.start()
+            await asyncio.to_thread(adder.join)
+            await asyncio.wait_for(fired.wait(), 10)
+            assert (False, LoopScheduler._fire) in threadsafe_calls, "off the loop the wake-up takes the thread-safe path"
+        finally:
+            await sched.shutdown()
+            loop.call_soon_threadsafe = plain
 
     asyncio.run(run())
