@@ -22,7 +22,7 @@ from agent.exposition import build_registry, inventory_readings, render_metrics
 from agent.self_metrics import ReloadStats, self_collectors
 from agent.series_budget import SeriesBudget
 from agent.http import RouteMount, build_app, start_server
-from agent.memory import return_free_heap
+from agent.memory import return_free_heap, trim_heap_forever
 from agent.runtime import ScheduledSource, SourceScheduler
 from agent.sdnotify import Notifier
 from agent.snapshot import SnapshotStore
@@ -51,6 +51,7 @@ class Agent:
         self._stop = asyncio.Event()
         self._reload_lock = asyncio.Lock()
         self._watchdog_task: asyncio.Task | None = None
+        self._trim_task: asyncio.Task | None = None
         self._remediation_error: str | None = None
         # A state_dir that cannot exist is a configuration error (exit 2, named); anything that goes
         # wrong inside remediation after that only degrades remediation.
@@ -146,6 +147,7 @@ class Agent:
                                          "sources": len(sources), "mode": self.identity()["mode"],
                                          "node": self.loaded.config.agent.node})
         _settle_gc()
+        self._trim_task = asyncio.create_task(trim_heap_forever())
         self.notifier.ready()
         if self.notifier.watchdog_interval:
             self._watchdog_task = asyncio.create_task(self._watchdog(self.notifier.watchdog_interval))
@@ -201,6 +203,8 @@ class Agent:
         self.notifier.stopping()
         if self._watchdog_task:
             self._watchdog_task.cancel()
+        if self._trim_task:
+            self._trim_task.cancel()
         await self.scheduler.shutdown()
         if self.remediation is not None and hasattr(self.remediation, "stop"):
             async with asyncio.timeout(3.0):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
-from agent.memory import return_free_heap
+from agent.memory import return_free_heap, trim_heap_forever
+from tests.helpers import await_for
 
 
 def _rss_anon_kib() -> int:
@@ -25,6 +27,24 @@ def test_freed_heap_inside_the_heap_goes_back_to_the_kernel():
     after = _rss_anon_kib()
     assert before - after > 40 * 1024, (before, after)
     assert keep.endswith(b"top")
+
+
+def test_a_running_agent_trims_its_heap_again_on_its_timer():
+    """What the agent frees while it runs goes back too, at the next tick of its trim timer (not only at start)."""
+    async def run() -> None:
+        trimmer = asyncio.create_task(trim_heap_forever(every=0.05))
+        try:
+            blocks = [bytes(4000) + bytes([i % 256]) for i in range(20_000)]  # ~80 MiB, freed below
+            keep = bytes(4000) + b"top"
+            del blocks
+            before = _rss_anon_kib()
+            await await_for(lambda: before - _rss_anon_kib() > 40 * 1024, 10,
+                            what="the freed heap handed back by the timer")
+            assert keep.endswith(b"top")
+        finally:
+            trimmer.cancel()
+
+    asyncio.run(run())
 
 
 def _types_seen_by_the_daemon(tmp_path: Path, skip: bool) -> str:
