@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pynvml
+
 from sim.scheduler import SimulatedScheduler
 from agent.remediation.engine import Executors
 from sim.nvml_twin import NvmlTwin
@@ -37,6 +39,52 @@ def test_power_cap_clamps_reads_back_and_restores(tmp_path):
         plan = await act.plan({"node": "node01", "gpu": "0"}, {"watts": 50}, {})
         res = await act.apply({"node": "node01", "gpu": "0"}, {"watts": 50}, {}, plan)
         assert res.after["limit_watts"] == 200.0 and model.gpu("node01", 0).power_limit_mw == 200_000
+        await eng.stop()
+        await runner.cleanup()
+    asyncio.run(main())
+
+
+class _ReadBackFailsOnce:
+    """The twin, whose first read of the power limit after a write fails as a driver hiccup would (NVML_ERROR_UNKNOWN):
+    the write landed, the attempt never learnt it."""
+
+    def __init__(self, lib: NvmlTwin):
+        self._lib = lib
+        self._fail_next_read = False
+        self._failed = False
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def nvmlDeviceSetPowerManagementLimit(self, h, limit):
+        self._lib.nvmlDeviceSetPowerManagementLimit(h, limit)
+        self._fail_next_read = not self._failed
+
+    def nvmlDeviceGetPowerManagementLimit(self, h):
+        if self._fail_next_read:
+            self._fail_next_read, self._failed = False, True
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return self._lib.nvmlDeviceGetPowerManagementLimit(h)
+
+
+def test_a_cap_whose_read_back_failed_keeps_its_owner_on_the_retry_and_its_undo_restores(tmp_path):
+    """The retry finds the limit at the value it wants: its own first write, not another incident's cap. Taking it
+    for another's left the GPU capped for good after the incident (seen in the suite under load)."""
+    async def main():
+        model = RackModel(nodes=1, gpus_per_node=1)
+        runner, url = await nvml_twin_server(model)
+        twin = NvmlTwin(url, "node01")
+        await asyncio.to_thread(twin.nvmlInit)
+        eng = engine(tmp_path, executors=Executors(gpu_libs={"node01": _ReadBackFailsOnce(twin)}))
+        await eng.start()
+        inc = eng.fire("gpu_thermal", {"node": "node01", "gpu": "0"}, "warning")
+        await await_for(lambda: inc.state == "mitigated")
+        assert model.gpu("node01", 0).power_limit_mw == 525_000
+        done = results(eng, kind="result", action="gpu_power_cap")[0]
+        assert done.result == "done" and not done.detail["skipped"], done.detail
+        assert done.detail["before"] == {"limit_watts": 700.0, "owned": True}
+        eng.clear("gpu_thermal", {"node": "node01", "gpu": "0"})
+        await await_for(lambda: model.gpu("node01", 0).power_limit_mw == 700_000, what="the limit before restored")
         await eng.stop()
         await runner.cleanup()
     asyncio.run(main())

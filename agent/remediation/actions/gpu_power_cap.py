@@ -6,7 +6,8 @@ the flat `fallback_fraction` where an input is missing.
 
 The limit is clamped to the GPU's own constraints, read back, and the limit
 found before is recorded so undo restores exactly that, and only if the
-limit is still the one we set (a person who changed it since wins).
+limit is still the one we set (a person who changed it since wins). A retried apply (the write or its read-back
+failed) knows a limit at its own target as its own earlier write, so the cap keeps its owner and its undo.
 `libs` maps node -> an object with pynvml's function names (real pynvml
 or the simulator's NVML twin); calls are blocking, so they run on NVML's own bounded pool (agent.remediation.calls)
 with a timeout.
@@ -49,6 +50,11 @@ class GpuPowerCapAction(GpuActionBase):
         self.libs = dict(libs)
         self.timeout = lock_timeout
         self.margins = MarginPlanner()
+        # Writes sent whose outcome an attempt did not learn (the write or its read-back failed): (incident, re-run,
+        # node, gpu) -> the limit sent. The step runner retries a failed apply; the retry re-reads the limit and
+        # must know a limit at its own target as its own earlier write, not another incident's cap (that would
+        # leave the cap with no owner, and nothing to undo it).
+        self._unconfirmed: dict[tuple[str, str, str, int], float] = {}
 
     def _wanted(self, lib: Any, index: int, params: Mapping[str, Any], ctx: Mapping[str, Any]) -> tuple[float, dict]:
         lo, hi, default = _constraints(lib, index)
@@ -101,21 +107,27 @@ class GpuPowerCapAction(GpuActionBase):
         if not plan["before"]["owned"]:
             return ActionResult(True, f"limit {before:.0f} W already at or below {want:.0f} W",
                                 before=dict(plan["before"]), after={"limit_watts": before}, skipped=True)
+        sent = (str(ctx.get("incident_id", "")), str(ctx.get("attempt", "")), target["node"], index)
         try:
             # Read again just before the write: another incident's cap of the same GPU (the loop's Modbus and its
             # Redfish CDU open one each, planned at the same moment) may have landed since this plan read the
             # limit, and a cap never raises another's lower limit (only a derate's own re-plan may raise its own)
             now = await self._call(get_power_limit, lib, index)
-            if not plan.get("raise") and now <= want + 1.0:
+            ours = sent in self._unconfirmed and abs(now - self._unconfirmed[sent]) <= 1.0
+            if not plan.get("raise") and now <= want + 1.0 and not ours:
                 return ActionResult(True, f"limit {now:.0f} W already at or below {want:.0f} W",
                                     before={"limit_watts": now, "owned": False}, after={"limit_watts": now},
                                     skipped=True)
+            self._unconfirmed[sent] = want
+            while len(self._unconfirmed) > 256:  # caps that failed for good: their markers age out
+                del self._unconfirmed[next(iter(self._unconfirmed))]
             applied = await self._call(set_power_limit, lib, index, want)
             readback = await self._call(get_power_limit, lib, index)
         except Exception as exc:
             raise ActionError(f"NVML: {type(exc).__name__}: {exc}") from exc
         if abs(readback - want) > 1.0:
             raise ActionError(f"read-back: limit {readback:.0f} W, wanted {want:.0f} W")
+        self._unconfirmed.pop(sent, None)
         return ActionResult(True, f"gpu {index} limit {before:.0f} -> {readback:.0f} W", before=dict(plan["before"]),
                             after={"limit_watts": readback, "applied_watts": applied})
 
