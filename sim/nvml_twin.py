@@ -177,6 +177,11 @@ class NvmlTwin:
         self._http_timeout = http_timeout
         self._local = threading.local()  # one keep-alive connection per calling thread
         self._state: _State | None = None
+        # Bumped after every write the twin serves (a power limit, a reset): a state fetched by another thread while
+        # a write was under way may predate it and is not kept as the cache, so the writer's read-back sees its
+        # write, as the driver's would.
+        self._writes = 0
+        self._writes_lock = threading.Lock()
         self._inits = 0
         self._handles: dict[int, TwinDevice] = {}
         self._release = threading.Event()  # set by nvmlShutdown: ends simulated hangs
@@ -238,8 +243,17 @@ class NvmlTwin:
             return json.loads(data)
         raise _err(pynvml.NVML_ERROR_UNKNOWN)
 
+    def _wrote(self) -> None:
+        with self._writes_lock:
+            self._writes += 1
+            self._state = None
+
     def _fetch(self) -> _State:
-        st = self._state = _State(self._request("GET", "/state"), time.monotonic())
+        writes = self._writes
+        st = _State(self._request("GET", "/state"), time.monotonic())
+        with self._writes_lock:
+            if self._writes == writes:
+                self._state = st
         return st
 
     def _node(self, fresh: bool = False) -> _State:
@@ -416,7 +430,7 @@ class NvmlTwin:
     def nvmlDeviceSetPowerManagementLimit(self, h: TwinDevice, limit: int) -> None:
         self._dev(h, "nvmlDeviceSetPowerManagementLimit")
         reply = self._request("POST", f"/gpus/{h.index}/power-limit", {"limit_mw": int(limit)})
-        self._state = None
+        self._wrote()
         if reply.get("ret"):
             raise _err(int(reply["ret"]))
 
@@ -484,7 +498,7 @@ class NvmlTwin:
         GPU, NVMLError_GpuIsLost for a GPU off the bus."""
         self._dev(h, "gpu_reset")
         reply = self._request("POST", f"/gpus/{h.index}/reset", {})
-        self._state = None
+        self._wrote()
         if reply.get("ret"):
             raise _err(int(reply["ret"]))
 
