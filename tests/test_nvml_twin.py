@@ -201,3 +201,31 @@ def test_a_hung_driver_blocks_every_call_until_cleared(twin, model):
     clear_gpu_faults(model, NODE)
     wait_for(lambda: not count.is_alive() and not power.is_alive(), 10, what="calls return once cleared")
     assert count_out == [2] and isinstance(power_out[0], int)
+
+
+def test_a_state_fetched_across_a_write_is_not_cached_so_the_writers_read_back_sees_it(twin, model):
+    """Another thread's fetch of the node's state that began before a power-limit write and ends after it holds the
+    old limit; kept as the cache, the writer's read-back would see the old limit, which a driver never answers."""
+    import threading
+
+    h = twin.nvmlDeviceGetHandleByIndex(0)
+    before = twin.nvmlDeviceGetPowerManagementLimit(h)
+    fetched, release = threading.Event(), threading.Event()
+    real_request = twin._request
+
+    def request_then_wait(method, path, *args, **kwargs):
+        reply = real_request(method, path, *args, **kwargs)
+        if method == "GET" and path == "/state" and threading.current_thread().name == "slow-fetch":
+            fetched.set()  # the old state is in hand; its caller stores it only after the write below
+            release.wait(10)
+        return reply
+
+    twin._request = request_then_wait
+    slow = threading.Thread(target=twin._fetch, name="slow-fetch")
+    slow.start()
+    assert fetched.wait(10)
+    twin.nvmlDeviceSetPowerManagementLimit(h, before - 100_000)
+    release.set()
+    slow.join(10)
+    assert twin.nvmlDeviceGetPowerManagementLimit(h) == before - 100_000
+    assert model.gpu(NODE, 0).power_limit_mw == before - 100_000
