@@ -19,7 +19,7 @@ import ctypes
 import mimetypes
 import os
 import sys
-from typing import Callable, Mapping
+from typing import Mapping
 
 # How the daemon runs, everywhere it is started (the systemd unit, `make demo`, the tests' daemons, the
 # benchmarks): Python's optimisation level 2 leaves docstrings and assert statements out of the bytecode. The
@@ -53,11 +53,11 @@ def return_free_heap() -> bool:
 TRIM_SECONDS = 300.0
 
 
-async def trim_heap_forever(every: float = TRIM_SECONDS, trim: Callable[[], bool] = return_free_heap) -> None:
+async def trim_heap_forever(every: float = TRIM_SECONDS) -> None:
     """Hand the heap's free pages back every `every` seconds, for as long as the agent runs (cancel to stop)."""
     while True:
         await asyncio.sleep(every)
-        trim()
+        return_free_heap()
 
 
 def skip_system_mime_types() -> bool:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from agent.config import SourceSettings
+from agent.loop_calls import call_soon_from_anywhere
 from agent.snapshot import SnapshotStore
 from exporters.base import EventStream, PollTrigger, Source
 from exporters.model import Kind, SourceError
@@ -262,17 +263,8 @@ class LoopScheduler(AsyncIOScheduler):
         self._start_timer(self._process_jobs())
 
     def wakeup(self) -> None:
-        loop = self._eventloop
-        if loop is None:
-            return
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            loop.call_soon(self._fire)
-        else:
-            loop.call_soon_threadsafe(self._fire)
+        if self._eventloop is not None:
+            call_soon_from_anywhere(self._eventloop, self._fire)
 
 
 class SourceScheduler:
@@ -307,13 +299,10 @@ class SourceScheduler:
         self._attach_trigger(runner)
         interval = runner.settings.interval
         timer_id = self._group_id(interval)
-        group = self._members.get(timer_id)
-        if group is None:
-            group = self._members[timer_id] = []
-            self.scheduler.add_job(self._tick, "interval", seconds=interval, args=(group,), id=timer_id,
-                                   next_run_time=dt.datetime.now(dt.timezone.utc), replace_existing=True)
-        group.append(runner)
-        self._timer_of[runner.job_id] = timer_id
+        if timer_id in self._members:
+            self._join(timer_id, runner)
+        else:
+            self._new_timer(timer_id, runner, dt.datetime.now(dt.timezone.utc))
 
     async def _tick(self, group: list[SourceRunner]) -> None:
         now = time.monotonic()
@@ -335,7 +324,7 @@ class SourceScheduler:
     def timer(self, job_id: str) -> Any:
         """The apscheduler job that fires a source's polls: its own, or its interval's shared one (None: unknown)."""
         timer_id = self._timer_of.get(job_id)
-        return None if timer_id is None or job_id not in self.runners else self.scheduler.get_job(timer_id)
+        return None if timer_id is None else self.scheduler.get_job(timer_id)
 
     def poll_now(self, job_id: str, queue: bool = False) -> bool:
         """Poll a source at once, off its timer (a leak confirmation, an event); False if it is unknown, or busy
@@ -376,15 +365,21 @@ class SourceScheduler:
             job.remove()
             del self._members[job.id]
         if there is not None:  # another source of this interval was moved to that phase: its timer starts both
-            self._members[there].append(runner)
-            self._timer_of[job_id] = there
+            self._join(there, runner)
             return True
-        timer_id = job_id if job_id not in self._members else f"{job_id} @{target:.3f}"
-        self._members[timer_id] = group = [runner]
-        self._timer_of[job_id] = timer_id
-        self.scheduler.add_job(self._tick, "interval", seconds=interval, args=(group,), id=timer_id,
-                               next_run_time=when, replace_existing=True)
+        self._new_timer(job_id if job_id not in self._members else f"{job_id} @{target:.3f}", runner, when)
         return True
+
+    def _new_timer(self, timer_id: str, runner: SourceRunner, first: dt.datetime) -> None:
+        """A timer of the runner's interval that starts `runner` (and whoever joins it), first at `first`."""
+        group = self._members[timer_id] = []
+        self._join(timer_id, runner)
+        self.scheduler.add_job(self._tick, "interval", seconds=runner.settings.interval, args=(group,), id=timer_id,
+                               next_run_time=first, replace_existing=True)
+
+    def _join(self, timer_id: str, runner: SourceRunner) -> None:
+        self._members[timer_id].append(runner)  # the job's own list: it starts the runner from its next fire
+        self._timer_of[runner.job_id] = timer_id
 
     def _phased_timer(self, interval: float, target: float, tolerance: float, leaving: str) -> str | None:
         """The id of a moved timer of `interval` (not its shared one, nor `leaving`) that fires within `tolerance`

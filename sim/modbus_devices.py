@@ -36,6 +36,7 @@ from sim.rack import RackModel
 from exporters.cooling.modbus_codec import clamp_raw, decode, encode
 from exporters.cooling.modbus_profile import Point, Profile, load_profile
 from exporters.safe_yaml import load_yaml_file
+from agent.loop_calls import running_on
 
 def _write_setpoint(m: RackModel, a: str, z: str | None, v: float) -> None:
     m.coolant.secondary_supply_setpoint_c = v
@@ -213,7 +214,7 @@ class SimModbusDevice:
         if self._loop is None:
             return
         coro = self._stop_listening() if on else self._listen()
-        if _in_loop(self._loop):
+        if running_on(self._loop):
             self._loop.create_task(coro)
         else:
             asyncio.run_coroutine_threadsafe(coro, self._loop).result(5)
@@ -365,13 +366,6 @@ class SimModbusDevice:
             self.model.step(0.0)
         self.update(self.model)
         return None
-
-
-def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 def reference_cdu(model: RackModel, name: str = "cdu1", port: int = 0) -> SimModbusDevice:

@@ -7,10 +7,10 @@ RemediationEngine (agent/remediation/engine.py), which holds the state.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, Mapping
 
+from agent.loop_calls import call_soon_from_anywhere
 from agent.reliability import classify
 from agent.snapshot import Snapshot
 
@@ -34,14 +34,8 @@ class IncidentLifecycle:
         loop = self.loop
         if loop is None or not self.started or loop.is_closed():
             return
-        try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:  # a source's poll publishes on the loop: no wake-up through the loop's self-pipe
-            loop.call_soon(self._evaluate, snap, origin)
-        else:
-            loop.call_soon_threadsafe(self._evaluate, snap, origin)
+        # a source's poll publishes on the loop: then no wake-up through the loop's self-pipe
+        call_soon_from_anywhere(loop, self._evaluate, snap, origin)
 
     def _evaluate(self, snap: Snapshot, origin: str = "") -> None:
         # Only the detectors this source feeds: a leak poll twice a second does not re-run the NVLink rates.
