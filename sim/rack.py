@@ -122,6 +122,12 @@ class GpuState:
         return self.workload >= IDLE_WORKLOAD
 
     @property
+    def target_power_w(self) -> float:
+        """What the GPU draws once settled: its workload's demand, within its power limit."""
+        demand = self.idle_w + self.workload * (self.default_limit_mw / 1000 - self.idle_w)
+        return min(demand, self.power_limit_mw / 1000)
+
+    @property
     def hw_thermal_slowdown(self) -> bool:
         return self.temp_c >= self.slowdown_c
 
@@ -340,8 +346,7 @@ class RackModel:
         if g.lost:
             g.power_w = 0.0
             return
-        demand = g.idle_w + g.workload * (g.default_limit_mw / 1000 - g.idle_w)
-        target_power = min(demand, g.power_limit_mw / 1000)
+        target_power = g.target_power_w
         # First-order response: power settles within a few seconds of a new limit.
         alpha = 1.0 if dt <= 0 else min(1.0, dt / 1.0)
         g.power_w += (target_power - g.power_w) * alpha

@@ -163,6 +163,14 @@ def _limits(sim: SimRack, node: str) -> list[float]:
         return [g.power_limit_mw / 1000 for g in sim.sim.model.nodes[node].gpus]
 
 
+def _power_settled(sim: SimRack) -> bool:
+    """Every GPU of the agents' trays draws what its workload demands within its limit (0.5 W): no power is
+    still climbing back after a cap."""
+    with sim.sim.model.lock:
+        gpus = [g for n in ("node01", "node02") for g in sim.sim.model.nodes[n].gpus]
+        return all(abs(g.power_w - g.target_power_w) < 0.5 for g in gpus)
+
+
 def _sent_at(agent: AgentProcess) -> float:
     """When the tray vector this agent serves its peers now was built (the first line of its links feed)."""
     port = agent.config["listen"]["port"]
@@ -218,10 +226,17 @@ def test_a_pump_lost_is_shed_across_the_trays_by_margin_the_same_plan_on_both_ag
     # (node01's R), so both agents plan from the same, hotter, node02
     wait_for(lambda: (metric(node01, rack_r) or 0) > 1.15 * (metric(node02, rack_r) or 1e9), 60,
              what="node02's hotter plates in its shared summary")
-    # and both trays' summaries sent in this steady state (the last test's caps undone, the power back) for more
-    # than the 5 s the plan looks back before the onset: both agents plan from steady figures
+    # and every summary a plan can pick sent in a steady state: the last test's caps undone and every GPU's power
+    # back at its demand (it climbs back over seconds), then a summary of each tray sent since, and the 5 s the plan
+    # looks back before its onset past: each tray's last summary before that instant is a steady one, whichever
+    # agent's onset it is (a summary sent during the climb, picked by one agent and not the other, is the one
+    # difference the plans may have: a rack that was not steady before the loop changed)
+    wait_for(lambda: _power_settled(sim), 60, interval=0.5, what="every GPU's power back at its demand")
     steady = time.time()
-    wait_for(lambda: all(_sent_at(a) > steady + 8 for a in agents), 40, interval=0.5, what="steady summaries sent")
+    wait_for(lambda: all(_sent_at(a) > steady for a in agents), 40, interval=0.5, what="steady summaries sent")
+    ready = time.time()
+    wait_for(lambda: all(_sent_at(a) > ready + 5.5 for a in agents), 40, interval=0.5,
+             what="the look-back instant past a steady summary of each tray")
     before, plans = _capped(sim, agents, "pump-fail", cdu="cdu1", pump=2)
     try:
         one, two = plans["node01"]["0"], plans["node02"]["0"]

@@ -19,7 +19,12 @@ Why before: every agent opens its incident a moment apart, and a summary
 read in a transient (the dies heating as the flow falls or the supply
 warms) ranks the trays by when it was read; before the change each agent
 finds the same steady figures (its own as it sent them), none lowered yet
-by a tray's own caps. A tray of the loop without a summary then (its agent
+by a tray's own caps. The same only if the rack was steady then: a summary
+sent between two agents' look-back instants (their onsets are their own CDU
+polls, up to a poll apart) is picked by the later one alone, so a tray whose
+power was still moving then (a job starting, caps just undone) makes the two
+plans differ by that move; each agent still applies its own tray's cut of its
+own plan. A tray of the loop without a summary then (its agent
 down, its record refused, just started), or no peers at all: each tray sheds
 its own share of its own load (`share: tray`, with `share_why`).
 """
