@@ -92,8 +92,9 @@ def test_other_racks_drained_nodes_do_not_block_this_racks_drain(clean_cluster, 
             # and the block names the rack's nodes it counted, not the other rack's.
             assert cluster.scontrol("update", "NodeName=node01", "State=RESUME").returncode == 0
             assert cluster.scontrol("update", "NodeName=node02", "State=DRAIN", "Reason=bob: fan").returncode == 0
-            status, _ = agent.request("POST", "/api/v1/incidents/" + _incidents(agent)["open"][0]["id"] + "/reject",
-                                      token=TOKEN)
+            xid = [i for i in _incidents(agent)["open"] if i["targets"].get("gpu") == "0"]  # not a load's leak_source_down
+            assert len(xid) == 1, _incidents(agent)["open"]
+            status, _ = agent.request("POST", "/api/v1/incidents/" + xid[0]["id"] + "/reject", token=TOKEN)
             assert status == 200
             rack.inject("gpu-lost", node="node01", gpu=1)
             rows = wait_for(lambda: _journal(agent, kind="blocked", action="drain"), 30, what="drain blocked")
@@ -201,7 +202,10 @@ def test_a_thermal_cap_is_undone_when_the_condition_cleared_while_the_agent_was_
         _cool(rack, [gpu])
         with running_agent(cfg, tmp_path) as agent:
             wait_for(lambda: gpu.power_limit_mw == default, 30, what="cap undone after the restart")
-            wait_for(lambda: not _incidents(agent)["open"], 10, what="incident resolved")
+            # the thermal incident's own: under the suite's load a leak poll can time out at the start and open
+            # leak_source_down (critical, as it should), which is not what this test is about
+            wait_for(lambda: not [i for i in _incidents(agent)["open"] if i["detector"] == "gpu_thermal"], 10,
+                     what="the thermal incident resolved")
             assert _journal(agent, kind="result", action="gpu_power_cap", result="undone")
 
 
