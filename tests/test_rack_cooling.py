@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from agent.remediation.actions.margin_cap import ONSET_MARGIN_SECONDS
 from sim.harness import SimRack
 from tests.agentproc import AgentProcess
 from tests.coordination_rack import incidents, journal, metric, static_configs
@@ -167,7 +168,7 @@ def _power_settled(sim: SimRack) -> bool:
     """Every GPU of the agents' trays draws what its workload demands within its limit (0.5 W): no power is
     still climbing back after a cap."""
     with sim.sim.model.lock:
-        gpus = [g for n in ("node01", "node02") for g in sim.sim.model.nodes[n].gpus]
+        gpus = [g for n in NODES[:2] for g in sim.sim.model.nodes[n].gpus]
         return all(abs(g.power_w - g.target_power_w) < 0.5 for g in gpus)
 
 
@@ -227,15 +228,15 @@ def test_a_pump_lost_is_shed_across_the_trays_by_margin_the_same_plan_on_both_ag
     wait_for(lambda: (metric(node01, rack_r) or 0) > 1.15 * (metric(node02, rack_r) or 1e9), 60,
              what="node02's hotter plates in its shared summary")
     # and every summary a plan can pick sent in a steady state: the last test's caps undone and every GPU's power
-    # back at its demand (it climbs back over seconds), then a summary of each tray sent since, and the 5 s the plan
-    # looks back before its onset past: each tray's last summary before that instant is a steady one, whichever
-    # agent's onset it is (a summary sent during the climb, picked by one agent and not the other, is the one
-    # difference the plans may have: a rack that was not steady before the loop changed)
+    # back at its demand (it climbs back over seconds), then a summary of each tray sent since, and the time the plan
+    # looks back before its onset (ONSET_MARGIN_SECONDS) past: each tray's last summary before that instant is a
+    # steady one, whichever agent's onset it is (a summary sent during the climb, picked by one agent and not the
+    # other, is the one difference the plans may have: a rack that was not steady before the loop changed)
     wait_for(lambda: _power_settled(sim), 60, interval=0.5, what="every GPU's power back at its demand")
     steady = time.time()
     wait_for(lambda: all(_sent_at(a) > steady for a in agents), 40, interval=0.5, what="steady summaries sent")
     ready = time.time()
-    wait_for(lambda: all(_sent_at(a) > ready + 5.5 for a in agents), 40, interval=0.5,
+    wait_for(lambda: all(_sent_at(a) > ready + ONSET_MARGIN_SECONDS + 0.5 for a in agents), 40, interval=0.5,
              what="the look-back instant past a steady summary of each tray")
     before, plans = _capped(sim, agents, "pump-fail", cdu="cdu1", pump=2)
     try:
