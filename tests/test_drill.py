@@ -82,8 +82,8 @@ def agent_for(rack, cluster, node: str, tmp_path) -> dict:
     # the zone's detectors unreadable, which restarts the leak's dry hold (no undo before every detector read dry
     # for it without a gap): the drill's undo then waits on the host's load, not on the agent.
     cfg["sources"]["leak"]["timeout"] = 2.0
-    # Likewise the NVML twin answers from the test process: its GPUs read "hung" (gpu_lost drains node01) when a
-    # loaded host delays an answer past the shipped 0.5 s per GPU.
+    # Likewise the NVML twin answers from the test process: its GPUs read "hung" when a loaded host delays an
+    # answer past the shipped 0.5 s per GPU (gpu_lost drains node01 once one stays hung past its 10 s hold).
     cfg["sources"]["nvml"].update(interval=2.0, timeout=4.0, gpu_timeout=3.0)
     return cfg
 

@@ -168,8 +168,9 @@ def _config(rack, tmp_path: Path, slurm_conf: Path | None = None, **detectors) -
     cfg["remediation"]["detectors"] = detectors
     # None of these tests is about a hung GPU (test_nvml_hang.py, test_nvml_lanes.py, test_remediation_hung_gpu.py
     # are): give each GPU's reads 2 s, so a read the suite's load makes slower than the shipped 0.5 s at the agent's
-    # start is not a hung GPU, whose gpu_lost drain would stand in for the drain a test is about (seen once:
-    # test_fabric_resume's drain waited for was gpu_lost's, and its resume never came)
+    # start is not a hung GPU, whose gpu_lost drain (once it stays hung past detectors.gpu_lost_hung_fire_seconds)
+    # would stand in for the drain a test is about (seen once, before that hold existed: test_fabric_resume's drain
+    # waited for was gpu_lost's, and its resume never came)
     cfg["sources"]["nvml"].update(timeout=3.0, gpu_timeout=2.0)
     return cfg
 

@@ -84,8 +84,8 @@ def test_one_hung_gpu_leaves_the_others_fresh_and_its_xid_still_opens_an_inciden
                 and r["metric"] not in ("supernode_gpu_up", "supernode_gpu_hung", "supernode_gpu_xid_errors_total",
                                         "supernode_gpu_last_xid")]
     # remediation sees the hang: a gpu_lost incident for GPU 2 that says why
-    lost = wait_for(lambda: [i for i in _open_incidents(agent) if i["detector"] == "gpu_lost"], 20,
-                    what="gpu_lost incident for the hung GPU")
+    lost = wait_for(lambda: [i for i in _open_incidents(agent) if i["detector"] == "gpu_lost"],
+                    DetectorSettings().gpu_lost_hung_fire_seconds + 20, what="gpu_lost incident for the hung GPU")
     assert lost[0]["targets"] == {"node": "node01", "gpu": "2"} and lost[0]["detail"].get("why") == "hung"
 
     rack.inject("xid", node="node01", gpu=2, code=79)
@@ -102,6 +102,41 @@ def test_one_hung_gpu_leaves_the_others_fresh_and_its_xid_still_opens_an_inciden
              and _value(agent.metrics(), "supernode_gpu_power_watts", gpu="2") is not None, 30,
              what="GPU 2 answers again and reports")
     assert "gpu answers again gpu=2" in agent.log()
+
+
+def _gpu_lost_incidents(agent) -> list[dict]:
+    """Every gpu_lost incident the agent has, open or recently closed."""
+    status, body = agent.get("/api/v1/incidents", token=TOKEN)
+    assert status == 200, status
+    data = json.loads(body)
+    return [i for i in data["open"] + data["recent"] if i["detector"] == "gpu_lost"]
+
+
+def _hung_since(agent, gpu: str) -> float | None:
+    """The timestamp of the NVML poll that read `gpu` hung, as the agent holds it (None: not hung)."""
+    return next((r["timestamp"] for r in agent.state()["readings"] if r["metric"] == "supernode_gpu_hung"
+                 and r["labels"].get("gpu") == gpu and r["value"] == 1.0), None)
+
+
+def test_a_gpu_slow_once_opens_no_incident_and_one_hung_past_the_hold_opens_gpu_lost(rack_agent):
+    """One slow read on a loaded host is not a lost GPU: it reads hung for a poll or two and answers again, and
+    gpu_lost does not fire (its playbook would drain the node). A GPU still hung after
+    detectors.gpu_lost_hung_fire_seconds (shipped 10 s) fires it, and not before."""
+    rack, agent = rack_agent
+    hold = DetectorSettings().gpu_lost_hung_fire_seconds
+    rack.inject("gpu-hang", node="node01", gpu=1, seconds=120)
+    wait_for(lambda: _hung_since(agent, "1"), 30, what="GPU 1 reads hung")
+    rack.clear()  # its blocked call returns: the next poll's probe answers
+    wait_for(lambda: _value(agent.metrics(), "supernode_gpu_up", gpu="1") == 1.0, 30, what="GPU 1 answers again")
+    assert _gpu_lost_incidents(agent) == []
+
+    rack.inject("gpu-hang", node="node01", gpu=1, seconds=120)
+    hung_at = wait_for(lambda: _hung_since(agent, "1"), 30, what="GPU 1 reads hung again")
+    lost = wait_for(lambda: _gpu_lost_incidents(agent), hold + 30, what="gpu_lost once the hang outlasts its hold")
+    # one incident, opened by the hang that lasted (the first hang's would be older and still open)
+    assert [(i["targets"], i["detail"].get("why")) for i in lost] == [({"node": "node01", "gpu": "1"}, "hung")]
+    assert lost[0]["opened_at"] - hung_at >= hold, (lost[0]["opened_at"], hung_at)
+    rack.clear()
 
 
 def test_a_hung_driver_marks_nvml_down_while_metrics_and_reload_answer_and_recovers(rack_agent):
@@ -136,15 +171,56 @@ def _reading(spec, value: float, ts: float, **labels: str) -> Reading:
     return Reading(spec, value, labels, Quality.OK, ts)
 
 
-@pytest.mark.parametrize("hung,why", [(1.0, "hung"), (None, "lost")])
-def test_gpu_lost_detector_says_whether_the_gpu_hung(hung, why):
-    now = time.time()
-    rs = [_reading(M.GPU_UP, 1.0, now, gpu="0", uuid="a"), _reading(M.GPU_UP, 0.0, now, gpu="1", uuid="b")]
+def _gpu_lost_events(d: Detectors, at: float, hung: float | None, up: float = 0.0) -> list:
+    """gpu_lost's events from one poll of a 2-GPU node at monotonic `at`: GPU 0 up, GPU 1 `up`, read hung or not
+    (`hung` None: no hung series, as for a GPU off the bus)."""
+    now = 1_000_000.0 + at
+    rs = [_reading(M.GPU_UP, 1.0, now, gpu="0", uuid="a"), _reading(M.GPU_UP, up, now, gpu="1", uuid="b")]
     if hung is not None:
         rs.append(_reading(M.GPU_HUNG, hung, now, gpu="1", uuid="b"))
-    d = Detectors(DetectorSettings(), Context(node="node01", rack="r01", expected_gpus=2))
-    events = [e for e in d.evaluate(Snapshot(now, tuple(rs), ())) if e.detector == "gpu_lost"]
-    assert [(e.kind, e.targets, e.detail) for e in events] == [("fire", {"node": "node01", "gpu": "1"}, {"why": why})]
+    return [(e.kind, e.targets, e.detail) for e in d.evaluate(Snapshot(now, tuple(rs), (), monotonic=at))
+            if e.detector == "gpu_lost"]
+
+
+LOST_GPU1 = ("fire", {"node": "node01", "gpu": "1"})
+
+
+def test_gpu_lost_detector_says_whether_the_gpu_hung_and_holds_a_hung_one_longer():
+    """A GPU off the bus fires at once; a hung one (its reads overran their budget) only once it has read hung for
+    gpu_lost_hung_fire_seconds, so a read that is slow once on a loaded host does not drain the node."""
+    s = DetectorSettings()
+    assert s.gpu_lost.fire_seconds == 0.0 and s.gpu_lost_hung_fire_seconds == 10.0  # shipped: two 5 s polls more
+    ctx = Context(node="node01", rack="r01", expected_gpus=2)
+    lost = Detectors(s, ctx)
+    assert _gpu_lost_events(lost, 0.0, None) == [(*LOST_GPU1, {"why": "lost"})]
+
+    hung = Detectors(s, ctx)
+    assert _gpu_lost_events(hung, 0.0, 1.0) == []
+    assert _gpu_lost_events(hung, 5.0, 1.0) == []
+    assert _gpu_lost_events(hung, 9.9, 1.0) == []
+    assert _gpu_lost_events(hung, 10.0, 1.0) == [(*LOST_GPU1, {"why": "hung"})]
+
+    # slow once, then answering: the hold starts again at the next hang, and nothing fires meanwhile
+    once = Detectors(s, ctx)
+    assert _gpu_lost_events(once, 0.0, 1.0) == []
+    assert _gpu_lost_events(once, 5.0, 0.0, up=1.0) == []
+    assert _gpu_lost_events(once, 10.0, 1.0) == []
+    assert _gpu_lost_events(once, 15.0, 1.0) == []
+    assert _gpu_lost_events(once, 20.0, 1.0) == [(*LOST_GPU1, {"why": "hung"})]
+
+    # hung, then off the bus (its blocked call came back GPU_IS_LOST): lost fires at once, not after the hung hold
+    then_lost = Detectors(s, ctx)
+    assert _gpu_lost_events(then_lost, 0.0, 1.0) == []
+    assert _gpu_lost_events(then_lost, 5.0, 0.0) == [(*LOST_GPU1, {"why": "lost"})]
+
+
+def test_a_hung_gpu_is_never_held_shorter_than_gpu_lost_itself():
+    """The hung hold is a floor on gpu_lost's own fire hold, never a way round a longer one an operator set."""
+    s = DetectorSettings.model_validate({"gpu_lost": {"fire_seconds": 30.0}, "gpu_lost_hung_fire_seconds": 10.0})
+    d = Detectors(s, Context(node="node01", rack="r01", expected_gpus=2))
+    assert _gpu_lost_events(d, 0.0, 1.0) == []
+    assert _gpu_lost_events(d, 29.0, 1.0) == []
+    assert _gpu_lost_events(d, 30.0, 1.0) == [(*LOST_GPU1, {"why": "hung"})]
 
 
 def test_remediation_nvml_init_runs_off_the_caller_and_times_out_on_a_hung_driver(tmp_path):

@@ -132,16 +132,19 @@ class GpuDetectors(DetectorBase):
             # A GPU whose NVML calls hang does not answer either: lost to its jobs, said why in the detail. One with no
             # identity is one NVML never named: the GPU count below the inventory (or lost before its uuid was read),
             # said with the count of GPUs NVML did name.
+            # A hung GPU is held longer than a lost one: a slow read answers again at the next poll.
             detail: dict[str, object] = {}
+            min_fire = 0.0
             if r.value < 0.5:
                 if (node, r.label("gpu")) in hung:
                     detail = {"why": "hung"}
+                    min_fire = self.s.gpu_lost_hung_fire_seconds
                 elif not r.label("uuid") and self.ctx.expected_gpus:
                     detail = {"why": "missing", "seen": seen.get(node, 0), "expected": self.ctx.expected_gpus}
                 else:
                     detail = {"why": "lost"}
             yield Observation("gpu_lost", targets_of(node=node, gpu=r.label("gpu")), "critical", r.value < 0.5,
-                              detail=detail)
+                              detail=detail, min_fire_seconds=min_fire)
         expected = self.ctx.expected_gpus
         if expected:
             for node, n in up.items():

@@ -34,6 +34,9 @@ class Observation:
     # cond None because an input is missing now (a source stale, a poll failed), not because the value sits
     # between the thresholds: a tracker with an input-gap grace keeps its fire hold running through it
     input_gap: bool = False
+    # This observation's condition fires only once it has held at least this long, even where its detector's own
+    # fire hold is shorter: one detector can hold its causes apart (a hung GPU longer than a lost one).
+    min_fire_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +89,8 @@ class Tracker:
                 st.count += 1
             if st.set_since is None:
                 st.set_since = now
-            if not st.active and st.count >= self.consecutive and now - st.set_since >= self.hold.fire_seconds:
+            fire_after = max(self.hold.fire_seconds, obs.min_fire_seconds)
+            if not st.active and st.count >= self.consecutive and now - st.set_since >= fire_after:
                 st.active = True
                 return "fire"
             return None

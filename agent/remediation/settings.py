@@ -111,6 +111,12 @@ class DetectorSettings(_Strict):
     gpu_reboot_required: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     gpu_service_required: Hold = Hold(fire_seconds=0.0, clear_seconds=10.0)
     gpu_lost: Hold = Hold(fire_seconds=0.0, clear_seconds=60.0)
+    gpu_lost_hung_fire_seconds: float = Field(default=10.0, ge=0, description=(
+        "A hung GPU (its NVML reads overran sources.nvml.gpu_timeout) fires gpu_lost only once it has read hung "
+        "this long (and at least gpu_lost.fire_seconds): a read that is slow once on a loaded host answers again "
+        "at the next poll, and draining the node for it would cost its jobs for nothing. Shipped: two NVML polls "
+        "after the first at the 5 s interval. A GPU off the bus (GPU_IS_LOST) or missing fires on gpu_lost's own "
+        "hold, at once as shipped."))
     nvlink_error_rate_per_second: float = Field(
         default=10.0, gt=0, description="Errors/s per link, summed over nvlink_error_types.")
     nvlink_error_types: list[str] = Field(
