@@ -203,7 +203,8 @@ def gpus() -> Dashboard:
             (f"supernode_gpu_memory_used_bytes{{{NODE}}}", gpu)]),
         stat("GPUs not up", "short", [
             (f"sum(1 - supernode_gpu_up{{{NODE}}})", "not up")], ALARM_STEPS,
-             "GPUs the agent sees but cannot read; a GPU missing from the bus raises SupernodeGpuLost."),
+             "GPUs the agent sees but cannot read: off the bus or missing raises SupernodeGpuLost at once, "
+             "hung (its NVML reads overrun their budget) SupernodeGpuHung once it stays hung."),
         ts("PCIe replays", "cps", [
             (f"rate(supernode_gpu_pcie_replays_total{{{NODE}}}[{RATE}])", gpu)]),
     ])
