@@ -136,6 +136,8 @@ def test_a_gpu_slow_once_opens_no_incident_and_one_hung_past_the_hold_opens_gpu_
     # one incident, opened by the hang that lasted (the first hang's would be older and still open)
     assert [(i["targets"], i["detail"].get("why")) for i in lost] == [({"node": "node01", "gpu": "1"}, "hung")]
     assert lost[0]["opened_at"] - hung_at >= hold, (lost[0]["opened_at"], hung_at)
+    # its evidence: the poll that first read it hung (this hang's, not the first one's) and how long by the firing
+    assert lost[0]["detail"]["hung_since"] == hung_at and lost[0]["detail"]["hung_seconds"] >= hold, lost[0]["detail"]
     rack.clear()
 
 
@@ -185,9 +187,14 @@ def _gpu_lost_events(d: Detectors, at: float, hung: float | None, up: float = 0.
 LOST_GPU1 = ("fire", {"node": "node01", "gpu": "1"})
 
 
+def _hung(since: float, seconds: float) -> dict:
+    return {"why": "hung", "hung_since": 1_000_000.0 + since, "hung_seconds": seconds}
+
+
 def test_gpu_lost_detector_says_whether_the_gpu_hung_and_holds_a_hung_one_longer():
     """A GPU off the bus fires at once; a hung one (its reads overran their budget) only once it has read hung for
-    gpu_lost_hung_fire_seconds, so a read that is slow once on a loaded host does not drain the node."""
+    gpu_lost_hung_fire_seconds, so a read that is slow once on a loaded host does not drain the node; its incident
+    says since when it read hung and for how long."""
     s = DetectorSettings()
     assert s.gpu_lost.fire_seconds == 0.0 and s.gpu_lost_hung_fire_seconds == 10.0  # shipped: two 5 s polls more
     ctx = Context(node="node01", rack="r01", expected_gpus=2)
@@ -198,7 +205,8 @@ def test_gpu_lost_detector_says_whether_the_gpu_hung_and_holds_a_hung_one_longer
     assert _gpu_lost_events(hung, 0.0, 1.0) == []
     assert _gpu_lost_events(hung, 5.0, 1.0) == []
     assert _gpu_lost_events(hung, 9.9, 1.0) == []
-    assert _gpu_lost_events(hung, 10.0, 1.0) == [(*LOST_GPU1, {"why": "hung"})]
+    # the evidence: since when it read hung (its first hung poll's time) and for how long when it fired
+    assert _gpu_lost_events(hung, 10.0, 1.0) == [(*LOST_GPU1, _hung(since=0.0, seconds=10.0))]
 
     # slow once, then answering: the hold starts again at the next hang, and nothing fires meanwhile
     once = Detectors(s, ctx)
@@ -206,7 +214,7 @@ def test_gpu_lost_detector_says_whether_the_gpu_hung_and_holds_a_hung_one_longer
     assert _gpu_lost_events(once, 5.0, 0.0, up=1.0) == []
     assert _gpu_lost_events(once, 10.0, 1.0) == []
     assert _gpu_lost_events(once, 15.0, 1.0) == []
-    assert _gpu_lost_events(once, 20.0, 1.0) == [(*LOST_GPU1, {"why": "hung"})]
+    assert _gpu_lost_events(once, 20.0, 1.0) == [(*LOST_GPU1, _hung(since=10.0, seconds=10.0))]
 
     # hung, then off the bus (its blocked call came back GPU_IS_LOST): lost fires at once, not after the hung hold
     then_lost = Detectors(s, ctx)
@@ -220,7 +228,7 @@ def test_a_hung_gpu_is_never_held_shorter_than_gpu_lost_itself():
     d = Detectors(s, Context(node="node01", rack="r01", expected_gpus=2))
     assert _gpu_lost_events(d, 0.0, 1.0) == []
     assert _gpu_lost_events(d, 29.0, 1.0) == []
-    assert _gpu_lost_events(d, 30.0, 1.0) == [(*LOST_GPU1, {"why": "hung"})]
+    assert _gpu_lost_events(d, 30.0, 1.0) == [(*LOST_GPU1, _hung(since=0.0, seconds=30.0))]
 
 
 def test_remediation_nvml_init_runs_off_the_caller_and_times_out_on_a_hung_driver(tmp_path):

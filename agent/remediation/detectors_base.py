@@ -125,6 +125,7 @@ class DetectorBase:
         # The NVLink error readings last evaluated and each link's summed rate from them (see `_nvlink`).
         self._nvlink_rates: tuple[list[Reading], dict[tuple[str, str, str], float]] = ([], {})
         self._rack_stragglers: set[tuple[str, str]] = set()  # GPUs gpu_straggler holds against the rack median
+        self._hung_since: dict[tuple[str, str], float] = {}  # (node, gpu) -> its first hung reading's time, while hung
 
     def _fault(self, r: Reading) -> Observation:
         return Observation("sensor_fault", targets_of(reading=r.reading_id()), "warning", True,

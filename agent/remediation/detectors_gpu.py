@@ -132,12 +132,14 @@ class GpuDetectors(DetectorBase):
             # A GPU whose NVML calls hang does not answer either: lost to its jobs, said why in the detail. One with no
             # identity is one NVML never named: the GPU count below the inventory (or lost before its uuid was read),
             # said with the count of GPUs NVML did name.
-            # A hung GPU is held longer than a lost one: a slow read answers again at the next poll.
+            # A hung GPU is held longer than a lost one (a slow read answers again at the next poll); its detail
+            # is the evidence: since when it has read hung, and for how long by this poll.
             detail: dict[str, object] = {}
             min_fire = 0.0
             if r.value < 0.5:
-                if (node, r.label("gpu")) in hung:
-                    detail = {"why": "hung"}
+                if (key := (node, r.label("gpu"))) in hung:
+                    since = self._hung_since.setdefault(key, hung[key])
+                    detail = {"why": "hung", "hung_since": since, "hung_seconds": round(hung[key] - since, 3)}
                     min_fire = self.s.gpu_lost_hung_fire_seconds
                 elif not r.label("uuid") and self.ctx.expected_gpus:
                     detail = {"why": "missing", "seen": seen.get(node, 0), "expected": self.ctx.expected_gpus}
@@ -145,6 +147,8 @@ class GpuDetectors(DetectorBase):
                     detail = {"why": "lost"}
             yield Observation("gpu_lost", targets_of(node=node, gpu=r.label("gpu")), "critical", r.value < 0.5,
                               detail=detail, min_fire_seconds=min_fire)
+        for key in [k for k in self._hung_since if k not in hung]:
+            del self._hung_since[key]  # answered again (or off the bus): a later hang is a new one
         expected = self.ctx.expected_gpus
         if expected:
             for node, n in up.items():
@@ -265,6 +269,7 @@ def _switch_side(snap: Snapshot) -> set[str]:
     return {r.label("switch_chip") for r in snap.select("supernode_nvlink_switch_fault") if r.ok and r.value >= 0.5}
 
 
-def _gpus_hung(snap: Snapshot, ctx: Context) -> set[tuple[str, str]]:
-    """(node, gpu) of the GPUs the NVML collector reports hung (supernode_gpu_hung 1)."""
-    return {(_node(r, ctx), r.label("gpu")) for r in snap.select("supernode_gpu_hung") if r.ok and r.value >= 0.5}
+def _gpus_hung(snap: Snapshot, ctx: Context) -> dict[tuple[str, str], float]:
+    """(node, gpu) of the GPUs the NVML collector reports hung (supernode_gpu_hung 1), each with its reading's time."""
+    return {(_node(r, ctx), r.label("gpu")): r.timestamp for r in snap.select("supernode_gpu_hung")
+            if r.ok and r.value >= 0.5}
