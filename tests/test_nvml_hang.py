@@ -148,6 +148,10 @@ def test_a_hung_driver_marks_nvml_down_while_metrics_and_reload_answer_and_recov
              what="nvml source down")
     wait_for(lambda: _value(agent.metrics(), "supernode_gpu_power_watts", gpu="0") is None, 30,
              what="GPU series dropped once stale")
+    # the status page does not know the GPUs now: each is "not read", none "missing" (nothing fell off the bus)
+    gpus = wait_for(lambda: (g := _status_gpus(agent)) and all(x["marks"] == ["not read"] for x in g) and g, 30,
+                    what="the status page's GPUs not read")
+    assert [x["index"] for x in gpus] == ["0", "1", "2", "3"]
     # the poll gives up (its timeout may be longer than the staleness rule that already hid the series)
     wait_for(lambda: (_value(agent.metrics(), "supernode_source_errors_total", source="nvml", device="gpus",
                              kind="timeout") or 0) >= 1, 30, what="the hung poll counted as a timeout")
@@ -167,6 +171,13 @@ def test_a_hung_driver_marks_nvml_down_while_metrics_and_reload_answer_and_recov
     # the reloaded source's XID stream is attached and publishing again
     wait_for(lambda: _value(agent.metrics(), "supernode_source_up", source="nvml_events", device="gpus") == 1.0, 30,
              what="the XID event stream up again")
+
+
+def _status_gpus(agent) -> list[dict]:
+    """node01's GPUs as its status page lists them."""
+    status, body = agent.get("/api/v1/status", token=TOKEN)
+    assert status == 200, status
+    return next(n["card"]["gpus"] for n in json.loads(body)["nodes"] if n["name"] == "node01")
 
 
 def _reading(spec, value: float, ts: float, **labels: str) -> Reading:

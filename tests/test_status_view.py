@@ -91,9 +91,21 @@ def test_gpu_cards_say_capped_hung_lost_xid_and_each_links_state():
     g0, g1 = b.node_card(later, INV, "node01", DetectorSettings(), ident)["gpus"]
     assert g0["nvlink"] == ["ok", "ber", "errors", "ok"]
     assert g1["marks"] == ["lost"]
-    # fewer GPUs than the inventory says: the missing ones are listed, marked
-    card = ViewBuilder().node_card(snap(*_gpu("0")), INV, "node01", DetectorSettings(), ident)
-    assert [g["marks"] for g in card["gpus"]] == [[], ["missing"]]
+    # fewer GPUs than the inventory says, NVML answering: the exporter gives the index it no longer enumerates
+    # supernode_gpu_up 0 with an empty uuid, and the card says missing (not lost: it was not seen to fall off)
+    card = ViewBuilder().node_card(snap(*_gpu("0"), r(nm.GPU_UP, 0.0, gpu="1", uuid="")), INV, "node01",
+                                   DetectorSettings(), ident)
+    assert [(g["index"], g["marks"]) for g in card["gpus"]] == [("0", []), ("1", ["missing"])]
+
+
+def test_a_gpu_nvml_said_nothing_of_is_not_read_never_missing():
+    """No fresh reading of a GPU at all (the NVML source failing or stale, or not polled yet) is not knowing: the
+    card lists the inventory's GPUs by index, marked "not read", where it used to say they were missing."""
+    ident = {"rack": "r01", "node": "node01"}
+    nothing = ViewBuilder().node_card(snap(), INV, "node01", DetectorSettings(), ident)
+    assert [(g["index"], g["marks"]) for g in nothing["gpus"]] == [("0", ["not read"]), ("1", ["not read"])]
+    one = ViewBuilder().node_card(snap(*_gpu("1")), INV, "node01", DetectorSettings(), ident)
+    assert [(g["index"], g["marks"]) for g in one["gpus"]] == [("0", ["not read"]), ("1", [])]
 
 
 def _row(kind, aid, target, result=None, **detail):

@@ -106,6 +106,8 @@
         if (capped) items.push(badge("warn", n.name + ": " + capped + " GPU(s) capped"));
         const lost = card.gpus.filter((g) => g.marks.some((m) => m === "lost" || m === "hung" || m === "missing")).length;
         if (lost) items.push(badge("bad", n.name + ": " + lost + " GPU(s) lost, hung or missing"));
+        const unread = card.gpus.filter((g) => g.marks.includes("not read")).length;
+        if (unread) items.push(badge("warn", n.name + ": " + unread + " GPU(s) not read (no fresh NVML reading)"));
       }
     }
     const failing = s.sources.filter((x) => x.state === "failing" || x.state === "stale");

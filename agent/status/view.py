@@ -43,6 +43,7 @@ def _by(snap: Snapshot, metric: str, *keys: str) -> dict[tuple[str, ...], float]
     return out
 
 
+NOT_READ = "not read"  # a GPU's mark when no fresh reading of it exists (status.js counts these apart)
 _NO_PLATE = {"thermal_resistance": None, "thermal_resistance_baseline": None, "thermal_resistance_over_baseline": None,
              "thermal_resistance_degraded": False, "thermal_resistance_unavailable": None}
 
@@ -64,6 +65,11 @@ def _plates(snap: Snapshot, ratio: float) -> dict[str, dict[str, Any]]:
                     "thermal_resistance_degraded": over is not None and over > ratio,
                     "thermal_resistance_unavailable": None if now is not None else why.get(gpu)}
     return out
+
+
+def _gpu_order(gpu: str) -> tuple[bool, int, str]:
+    """GPUs in index order (numbers first, as numbers)."""
+    return (not gpu.isdigit(), int(gpu) if gpu.isdigit() else 0, gpu)
 
 
 def _fault(row: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -125,6 +131,8 @@ class ViewBuilder:
     def _gpus(self, snap: Snapshot, inventory: "Inventory", s: "DetectorSettings", now: float, node: str,
               gpu_faults: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
         up = _by(snap, "supernode_gpu_up", "gpu")
+        # an index NVML no longer enumerates: the exporter fills it with supernode_gpu_up 0 and an empty uuid
+        unnamed = {r.label("gpu") for r in snap.select("supernode_gpu_up") if r.ok and not r.label("uuid")}
         hung = _by(snap, "supernode_gpu_hung", "gpu")
         temp = _by(snap, "supernode_gpu_temperature_celsius", "gpu", "sensor")
         slowdown = _by(snap, "supernode_gpu_temperature_threshold_celsius", "gpu", "threshold")
@@ -158,7 +166,7 @@ class ViewBuilder:
         self.nvlink_errors.prune(totals)
         seen = {k[0] for k in up} | set(names) | {k[0] for k in power}
         out = []
-        for gpu in sorted(seen, key=lambda g: (not g.isdigit(), int(g) if g.isdigit() else 0, g)):
+        for gpu in sorted(seen, key=_gpu_order):
             default = limits.get((gpu, "default"))
             enforced = limits.get((gpu, "enforced")) or limits.get((gpu, "current"))
             capped = default is not None and enforced is not None and enforced < default - 0.5
@@ -166,7 +174,7 @@ class ViewBuilder:
             if hung.get((gpu,), 0.0) >= 0.5:
                 marks.append("hung")
             elif up.get((gpu,), 1.0) < 0.5:
-                marks.append("lost")
+                marks.append("missing" if gpu in unnamed else "lost")
             xid = int(last_xid.get((gpu,), 0.0))
             if xid:
                 marks.append(f"XID {xid} ({xid_class(xid)})")
@@ -185,12 +193,14 @@ class ViewBuilder:
                 "fault": _fault(gpu_faults.get(f"{node}/{gpu}")),
                 **plates.get(gpu, _NO_PLATE),
             })
-        missing = max(0, inventory.gpus.count - len(out))
-        for i in range(missing):
-            out.append({"index": f"missing {i + 1}", "name": "", "temperature_celsius": None, "slowdown_celsius": None,
+        # Inventory GPUs with no fresh reading at all: NVML has said nothing of them (its source failing or stale,
+        # or not polled yet), which is not knowing, never "missing" (a GPU NVML answered without: marked above).
+        unread = [str(i) for i in range(inventory.gpus.count) if str(i) not in seen]
+        for gpu in unread[:max(0, inventory.gpus.count - len(out))]:
+            out.append({"index": gpu, "name": "", "temperature_celsius": None, "slowdown_celsius": None,
                         "power_watts": None, "limit_watts": None, "default_limit_watts": None, "capped": False,
-                        "marks": ["missing"], "nvlink": [], **_NO_PLATE})
-        return out
+                        "marks": [NOT_READ], "nvlink": [], "fault": _fault(gpu_faults.get(f"{node}/{gpu}")), **_NO_PLATE})
+        return sorted(out, key=lambda g: _gpu_order(g["index"]))
 
     def _ports(self, snap: Snapshot, now: float) -> list[dict[str, Any]]:
         up = {r.label("port"): (r.value >= 0.5, r.label("kind")) for r in snap.select("supernode_link_up") if r.ok}
