@@ -226,6 +226,11 @@ def test_a_killed_source_shows_as_failing_with_why(page: Page):
            "pdu/pdu-a failing on the page")
     why = p.text('[data-source="pdu/pdu-a"]')
     assert "failing" in why and re.search(r"timeout|no answer|exceeded|refused", why, re.I), why
+    # its outlets are no longer known to be on: once its readings are stale the card says so, never "all on"
+    p.wait("return document.querySelector('[data-pdu=\"pdu-a\"]').textContent.includes('not read')", 30,
+           "pdu-a's outlets not read")
+    card = p.text('[data-pdu="pdu-a"]')
+    assert "no fresh reading" in card and "all on" not in card, card
 
 
 def test_a_gpu_shows_its_last_xid_with_the_catalogue_text_and_the_recovery_recommended(page: Page):

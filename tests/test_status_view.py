@@ -28,6 +28,23 @@ def snap(*readings: Reading, at: float = 10.0) -> Snapshot:
     return Snapshot(at, tuple(readings), ())
 
 
+def test_a_pdu_outlet_not_read_is_not_counted_as_on():
+    """The power card says "all on" only when every watched outlet was read on: an outlet the PDU's last poll did
+    not give (its source down: no fresh reading at all) is listed as not read, never as on."""
+    from exporters.power import pdu_metrics as pm
+
+    inv = Inventory(nodes=["node01", "node02"], pdus=[{"name": "pdu-a", "profile": "auto",
+                                                        "outlets": {"1": "node01", "2": "node02"}}])
+    b = ViewBuilder()
+    both = b.power(snap(r(pm.OUTLET_ON, 1, pdu="pdu-a", outlet="1"), r(pm.OUTLET_ON, 1, pdu="pdu-a", outlet="2")), inv)
+    assert (both["pdus"][0]["outlets_off"], both["pdus"][0]["outlets_unread"]) == ([], [])
+    one = b.power(snap(r(pm.OUTLET_ON, 0, pdu="pdu-a", outlet="1")), inv)["pdus"][0]
+    assert one["outlets_off"] == [{"outlet": "1", "feeds": "node01"}]
+    assert one["outlets_unread"] == [{"outlet": "2", "feeds": "node02"}]
+    nothing = b.power(snap(), inv)["pdus"][0]
+    assert nothing["outlets_off"] == [] and [o["outlet"] for o in nothing["outlets_unread"]] == ["1", "2"]
+
+
 def test_each_zone_is_wet_dry_sensor_fault_or_unknown_with_its_valve():
     s = snap(r(mm.LEAK_DETECTED, 1, zone="zone-a", sensor="rope1"),
              r(mm.LEAK_FAULT, 1, zone="zone-a", sensor="rope1", fault="cable_break"),   # wet wins over a fault

@@ -430,6 +430,13 @@
       el("h3", {}, "CDUs"), cdus.length ? el("div", { class: "grid" }, cdus) : el("p", { class: "muted" }, "no CDU in the inventory"));
   }
 
+  function outletBadges(d) {
+    // "all on" only when every watched outlet was read on: one not read is not known to be on
+    const out = d.outlets_off.map((o) => badge("bad", "outlet " + o.outlet + " OFF (feeds " + o.feeds + ")"))
+      .concat((d.outlets_unread || []).map((o) => badge("unknown", "outlet " + o.outlet + " not read (feeds " + o.feeds + ")")));
+    return out.length ? out : badge("ok", d.outlets_watched + " outlets feeding nodes: all on");
+  }
+
   function powerSection(s) {
     const p = s.power;
     const out = [];
@@ -447,8 +454,7 @@
       out.push(el("div", { class: "card", "data-pdu": d.name }, el("h3", {}, el("span", {}, d.name), el("small", {}, d.model),
         d.inlet_watts !== null ? el("small", {}, fmt(d.inlet_watts / 1000, "kW", 2)) : badge("bad", "no fresh reading")),
         rows.length ? table(["phase", "current / limit", "power"], rows) : null,
-        el("p", {}, d.outlets_off.length ? d.outlets_off.map((o) => badge("bad", "outlet " + o.outlet + " OFF (feeds " + o.feeds + ")"))
-          : badge("ok", d.outlets_watched + " outlets feeding nodes: all on"))));
+        el("p", {}, outletBadges(d))));
     }
     replace("power", out);
   }

@@ -303,12 +303,14 @@ class ViewBuilder:
                        "limit_amperes": _num(phase_lim.get((pdu, i, ph)), 1),
                        "power_watts": _num(phase_w.get((pdu, i, ph)), 0)}
                       for (pdu, i, ph), a in sorted(phase_a.items()) if pdu == p.name]
+            # An outlet with no fresh reading is not known to be on: said apart, never counted as "all on".
             off = [{"outlet": o, "feeds": n} for o, n in sorted(p.outlets.items())
                    if outlet_on.get((p.name, o), 1.0) < 0.5]
+            unread = [{"outlet": o, "feeds": n} for o, n in sorted(p.outlets.items()) if (p.name, o) not in outlet_on]
             pdus.append({"name": p.name, "model": models.get(p.name, ""), "phases": phases,
                          "inlet_watts": _num(sum(w for (pdu, _), w in inlet_w.items() if pdu == p.name), 0)
                          if any(pdu == p.name for pdu, _ in inlet_w) else None,
-                         "outlets_off": off, "outlets_watched": len(p.outlets)})
+                         "outlets_off": off, "outlets_unread": unread, "outlets_watched": len(p.outlets)})
         return {"rack_watts": _num(snap.value("supernode_rack_power_watts"), 0),
                 "budget_watts": _num(snap.value("supernode_rack_power_budget_watts") or inventory.power_budget_watts, 0),
                 "pdus": pdus}
