@@ -231,6 +231,12 @@ def test_a_killed_source_shows_as_failing_with_why(page: Page):
            "pdu-a's outlets not read")
     card = p.text('[data-pdu="pdu-a"]')
     assert "no fresh reading" in card and "all on" not in card, card
+    # likewise a CDU's alarms: a CDU that stopped answering has no alarm known, never "none"
+    p.rs.rack.inject("cdu-offline", device="rdhx1")
+    p.wait("return document.querySelector('[data-cdu=\"rdhx1\"]').textContent.includes('not read')", 30,
+           "rdhx1's alarms not read")
+    assert "no fresh reading" in p.text('[data-cdu="rdhx1"]')
+    assert p.js("return document.querySelector('[data-cdu=\"rdhx1\"] .badge.ok')") is None
 
 
 def test_a_gpu_shows_its_last_xid_with_the_catalogue_text_and_the_recovery_recommended(page: Page):

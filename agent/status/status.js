@@ -423,7 +423,8 @@
           d.heat_removed_watts !== null ? [el("dt", {}, "heat removed"), el("dd", {}, fmt(d.heat_removed_watts / 1000, "kW"))] : null,
           d.valve_position_ratio !== null ? [el("dt", {}, "valve position"), el("dd", {}, Math.round(d.valve_position_ratio * 100) + " %")] : null,
           el("dt", {}, "pumps"), el("dd", {}, pumps.length ? pumps : "none reported"),
-          el("dt", {}, "alarms"), el("dd", {}, d.alarms.length ? d.alarms.map((a) => badge("bad", a)) : badge("ok", "none"))));
+          el("dt", {}, "alarms"), el("dd", {}, d.alarms.length ? d.alarms.map((a) => badge("bad", a))
+            : d.reporting ? badge("ok", "none") : badge("unknown", "not read"))));
     });
     replace("coolant", el("h3", {}, "Leak zones"),
       c.zones.length ? el("ul", { class: "plain", id: "zones" }, c.zones.map(zoneLine)) : el("p", { class: "muted" }, "no leak zone in the inventory"),
