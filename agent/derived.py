@@ -16,32 +16,48 @@ that source answers, 1 once its readings went stale (the moment they leave
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from agent.snapshot import Snapshot, SnapshotStore
 from exporters.cooling import modbus_metrics
 from exporters.cooling.modbus_metrics import LEAK_FAULT
 from exporters.model import PollResult, Reading
-from exporters.power.pdu import INLET_POWER, rack_power_readings
+from exporters.power.pdu import INLET_POWER, pdus_not_summed, rack_power_readings
 
 if TYPE_CHECKING:
     from agent.config import LoadedConfig
     from agent.runtime import ScheduledSource
 
+log = logging.getLogger("supernode.derived")
 SOURCE_DOWN = "source_down"
 
 
 class RackPowerSource:
+    """The rack's power, summed over the inventory's PDUs only while each of them is read (rack_power_readings):
+    a PDU that stops answering makes the rack's power unknown, said once in the log, never a partial sum."""
+
     name = "derived"
     device = "rack_power"
 
-    def __init__(self, store: SnapshotStore, budget_watts: float | None):
+    def __init__(self, store: SnapshotStore, budget_watts: float | None, pdus: list[str] | None = None):
         self.store = store
         self.budget_watts = budget_watts
+        self.pdus = list(pdus or [])
+        self._not_summed: list[str] = []
+        self._summed_once = False  # before the PDUs' first polls the rack power is unknown too: not worth a warning
 
     async def poll(self) -> PollResult:
         inlets = list(self.store.snapshot().select(INLET_POWER.name))
-        return PollResult(rack_power_readings(inlets, self.budget_watts))
+        missing = pdus_not_summed(inlets, self.pdus)
+        if not missing:
+            if self._not_summed and self._summed_once:
+                log.info("rack power summed again: every PDU read", extra={"pdus": self.pdus})
+            self._summed_once = True
+        elif self._summed_once and missing != self._not_summed:
+            log.warning("rack power unknown: a PDU's inlets are not read", extra={"pdus": missing})
+        self._not_summed = missing
+        return PollResult(rack_power_readings(inlets, self.budget_watts, self.pdus))
 
     async def close(self) -> None:
         return None
@@ -145,7 +161,8 @@ def derived_sources(store: SnapshotStore, loaded: "LoadedConfig", sources: list[
     cfg = loaded.config
     out: list[ScheduledSource] = []
     if cfg.inventory.pdus:
-        out.append(ScheduledSource(RackPowerSource(store, cfg.inventory.power_budget_watts), cfg.sources.pdu))
+        out.append(ScheduledSource(RackPowerSource(store, cfg.inventory.power_budget_watts,
+                                                   [p.name for p in cfg.inventory.pdus]), cfg.sources.pdu))
     if cfg.sources.nvml.enabled and cfg.sources.thermal_resistance.enabled:
         out.append(_thermal_resistance(store, loaded))
     leaks = [s.source for s in sources if s.source.name in ("leak", "redfish") and hasattr(s.source, "leak_sensors")]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import pytest
 
 from sim.rack import RackModel
 from sim.snmp_pdu import SimulatedRaritanPdu
-from exporters.model import SourceError
-from exporters.power.pdu import PduSource, rack_power_readings
+from exporters.model import Quality, Reading, SourceError
+from exporters.power.pdu import INLET_POWER, PduSource, pdus_not_summed, rack_power_readings
 from exporters.snmp.client import SnmpCredentials
 from tests.helpers import await_for
 
@@ -147,6 +148,23 @@ def test_rack_power_sums_inlets_of_all_pdus_and_never_invents_zero():
             assert rack["supernode_rack_power_watts"] == pytest.approx(model.rack_power_w(), abs=2)
             assert rack["supernode_rack_power_budget_watts"] == 50_000
             assert [r.name for r in rack_power_readings([], None)] == []
+            # Given the inventory's PDUs, the same sum while both are read...
+            both = {r.name: r.value for r in rack_power_readings(readings, 50_000, ["pdu-a", "pdu-b"])}
+            assert both["supernode_rack_power_watts"] == rack["supernode_rack_power_watts"]
+            # ...and none once pdu-b stops answering (its poll fails: its readings leave the snapshot): pdu-a's half
+            # is not the rack's power. The budget stays.
+            b.set_offline(True)
+            with pytest.raises(SourceError):
+                await srcs[1].poll()
+            only_a = [r for r in readings if r.labels.get("pdu") == "pdu-a"]
+            assert pdus_not_summed(only_a, ["pdu-a", "pdu-b"]) == ["pdu-b"]
+            assert [r.name for r in rack_power_readings(only_a, 50_000, ["pdu-a", "pdu-b"])] == [
+                "supernode_rack_power_budget_watts"]
+            # an inlet read but not OK is not summed either
+            bad = [dataclasses.replace(r, quality=Quality.STALE) if r.spec is INLET_POWER and r.labels["pdu"] == "pdu-b"
+                   else r for r in readings]
+            assert pdus_not_summed(bad, ["pdu-a", "pdu-b"]) == ["pdu-b"]
+            assert "supernode_rack_power_watts" not in {r.name for r in rack_power_readings(bad, None, ["pdu-a", "pdu-b"])}
         finally:
             for s in srcs:
                 await s.close()
@@ -162,3 +180,42 @@ def test_switching_on_a_profile_without_control_is_refused():
             await src.set_outlet(1, False)
         await src.close()
     asyncio.run(run())
+
+
+def test_the_agents_rack_power_is_unknown_while_one_pdu_is_stale_and_says_so_once(caplog):
+    """The derived rack power over the agent's own store: the inventory's two PDUs read, their sum; pdu-b's
+    readings gone stale (it stopped answering), no rack power at all (warned once, however many polls), and the
+    sum again once pdu-b answers (said once)."""
+    import logging
+
+    from agent.derived import RackPowerSource
+    from agent.snapshot import SnapshotStore
+
+    now = [1000.0]
+    store = SnapshotStore(clock=lambda: now[0])
+    for pdu in ("pdu-a", "pdu-b"):
+        store.register("pdu", pdu, 1.0, 2)
+
+    def publish(pdu: str, watts: float) -> None:
+        store.publish("pdu", pdu, [Reading(INLET_POWER, watts, {"pdu": pdu, "inlet": "1"}, Quality.OK, now[0])], 0.01)
+
+    def rack_power() -> float | None:
+        result = asyncio.run(src.poll())
+        return next((r.value for r in result.readings if r.name == "supernode_rack_power_watts"), None)
+
+    src = RackPowerSource(store, 50_000.0, ["pdu-a", "pdu-b"])
+    assert rack_power() is None  # before the PDUs' first polls: unknown, and no warning for it
+    publish("pdu-a", 6000.0)
+    publish("pdu-b", 5000.0)
+    assert rack_power() == 11_000.0
+    caplog.set_level(logging.INFO, logger="supernode.derived")
+    for _ in range(3):  # pdu-b stops answering: after two intervals its readings are stale, pdu-a goes on
+        now[0] += 1.5
+        publish("pdu-a", 6000.0)
+    assert rack_power() is None and rack_power() is None
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(r.getMessage(), r.pdus) for r in warned] == [("rack power unknown: a PDU's inlets are not read", ["pdu-b"])]
+    publish("pdu-b", 5000.0)
+    assert rack_power() == 11_000.0
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO] == [
+        "rack power summed again: every PDU read"]

@@ -178,15 +178,32 @@ class PduSource:
         self.client.close()
 
 
-def rack_power_readings(readings: Iterable[Reading], budget_watts: float | None) -> list[Reading]:
+def pdus_not_summed(readings: Iterable[Reading], pdus: Iterable[str]) -> list[str]:
+    """The PDUs of `pdus` whose inlet power cannot be summed now: no inlet reading (their source failing or
+    stale), or one that is not OK."""
+    seen: dict[str, bool] = {}
+    for r in readings:
+        if r.spec is INLET_POWER:
+            pdu = r.label("pdu")
+            seen[pdu] = seen.get(pdu, True) and r.ok
+    return sorted(p for p in pdus if not seen.get(p, False))
+
+
+def rack_power_readings(readings: Iterable[Reading], budget_watts: float | None,
+                        pdus: Iterable[str] = ()) -> list[Reading]:
     """`supernode_rack_power_watts` (sum of all PDUs' inlet power) and the budget gauge.
 
     Only OK inlet readings count; with none at all the rack power is not
-    emitted (a missing value, never a false 0 W).
+    emitted (a missing value, never a false 0 W). Given the rack's PDUs
+    (`pdus`, the inventory's), it is emitted only while every one of them has
+    its inlets read OK: the sum without one (A/B feeds: half the rack) would
+    be the rack's power stated too low as if fresh, and an over-budget rack
+    would read within its budget.
     """
+    readings = list(readings)
     inlets = [r for r in readings if r.spec is INLET_POWER and r.ok]
     out: list[Reading] = []
-    if inlets:
+    if inlets and not pdus_not_summed(readings, pdus):
         out.append(Reading(RACK_POWER, sum(r.value for r in inlets), {}, Quality.OK,
                            max(r.timestamp for r in inlets)))
     if budget_watts is not None:

@@ -62,8 +62,8 @@ OUTLET_ENERGY = counter("supernode_pdu_outlet_energy_joules_total",
 OUTLET_ON = gauge("supernode_pdu_outlet_on", "1 when a switched outlet is powered, 0 when off.", ("pdu", "outlet"))
 OUTLET_INFO = info("supernode_pdu_outlet_info", "Which node an outlet feeds, from the inventory (1).",
                    ("pdu", "outlet", "feeds"))
-RACK_POWER = gauge("supernode_rack_power_watts", "Rack power: the sum of all PDU inlets' active power, in watts.",
-                   (), "watts")
+RACK_POWER = gauge("supernode_rack_power_watts", "Rack power: the sum of all PDU inlets' active power, in watts; "
+                   "absent while any inventory PDU is not read (never a partial sum).", (), "watts")
 RACK_BUDGET = gauge("supernode_rack_power_budget_watts", "Rack power budget from the config, in watts.", (), "watts")
 
 # Families a profile may map columns onto (the rest are computed by the collector).
