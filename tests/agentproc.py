@@ -157,6 +157,16 @@ def metric(agent: "AgentProcess", name: str, **labels: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def series_value(text: str, family: str, **labels: str) -> float | None:
+    """The value of the first series of `family` in an exposition `text` whose labels include `labels` (the others
+    may be anything; a series without labels matches no label asked for), or None."""
+    for m in re.finditer(rf"^{family}(?:\{{([^}}]*)\}})? (\S+)$", text, re.M):
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            return float(m.group(2))
+    return None
+
+
 def incidents(agent: "AgentProcess", token: str) -> dict[str, Any]:
     """GET /api/v1/incidents with an admin token: open, recent, pending approvals."""
     status, body = agent.get("/api/v1/incidents", token=token)

@@ -9,7 +9,6 @@ answers, the nvml source reads down, and it recovers once the hang clears.
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
@@ -20,26 +19,15 @@ from agent.remediation.settings import DetectorSettings
 from agent.snapshot import Snapshot
 from exporters.gpu import nvml_metrics as M
 from exporters.model import Quality, Reading
-from tests.agentproc import running_agent
+from tests.agentproc import incidents, running_agent, series_value as _value
 from tests.helpers import free_port, wait_for
 from sim.harness import sim_rack
 
 TOKEN = "token-for-tests"
 
 
-def _value(text: str, family: str, **labels: str) -> float | None:
-    """The value of the one series of `family` whose labels include `labels` (None if absent)."""
-    for m in re.finditer(rf"^{family}\{{([^}}]*)\}} (\S+)$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        if all(have.get(k) == v for k, v in labels.items()):
-            return float(m.group(2))
-    return None
-
-
 def _open_incidents(agent) -> list[dict]:
-    status, body = agent.get("/api/v1/incidents", token=TOKEN)
-    assert status == 200, status
-    return json.loads(body)["open"]
+    return incidents(agent, TOKEN)["open"]
 
 
 @pytest.fixture
@@ -106,9 +94,7 @@ def test_one_hung_gpu_leaves_the_others_fresh_and_its_xid_still_opens_an_inciden
 
 def _gpu_lost_incidents(agent) -> list[dict]:
     """Every gpu_lost incident the agent has, open or recently closed."""
-    status, body = agent.get("/api/v1/incidents", token=TOKEN)
-    assert status == 200, status
-    data = json.loads(body)
+    data = incidents(agent, TOKEN)
     return [i for i in data["open"] + data["recent"] if i["detector"] == "gpu_lost"]
 
 

@@ -14,16 +14,8 @@ from typing import Iterator
 from sim.demo import agent_config
 from sim.harness import sim_rack
 from sim.snmp_pdu import SimulatedRaritanPdu
-from tests.agentproc import running_agent
+from tests.agentproc import running_agent, series_value
 from tests.helpers import free_port, wait_for
-
-
-def _value(text: str, family: str, **labels: str) -> float | None:
-    for m in re.finditer(rf"^{family}(?:\{{([^}}]*)\}})? (\S+)$", text, re.M):
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            return float(m.group(2))
-    return None
 
 
 @contextmanager
@@ -55,9 +47,9 @@ def test_rack_power_is_unknown_while_one_of_two_pdus_does_not_answer(tmp_path):
 
         def inlets() -> tuple[float | None, float | None, float | None]:
             text = agent.metrics()
-            return (_value(text, "supernode_pdu_inlet_power_watts", pdu="pdu-a"),
-                    _value(text, "supernode_pdu_inlet_power_watts", pdu="pdu-b"),
-                    _value(text, "supernode_rack_power_watts"))
+            return (series_value(text, "supernode_pdu_inlet_power_watts", pdu="pdu-a"),
+                    series_value(text, "supernode_pdu_inlet_power_watts", pdu="pdu-b"),
+                    series_value(text, "supernode_rack_power_watts"))
 
         with running_agent(cfg, tmp_path) as agent:
             a, b, total = wait_for(lambda: (v := inlets())[2] is not None and None not in v and v, 30,

@@ -166,7 +166,7 @@ class ViewBuilder:
         self.nvlink_errors.prune(totals)
         seen = {k[0] for k in up} | set(names) | {k[0] for k in power}
         out = []
-        for gpu in sorted(seen, key=_gpu_order):
+        for gpu in seen:  # listed in index order below, with the inventory's unread ones
             default = limits.get((gpu, "default"))
             enforced = limits.get((gpu, "enforced")) or limits.get((gpu, "current"))
             capped = default is not None and enforced is not None and enforced < default - 0.5
